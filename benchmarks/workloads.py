@@ -1,0 +1,241 @@
+"""Workloads, callback scenarios and timing shared by every benchmark runner.
+
+Stdlib + torch only, so each peer's venv can import it::
+
+    sys.path.insert(0, "<repo>/benchmarks"); import workloads
+
+Workloads (one torch thread, 200 batches of 64 generated with a fixed seed and
+kept in memory, SGD lr 0.01, cross-entropy):
+
+- ``mlp``: Linear 256->512, ReLU, Linear 512->10 (about 0.5 ms/batch of compute
+  on the 2-core benchmark machine);
+- ``large``: Linear 256->2048, ReLU, Linear 2048->2048, ReLU, Linear 2048->10
+  (about 20 ms/batch there).
+
+Scenarios (framework-neutral; each runner maps them onto its own callbacks):
+a) none; b) 10 and c) 100 no-op callbacks on every per-batch event; d) 4
+callbacks each blocking ``time.sleep(0.005)`` at batch end; e) one metrics
+upload per batch, a synchronous HTTP POST to a server with 20 ms latency.
+The plain loop also runs d1, the honest baseline for d (SPEC section 7): one
+5 ms sleep per batch, since a loop that idles computes slower after each gap.
+
+Timing: one untimed warm-up epoch, then per repetition the wall time from the
+first batch fetch to ``fit()`` returning, divided by 200 (so the trainer's
+construction is left out, its end-of-fit work is included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import itertools
+import json
+import statistics
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+N_BATCHES = 200
+BATCH_SIZE = 64
+SEED = 0
+WORKLOADS = {"mlp": (256, 512, 10), "large": (256, 2048, 2048, 10)}
+
+# The 12 per-batch events of Composer's training loop (one microbatch); the plain
+# loop calls its hooks at these points, in this order.
+PER_BATCH_POINTS = (
+    "after_dataloader", "batch_start", "before_train_batch", "before_forward",
+    "after_forward", "before_loss", "after_loss", "before_backward",
+    "after_backward", "after_train_batch", "batch_end", "batch_checkpoint",
+)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    key: str
+    description: str
+    n_callbacks: int = 0
+    action: str = "noop"  # noop: every per-batch event; sleep / upload: batch end only
+
+
+SCENARIOS = {
+    "a": Scenario("a", "no callbacks"),
+    "b": Scenario("b", "10 no-op callbacks on every per-batch event", 10),
+    "c": Scenario("c", "100 no-op callbacks on every per-batch event", 100),
+    "d": Scenario("d", "4 callbacks each blocking time.sleep(0.005) at batch end", 4, "sleep"),
+    "e": Scenario("e", "synchronous HTTP POST of the loss per batch (20 ms server)", 1, "upload"),
+}
+PLAIN_SCENARIOS = {
+    **SCENARIOS,
+    "d1": Scenario("d1", "baseline for d: one time.sleep(0.005) per batch", 1, "sleep"),
+}
+
+
+def noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def sleep_5ms(*args: Any, **kwargs: Any) -> None:
+    time.sleep(0.005)
+
+
+def post_metrics(url: str, step: int, loss: float) -> None:
+    """POST one point in trainbus's wire format and wait for the answer (urllib, no pooling)."""
+    point = {"name": "loss", "value": loss, "step": step, "wall_time": time.time()}
+    body = json.dumps({"run": "bench", "points": [point]}).encode()
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        response.read()
+
+
+@dataclass
+class Workload:
+    name: str
+    model: nn.Module
+    batches: list[tuple[torch.Tensor, torch.Tensor]]
+
+    loss_fn = staticmethod(F.cross_entropy)
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.model.parameters(), lr=0.01)
+
+
+def make_workload(name: str = "mlp") -> Workload:
+    torch.set_num_threads(1)
+    torch.manual_seed(SEED)
+    dims = WORKLOADS[name]
+    layers: list[nn.Module] = []
+    for fan_in, fan_out in itertools.pairwise(dims):
+        if layers:
+            layers.append(nn.ReLU())
+        layers.append(nn.Linear(fan_in, fan_out))
+    gen = torch.Generator().manual_seed(SEED)
+    batches = [
+        (torch.randn(BATCH_SIZE, dims[0], generator=gen),
+         torch.randint(0, dims[-1], (BATCH_SIZE,), generator=gen))
+        for _ in range(N_BATCHES)
+    ]
+    return Workload(name, nn.Sequential(*layers), batches)
+
+
+def plain_fit(w: Workload, data: Any, opt: torch.optim.Optimizer,
+              hooks: dict[str, list[Callable[[Any], None]]] | None = None) -> None:
+    """One epoch of a hand-written loop; ``hooks`` maps PER_BATCH_POINTS to plain functions."""
+    model, loss_fn = w.model, w.loss_fn
+    if not hooks:
+        for x, y in data:
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+        return
+    state = SimpleNamespace(step=0, loss=None)
+    h = [hooks.get(point, []) for point in PER_BATCH_POINTS]
+
+    def fire(i: int) -> None:
+        for fn in h[i]:
+            fn(state)
+
+    for x, y in data:
+        fire(0)
+        fire(1)
+        fire(2)
+        opt.zero_grad(set_to_none=True)
+        fire(3)
+        out = model(x)
+        fire(4)
+        fire(5)
+        state.loss = loss = loss_fn(out, y)
+        fire(6)
+        fire(7)
+        loss.backward()
+        fire(8)
+        opt.step()
+        fire(9)
+        state.step += 1
+        fire(10)
+        fire(11)
+
+
+class TimedBatches:
+    """The workload's batches as a re-iterable that notes when the first one is fetched."""
+
+    def __init__(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.batches = batches
+        self.t_first: float | None = None
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for i, batch in enumerate(self.batches):
+            if i == 0 and self.t_first is None:
+                self.t_first = time.perf_counter()
+            yield batch
+
+
+def measure(fit_epoch: Callable[[TimedBatches], None], w: Workload, reps: int) -> list[float]:
+    """Warm up once, then ms per batch of ``fit_epoch(data)`` (one epoch over data) per rep."""
+    fit_epoch(TimedBatches(w.batches))
+    results = []
+    for _ in range(reps):
+        data = TimedBatches(w.batches)
+        gc.collect()
+        fit_epoch(data)
+        end = time.perf_counter()
+        assert data.t_first is not None, "the runner never iterated the data"
+        results.append((end - data.t_first) * 1e3 / len(data))
+    return results
+
+
+def parse_args(doc: str, scenarios: dict[str, Scenario] = SCENARIOS) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--scenario", choices=sorted(scenarios), default="a")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp")
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--json", type=Path, help="write the result to this file")
+    parser.add_argument("--upload-url", help="server for scenario e (default: start one here)")
+    args = parser.parse_args()
+    args.spec = scenarios[args.scenario]
+    return args
+
+
+@contextlib.contextmanager
+def upload_url(args: argparse.Namespace) -> Iterator[str | None]:
+    """The URL scenario e posts to: --upload-url, or an in-process LatencyServer."""
+    if args.scenario != "e" or args.upload_url:
+        yield args.upload_url
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from latency_server import LatencyServer
+
+    with LatencyServer(latency_ms=20) as server:
+        yield server.url
+
+
+def report(args: argparse.Namespace, framework: str, version: str, ms: list[float],
+           calls_per_batch: int) -> dict[str, Any]:
+    """Print a one-line summary and write the JSON result if --json was given."""
+    result = {
+        "framework": framework, "version": version, "scenario": args.scenario,
+        "workload": args.workload, "ms_per_batch": [round(m, 5) for m in ms],
+        "handler_calls_per_batch": calls_per_batch, "torch": torch.__version__,
+    }
+    print(f"{framework} {version} {args.workload}/{args.scenario}: median "
+          f"{statistics.median(ms):.3f} ms/batch (min {min(ms):.3f}, max {max(ms):.3f}, "
+          f"{len(ms)} reps, {calls_per_batch} handler calls/batch)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    return result

@@ -1,0 +1,683 @@
+"""The event bus: the training thread publishes, lanes run handlers, barriers join them.
+
+This module and :mod:`trainbus._lanes` are the only ones that know there are two
+threads. ``publish`` runs on the producer (training) thread and never touches the event
+loop except to wake it, at most once per burst. Everything that waits for the loop runs
+in :meth:`EventBus.session`, on the loop.
+
+See ``docs/concurrency.md`` for the model this implements (guarantees D1-D13).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from queue import SimpleQueue
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from trainbus._bridge import LoopHandle
+from trainbus._callback import Handler, HandlerTable, resolve_callback
+from trainbus._events import Event
+from trainbus._exceptions import EngineThreadError, SlowCallbackWarning
+from trainbus._lanes import CALL, EVENT, LOG, STOP, Lane, Slot, loop_driver, thread_driver
+from trainbus._logger import Logger, LoggerDestination, LogRecord
+from trainbus._statistics import BusStatistics, CallbackStatistics
+
+if TYPE_CHECKING:
+    from trainbus._state import State
+    from trainbus._trace import TraceRecorder
+
+__all__ = ["EventBus", "Stopped"]
+
+_perf = time.perf_counter
+
+#: Sync handlers measured at or under this many seconds run on the producer thread.
+DEFAULT_INLINE_MAX = 50e-6
+#: Batches (after the first) whose handler time is compared with the batch time.
+_SLOW_CHECK_BATCHES = 3
+
+
+class Stopped(Exception):  # noqa: N818 - internal control flow, never seen by users
+    """Raised on the producer thread when the bus stops (an error, a cancellation)."""
+
+
+_EXTRA_METHODS = (("background", object, 2, "background(self, state, logger)"),)
+
+
+def _log_handler(table: HandlerTable) -> Handler | None:
+    """The callable that receives log records, for destinations."""
+    dest = table.callback
+    if not isinstance(dest, LoggerDestination):
+        return None
+    cls = type(dest)
+    if cls.log_record is not LoggerDestination.log_record:
+        method = dest.log_record
+        fn: Callable[..., Any] = method
+        is_async = anyio_iscoroutinefunction(method)
+    else:
+        metrics, hparams = dest.log_metrics, dest.log_hyperparameters
+        m_async = anyio_iscoroutinefunction(metrics)
+        h_async = anyio_iscoroutinefunction(hparams)
+        is_async = m_async or h_async
+        if is_async:
+
+            async def route(record: LogRecord) -> None:
+                if record.hyperparameters:
+                    result = hparams(record.metrics)
+                    if h_async:
+                        await result
+                else:
+                    result = metrics(record.metrics, record.step)
+                    if m_async:
+                        await result
+
+            fn = route
+        else:
+            fn = dest.log_record
+    return Handler(dest, f"{cls.__qualname__}.log_record", fn, is_async, False)
+
+
+def anyio_iscoroutinefunction(fn: Any) -> bool:
+    import inspect
+
+    return inspect.iscoroutinefunction(fn)
+
+
+class EventBus:
+    """Carries events from one producer thread to the callbacks' lanes on the loop.
+
+    Args:
+        state: The live state; each publication captures a snapshot of it.
+        logger: The root logger; its records are routed to destination lanes.
+        callbacks: Callbacks, in the order they are offered events.
+        barriers: Events after which the producer waits for every earlier handler.
+        max_lag: Batches by which handlers may trail a ``BATCH_END`` barrier.
+        queue_size: Event items that may wait per callback before the producer waits.
+        inline_max: Seconds; plain handlers measured this fast run on the producer.
+        warn_slow: Whether to emit :class:`SlowCallbackWarning`.
+    """
+
+    def __init__(
+        self,
+        state: State,
+        logger: Logger,
+        callbacks: Sequence[object],
+        *,
+        barriers: Iterable[Event] = (Event.BATCH_END,),
+        max_lag: int = 0,
+        queue_size: int = 128,
+        inline_max: float = DEFAULT_INLINE_MAX,
+        warn_slow: bool = True,
+    ) -> None:
+        self.state = state
+        self.logger = logger
+        self.barriers = frozenset(Event(e) for e in barriers)
+        self.max_lag = max_lag
+        self.queue_size = queue_size
+        self.inline_max = inline_max
+        self.warn_slow = warn_slow
+        self.trace: TraceRecorder | None = None
+        self.lanes: list[Lane] = []
+        for i, cb in enumerate(callbacks):
+            table = resolve_callback(cb, where=f"callbacks[{i}]", extra=_EXTRA_METHODS)
+            self.lanes.append(Lane(table, i, _log_handler(table)))
+        self._destinations = [lane for lane in self.lanes if lane.is_destination]
+        self._subs: dict[Event, list[tuple[Lane, Slot]]] = {}
+        for event in Event:
+            subs = [(lane, lane.slots[event]) for lane in self.lanes if event in lane.slots]
+            if event is Event.INIT:  # loggers first at INIT, last otherwise (Composer)
+                subs.sort(key=lambda pair: not pair[0].is_destination)
+            self._subs[event] = subs
+        self._lock = threading.Lock()
+        self._signal: SimpleQueue[bool] = SimpleQueue()
+        self._waiting: set[Lane] = set()
+        self._to_wake: deque[Lane] = deque()
+        self._wake_scheduled = False
+        self._spawn_queue: deque[Callable[[], Any]] = deque()
+        self._spawn_wakeup: anyio.Event | None = None
+        self._loop: LoopHandle | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._producer_ident: int | None = None
+        self.stopping = False
+        self.cancelled = False
+        self.errors: list[BaseException] = []
+        self._view_key: tuple[Any, Any] = (None, None)
+        self._view: tuple[State, Logger] | None = None
+        self._marks: deque[list[int]] = deque(maxlen=max_lag + 1)
+        self._published = 0
+        self._batches = 0
+        self._barrier_wait = 0.0
+        self._barrier_waits = 0
+        self._backpressure_wait = 0.0
+        self._peak_depth = 0
+        self._last_batch_end = 0.0
+        self._slow_checks = 0
+
+    # -- producer side ---------------------------------------------------------------------
+
+    @property
+    def loop(self) -> LoopHandle:
+        """The loop of the running session."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("the bus has no running session")
+        return loop
+
+    def is_producer(self) -> bool:
+        """Whether the calling thread is the session's producer thread."""
+        return threading.get_ident() == self._producer_ident
+
+    def publish(self, event: Event) -> None:
+        """Offer ``event`` to every callback that handles it. Producer thread only.
+
+        Returns once each handler is queued, or, for ``@blocking`` handlers and barrier
+        events, once the handlers it must wait for have finished.
+
+        Raises:
+            Stopped: The bus is stopping; the producer should unwind.
+        """
+        if self.stopping:
+            raise Stopped
+        self._published += 1
+        subs = self._subs[event]
+        if subs:
+            state = self.state
+            key = (state._frame, state._timer.snapshot())
+            if key[0] is not self._view_key[0] or key[1] is not self._view_key[1]:
+                view = state.snapshot()
+                self._view = (view, self.logger._bind(view))
+                self._view_key = key
+            assert self._view is not None
+            view, logger = self._view
+            wake_loop = False
+            for lane, slot in subs:
+                if slot.is_blocking:
+                    self._run_blocking(lane, slot, view, logger)
+                    continue
+                if (
+                    slot.inline_ok
+                    and lane.enq == lane.done
+                    and not lane.pending
+                    and lane.exec_lock.acquire(False)
+                ):
+                    self._run_inline(lane, slot, view, logger)
+                    continue
+                depth = lane.enq - lane.done
+                if depth >= self.queue_size:
+                    self._wait([(lane, lane.enq - self.queue_size + 1)], backpressure=True)
+                lane.pending.append((EVENT, slot, view, logger))
+                lane.enq += 1
+                if depth >= lane.peak:
+                    lane.peak = depth + 1
+                if lane.idle:
+                    lane.idle = False
+                    if lane.on_thread:
+                        lane.tokens.put(None)
+                    else:
+                        self._to_wake.append(lane)
+                        wake_loop = True
+            if wake_loop and not self._wake_scheduled:
+                self._wake_scheduled = True
+                self.loop.call_soon(self._wake_lanes)
+        if event is Event.BATCH_END:
+            self._batch_end()
+        if event in self.barriers:
+            self._barrier()
+        if self.stopping:
+            raise Stopped
+
+    def _run_inline(self, lane: Lane, slot: Slot, view: State, logger: Logger) -> None:
+        t0 = _perf()
+        try:
+            slot.fn(view, logger)
+        except BaseException as exc:
+            self._fail(exc, slot.handler, slot.event)
+        finally:
+            lane.exec_lock.release()
+        elapsed = _perf() - t0
+        slot.account(elapsed)
+        slot.inline_calls += 1
+        lane.busy += elapsed
+        if elapsed > self.inline_max:
+            slot.inline_ok = False
+            slot.inline_banned = True
+        if self.trace is not None:
+            self.trace.handler(lane.name, slot.event, t0, elapsed)
+
+    def _run_blocking(self, lane: Lane, slot: Slot, view: State, logger: Logger) -> None:
+        """Run a ``@blocking`` handler before returning (D9), after the lane's backlog."""
+        if slot.is_async:
+            # Coroutines run on the loop: queue in order, then wait for this very item.
+            lane.pending.append((EVENT, slot, view, logger))
+            lane.enq += 1
+            if lane.idle:
+                lane.idle = False
+                if lane.on_thread:
+                    lane.tokens.put(None)
+                else:
+                    self._to_wake.append(lane)
+                    if not self._wake_scheduled:
+                        self._wake_scheduled = True
+                        self.loop.call_soon(self._wake_lanes)
+            self._wait([(lane, lane.enq)], backpressure=False)
+            return
+        if lane.enq != lane.done:
+            self._wait([(lane, lane.enq)], backpressure=False)
+        lane.exec_lock.acquire()
+        self._run_inline(lane, slot, view, logger)
+        slot.inline_ok = False  # blocking handlers never count as inline candidates
+
+    def _batch_end(self) -> None:
+        self._batches += 1
+        if self.max_lag:
+            self._marks.append([lane.enq for lane in self.lanes])
+        if self.warn_slow and self._slow_checks <= _SLOW_CHECK_BATCHES:
+            self._check_slow()
+
+    def _barrier(self) -> None:
+        lanes = self.lanes
+        if self.max_lag == 0:
+            targets = [(lane, lane.enq) for lane in lanes if lane.done < lane.enq]
+        elif len(self._marks) > self.max_lag:
+            mark = self._marks[0]
+            targets = [(lane, n) for lane, n in zip(lanes, mark, strict=True) if lane.done < n]
+        else:
+            return
+        if targets:
+            self._wait(targets, backpressure=False)
+
+    def wait_all(self) -> None:
+        """Block the producer until every handler published so far has finished."""
+        targets = [(lane, lane.enq) for lane in self.lanes if lane.done < lane.enq]
+        if targets:
+            self._wait(targets, backpressure=False)
+        if self.stopping:
+            raise Stopped
+
+    def _wait(self, targets: list[tuple[Lane, int]], *, backpressure: bool) -> None:
+        """Block the producer until each lane's ``done`` reaches its target."""
+        with self._lock:
+            for lane, target in targets:
+                lane.wait_target = target
+                if lane.done < target:
+                    self._waiting.add(lane)
+                else:
+                    lane.wait_target = None
+            if not self._waiting:
+                return
+        t0 = _perf()
+        self._signal.get()
+        elapsed = _perf() - t0
+        with self._lock:
+            for lane, _ in targets:
+                lane.wait_target = None
+            self._waiting.clear()
+        if backpressure:
+            self._backpressure_wait += elapsed
+        else:
+            self._barrier_wait += elapsed
+            self._barrier_waits += 1
+        if self.trace is not None:
+            self.trace.producer_wait("backpressure" if backpressure else "barrier", t0, elapsed)
+        if self.stopping:
+            raise Stopped
+
+    def _reached(self, lane: Lane) -> None:
+        """Called by a lane whose ``done`` reached its ``wait_target``."""
+        with self._lock:
+            if lane in self._waiting:
+                self._waiting.discard(lane)
+                if not self._waiting:
+                    self._signal.put(True)
+
+    def _check_slow(self) -> None:
+        now = _perf()
+        batch_time = now - self._last_batch_end
+        self._last_batch_end = now
+        self._slow_checks += 1
+        if self._slow_checks == 1:  # the first batch carries start-up costs
+            for lane in self.lanes:
+                lane.busy_mark = lane.busy
+            return
+        for lane in self.lanes:
+            busy, lane.busy_mark = lane.busy - lane.busy_mark, lane.busy
+            if busy > batch_time:
+                lane.slow_batches += 1
+        if self._slow_checks > _SLOW_CHECK_BATCHES:
+            for lane in self.lanes:
+                if lane.slow_batches >= _SLOW_CHECK_BATCHES - 1:
+                    self._warn_slow(lane)
+
+    def _warn_slow(self, lane: Lane) -> None:
+        slowest = max(lane.slots.values(), key=lambda s: s.total_time, default=None)
+        where = f"{slowest.handler.qualname}" if slowest is not None else lane.name
+        event = f"Event.{slowest.event.name}" if slowest and slowest.event else "its events"
+        message = (
+            f"callback {lane.name} spends longer in its handlers than a batch takes "
+            f"(slowest: {where} on {event}); training waits for it at every barrier. "
+            "Make the handler async, move the work off the per-batch events, or raise "
+            "Trainer(max_lag=...)"
+        )
+        self.loop.call_soon(self._emit_warning, message, lane)
+
+    def _emit_warning(self, message: str, lane: Lane) -> None:
+        try:
+            warnings.warn(message, SlowCallbackWarning, stacklevel=1)
+        except Warning as exc:  # warnings turned into errors: fail like a handler would
+            self._fail(exc, None, None)
+
+    # -- loop side -------------------------------------------------------------------------
+
+    def _wake_lanes(self) -> None:
+        self._wake_scheduled = False
+        to_wake = self._to_wake
+        while to_wake:
+            wakeup = to_wake.popleft().wakeup
+            if wakeup is not None:
+                wakeup.set()
+
+    def _wake(self, lane: Lane) -> None:
+        """Wake ``lane`` from any thread after appending to its queue."""
+        if not lane.idle:
+            return
+        lane.idle = False
+        if lane.on_thread:
+            lane.tokens.put(None)
+            return
+        self._to_wake.append(lane)
+        if not self._wake_scheduled:
+            self._wake_scheduled = True
+            self.loop.call_soon(self._wake_lanes)
+
+    def _fail(self, exc: BaseException, handler: Handler | None, event: Event | None) -> None:
+        """Record a handler's exception and stop the producer at its next event."""
+        if handler is not None:
+            where = f"Event.{event.name}" if event is not None else "a logged record"
+            exc.add_note(f"raised by {handler.qualname} while handling {where}")
+        with self._lock:
+            self.errors.append(exc)
+        self.stop()
+
+    def stop(self, *, cancelled: bool = False) -> None:
+        """Stop the producer at its next event or wait. Safe from any thread."""
+        self.cancelled = self.cancelled or cancelled
+        self.stopping = True
+        self._signal.put(False)
+
+    def _submit_log(self, record: LogRecord) -> None:
+        for lane in self._destinations:
+            lane.pending.append((LOG, record))
+            self._wake(lane)
+
+    def _await_from_thread(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``await fn(*args)`` on the loop from a lane thread and wait for it."""
+        done = threading.Event()
+        box: list[BaseException] = []
+
+        async def runner() -> None:
+            try:
+                with anyio.CancelScope(shield=True):
+                    await fn(*args)
+            except BaseException as exc:
+                box.append(exc)
+            finally:
+                done.set()
+
+        self._spawn_queue.append(runner)
+        self.loop.call_soon(self._spawn_wakeup.set)
+        done.wait()
+        if box:
+            raise box[0]
+
+    async def _spawner(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start the coroutines lane threads hand over (anyio needs a task to spawn)."""
+        queue = self._spawn_queue
+        while True:
+            await self._spawn_wakeup.wait()
+            self._spawn_wakeup = anyio.Event()
+            while queue:
+                tg.start_soon(queue.popleft())
+
+    async def _in_lane(self, lane: Lane, fn: Callable[[], Any], is_async: bool) -> None:
+        """Run ``fn`` as the next item of ``lane`` and wait for it; re-raise its error."""
+        finished = anyio.Event()
+        box: list[BaseException] = []
+
+        def on_done(error: BaseException | None) -> None:
+            if error is not None:
+                box.append(error)
+            finished.set()
+
+        lane.pending.append((CALL, fn, is_async, on_done))
+        self._wake(lane)
+        await finished.wait()
+        if box:
+            raise box[0]
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[EventBus]:
+        """Run the lanes on the current loop for the duration of the block.
+
+        On exit the lanes finish everything queued (event handlers are skipped if the
+        bus stopped; log records are always delivered), then their threads and tasks
+        end. Nothing started here outlives the block.
+        """
+        if self._loop is not None:
+            raise EngineThreadError("the bus already has a running session")
+        self._loop = LoopHandle()
+        self.stopping = False
+        self.cancelled = False
+        self.errors = []
+        self._signal = SimpleQueue()
+        self._marks.clear()
+        self._slow_checks = 0
+        self._view_key = (None, None)
+        self._view = None
+        for lane in self.lanes:
+            lane.reset()
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                threads_done = {lane.index: anyio.Event() for lane in self.lanes if lane.on_thread}
+                for lane in self.lanes:
+                    if lane.on_thread:
+                        lane.thread = threading.Thread(
+                            target=self._thread_main,
+                            args=(lane, threads_done[lane.index]),
+                            name=f"trainbus-lane-{lane.name}",
+                            daemon=True,
+                        )
+                        lane.thread.start()
+                    else:
+                        tg.start_soon(self._loop_main, lane, name=f"trainbus-lane-{lane.name}")
+                self._spawn_queue = deque()
+                self._spawn_wakeup = anyio.Event()
+                spawner = anyio.CancelScope(shield=True)
+                tg.start_soon(self._run_spawner, spawner, tg)
+                background = anyio.CancelScope(shield=True)
+                tg.start_soon(self._run_backgrounds, background)
+                for record in self.logger._connect(self._submit_log):
+                    self._submit_log(record)
+                try:
+                    yield self
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self.drain()
+                        self.logger._connect(None)
+                        background.cancel()
+                        spawner.cancel()
+                        for lane in self.lanes:
+                            lane.pending.append((STOP,))
+                            lane.idle = True  # force a wake-up
+                            self._wake(lane)
+                        for event in threads_done.values():
+                            await event.wait()
+                        for lane in self.lanes:
+                            if lane.thread is not None:
+                                lane.thread.join()
+        finally:
+            self._tg = None
+            self._loop = None
+
+    async def _run_spawner(self, scope: anyio.CancelScope, tg: anyio.abc.TaskGroup) -> None:
+        with scope:
+            await self._spawner(tg)
+
+    async def _loop_main(self, lane: Lane) -> None:
+        # Shielded: outer cancellation must not kill a lane before close has run on it.
+        # The bus cancels in-flight handlers itself (see cancel_in_flight).
+        with anyio.CancelScope(shield=True):
+            await loop_driver(self, lane)
+
+    def cancel_in_flight(self) -> None:
+        """Cancel the coroutine handlers running now (loop thread only)."""
+        for lane in self.lanes:
+            if lane.scope is not None:
+                lane.scope.cancel()
+
+    def _thread_main(self, lane: Lane, finished: anyio.Event) -> None:
+        loop = self.loop
+        try:
+            thread_driver(self, lane)
+        finally:
+            loop.call_soon(finished.set)
+
+    async def _run_backgrounds(self, scope: anyio.CancelScope) -> None:
+        with scope:
+            async with anyio.create_task_group() as tg:
+                for lane in self.lanes:
+                    handler = lane.table.extra.get("background")
+                    if handler is not None:
+                        tg.start_soon(self._background, handler)
+
+    async def _background(self, handler: Handler) -> None:
+        try:
+            await handler.fn(self.state, self.logger)
+        except Exception as exc:
+            self._fail(exc, handler, None)
+
+    async def drain(self) -> None:
+        """Wait until every lane has run everything queued so far."""
+        async with anyio.create_task_group() as tg:
+            for lane in self.lanes:
+                tg.start_soon(self._in_lane, lane, _noop, False)
+
+    async def close_callbacks(self) -> list[BaseException]:
+        """Run every ``close`` (destinations last), then every ``post_close``.
+
+        Each runs on its callback's lane, after what the lane had queued. Returns the
+        exceptions raised, each with a note naming its callback; one failing ``close``
+        does not stop the others.
+        """
+        errors: list[BaseException] = []
+
+        async def call(lane: Lane, handler: Handler, *args: Any) -> None:
+            try:
+                await self._in_lane(lane, lambda: handler.fn(*args), handler.is_async)
+            except Exception as exc:
+                exc.add_note(f"raised by {handler.qualname}")
+                errors.append(exc)
+
+        for group in (False, True):  # callbacks first, then destinations
+            async with anyio.create_task_group() as tg:
+                for lane in self.lanes:
+                    close = lane.table.close
+                    if close is not None and lane.is_destination is group:
+                        tg.start_soon(call, lane, close, self.state, self.logger)
+        async with anyio.create_task_group() as tg:
+            for lane in self.lanes:
+                post = lane.table.post_close
+                if post is not None:
+                    tg.start_soon(call, lane, post)
+        return errors
+
+    async def run_producer(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on a new producer thread and wait for it, cancellably.
+
+        If the waiting task is cancelled, the bus stops, the producer unwinds at its
+        next event, and the cancellation propagates once the thread has ended (D11).
+        Exceptions from ``fn`` other than :class:`Stopped` are re-raised here.
+        """
+        loop = self.loop
+        finished = anyio.Event()
+        box: list[BaseException] = []
+
+        def main() -> None:
+            self._producer_ident = threading.get_ident()
+            try:
+                fn()
+            except Stopped:
+                pass
+            except BaseException as exc:
+                box.append(exc)
+            finally:
+                self._producer_ident = None
+                loop.call_soon(finished.set)
+
+        thread = threading.Thread(target=main, name="trainbus-train", daemon=True)
+        thread.start()
+        try:
+            await finished.wait()
+        except BaseException:
+            self.stop(cancelled=True)
+            self.cancel_in_flight()
+            with anyio.CancelScope(shield=True):
+                await finished.wait()
+            thread.join()
+            raise
+        thread.join()
+        if box:
+            raise box[0]
+
+    # -- statistics -------------------------------------------------------------------------
+
+    def statistics(self) -> BusStatistics:
+        """A snapshot of per-callback timings, queue depths, lag and producer waits."""
+        per_callback = []
+        depth = peak = lag_events = 0
+        lag_batches = 0
+        now_batch = self.state._timer.snapshot()._batch
+        for lane in self.lanes:
+            slots = lane.statistics_slots()
+            pending = lane.enq - lane.done
+            slowest = max(slots, key=lambda s: s.max_time, default=None)
+            per_callback.append(
+                CallbackStatistics(
+                    name=lane.name,
+                    handled=sum(s.calls for s in slots),
+                    inline=sum(s.inline_calls for s in slots),
+                    total_time=sum(s.total_time for s in slots),
+                    max_time=max((s.max_time for s in slots), default=0.0),
+                    slowest=slowest.handler.qualname if slowest and slowest.calls else None,
+                    pending=pending,
+                    peak_pending=lane.peak,
+                    on_thread=lane.on_thread,
+                )
+            )
+            depth += pending
+            peak = max(peak, lane.peak)
+            lag_events = max(lag_events, pending)
+            if pending:
+                lag_batches = max(lag_batches, now_batch - lane.last_batch)
+        return BusStatistics(
+            callbacks=tuple(per_callback),
+            events_published=self._published,
+            batches=self._batches,
+            queue_depth=depth,
+            peak_queue_depth=peak,
+            lag_events=lag_events,
+            lag_batches=lag_batches,
+            barrier_waits=self._barrier_waits,
+            barrier_wait_time=self._barrier_wait,
+            backpressure_wait_time=self._backpressure_wait,
+        )
+
+
+def _noop() -> None:
+    return None

@@ -1,0 +1,49 @@
+"""Exceptions and warnings raised by trainbus.
+
+Hierarchy::
+
+    TrainbusError (Exception)
+    ├── EngineThreadError (TrainbusError, RuntimeError)   wrong thread: would deadlock
+    ├── FitInProgressError (TrainbusError, RuntimeError)  fit() while a fit is running
+    └── CallbackSignatureError (TrainbusError, TypeError) a handler cannot be called
+    TrainbusWarning (UserWarning)
+    └── SlowCallbackWarning                               handlers slower than the batch
+
+Errors raised by callbacks are never wrapped: ``fit()`` raises the callback's own
+exception, with a note naming the callback and the event.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CallbackSignatureError",
+    "EngineThreadError",
+    "FitInProgressError",
+    "SlowCallbackWarning",
+    "TrainbusError",
+    "TrainbusWarning",
+]
+
+
+class TrainbusError(Exception):
+    """Base class of the errors trainbus itself raises."""
+
+
+class EngineThreadError(TrainbusError, RuntimeError):
+    """A blocking engine call was made from a thread where it would deadlock."""
+
+
+class FitInProgressError(TrainbusError, RuntimeError):
+    """``fit()`` was called while the same trainer is already fitting."""
+
+
+class CallbackSignatureError(TrainbusError, TypeError):
+    """A callback's handler does not accept the arguments trainbus passes it."""
+
+
+class TrainbusWarning(UserWarning):
+    """Base class of the warnings trainbus emits."""
+
+
+class SlowCallbackWarning(TrainbusWarning):
+    """A callback's handlers take longer than the batch they observe."""

@@ -1,0 +1,312 @@
+"""Lanes: one per callback, running its handlers one at a time, in publication order.
+
+A lane is a FIFO of work items and a driver that empties it. Callbacks whose handlers
+are all coroutines get a *loop lane*: a task on the event loop. Callbacks with any plain
+(non-``@blocking``) handler get a *thread lane*: a long-lived thread of their own, so a
+handler that blocks never blocks the loop (D7) or other callbacks (D2). A thread lane
+runs the callback's coroutine handlers, if it has any, on the loop and waits for them.
+
+Drivers sleep when their queue is empty and are woken once per burst, not once per
+item: the producer wakes a lane only when it sees the lane's ``idle`` flag set. The
+lane sets the flag, then re-checks its queue before sleeping, so no wake-up is lost; a
+spare wake-up costs one empty pass.
+
+Counting: ``enq`` (written by the producer) and ``done`` (written by the driver) count
+event items only. The producer waits for ``done`` to reach a target (barriers,
+backpressure, ``@blocking``); the driver reports when it gets there.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from queue import SimpleQueue
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from trainbus._callback import Handler, HandlerTable
+from trainbus._events import Event
+from trainbus._scalars import all_ready
+
+if TYPE_CHECKING:
+    from trainbus._bus import EventBus
+    from trainbus._logger import LogRecord
+
+__all__ = ["CALL", "EVENT", "LOG", "STOP", "Lane", "Slot"]
+
+# Work item kinds; items are tuples whose first element is the kind.
+EVENT = 0  # (EVENT, slot, state_view, logger)
+LOG = 1  # (LOG, record)
+CALL = 2  # (CALL, fn, is_async, on_done)     fn() or await fn(); then on_done(exc | None)
+STOP = 3  # (STOP,)
+
+_perf = time.perf_counter
+
+
+class Slot:
+    """One handler of one lane, with its statistics and inline eligibility."""
+
+    __slots__ = (
+        "calls",
+        "event",
+        "fn",
+        "handler",
+        "inline_banned",
+        "inline_calls",
+        "inline_ok",
+        "is_async",
+        "is_blocking",
+        "max_time",
+        "total_time",
+    )
+
+    def __init__(self, handler: Handler, event: Event | None) -> None:
+        self.handler = handler
+        self.event = event
+        self.fn = handler.fn
+        self.is_async = handler.is_async
+        self.is_blocking = handler.is_blocking
+        self.calls = 0
+        self.inline_calls = 0
+        self.total_time = 0.0
+        self.max_time = 0.0
+        self.inline_ok = False
+        self.inline_banned = False
+
+    def account(self, elapsed: float) -> None:
+        self.calls += 1
+        self.total_time += elapsed
+        if elapsed > self.max_time:
+            self.max_time = elapsed
+
+
+class Lane:
+    """The queue and driver state of one callback."""
+
+    __slots__ = (
+        "busy",
+        "busy_mark",
+        "done",
+        "enq",
+        "exec_lock",
+        "idle",
+        "index",
+        "is_destination",
+        "last_batch",
+        "log_slot",
+        "name",
+        "on_thread",
+        "peak",
+        "pending",
+        "scope",
+        "slots",
+        "slow_batches",
+        "stopped",
+        "table",
+        "thread",
+        "tokens",
+        "wait_target",
+        "wakeup",
+    )
+
+    def __init__(self, table: HandlerTable, index: int, log_handler: Handler | None) -> None:
+        self.table = table
+        self.name = table.name
+        self.index = index
+        self.slots = {event: Slot(h, event) for event, h in table.handlers.items()}
+        self.log_slot = Slot(log_handler, None) if log_handler is not None else None
+        self.is_destination = log_handler is not None
+        every = [*table.handlers.values(), *table.extra.values()]
+        if table.close is not None:
+            every.append(table.close)
+        if log_handler is not None:
+            every.append(log_handler)
+        self.on_thread = any(not h.is_async and not h.is_blocking for h in every)
+        self.pending: deque[tuple[Any, ...]] = deque()
+        self.exec_lock = threading.Lock()
+        self.tokens: SimpleQueue[None] = SimpleQueue()
+        self.reset()
+
+    def reset(self) -> None:
+        """Clear per-session counters (statistics are kept)."""
+        self.pending.clear()
+        self.enq = 0
+        self.done = 0
+        self.idle = True
+        self.stopped = False
+        self.wait_target: int | None = None
+        self.wakeup: anyio.Event | None = None
+        self.scope: anyio.CancelScope | None = None
+        self.thread: threading.Thread | None = None
+        self.peak = 0
+        self.busy = 0.0
+        self.busy_mark = 0.0
+        self.slow_batches = 0
+        self.last_batch = 0
+
+    def statistics_slots(self) -> list[Slot]:
+        slots = list(self.slots.values())
+        if self.log_slot is not None:
+            slots.append(self.log_slot)
+        return slots
+
+
+# -- drivers ---------------------------------------------------------------------------------
+
+
+def _finish_event(bus: EventBus, lane: Lane, slot: Slot, view: Any, elapsed: float) -> None:
+    slot.account(elapsed)
+    lane.busy += elapsed
+    lane.last_batch = view._ts._batch
+    lane.done += 1
+    target = lane.wait_target
+    if target is not None and lane.done >= target:
+        bus._reached(lane)
+
+
+def thread_driver(bus: EventBus, lane: Lane) -> None:
+    """Body of a thread lane: run items until a STOP item."""
+    pending = lane.pending
+    tokens = lane.tokens
+    lock = lane.exec_lock
+    inline_max = bus.inline_max
+    trace = bus.trace
+    while True:
+        try:
+            item = pending.popleft()
+        except IndexError:
+            lane.idle = True
+            if pending:
+                lane.idle = False
+                continue
+            tokens.get()
+            continue
+        kind = item[0]
+        if kind == EVENT:
+            _, slot, view, logger = item
+            if bus.stopping:
+                lane.done += 1
+                if lane.wait_target is not None and lane.done >= lane.wait_target:
+                    bus._reached(lane)
+                continue
+            with lock:
+                t0 = _perf()
+                try:
+                    if slot.is_async:
+                        bus._await_from_thread(slot.fn, view, logger)
+                    else:
+                        slot.fn(view, logger)
+                except BaseException as exc:
+                    bus._fail(exc, slot.handler, slot.event)
+                elapsed = _perf() - t0
+            if trace is not None:
+                trace.handler(lane.name, slot.event, t0, elapsed)
+            if inline_max and not slot.is_async and not slot.inline_banned:
+                slot.inline_ok = elapsed <= inline_max
+                slot.inline_banned = not slot.inline_ok
+            _finish_event(bus, lane, slot, view, elapsed)
+        elif kind == LOG:
+            with lock:
+                _deliver_sync(bus, lane, item[1])
+        elif kind == CALL:
+            _, fn, is_async, on_done = item
+            error: BaseException | None = None
+            with lock:
+                try:
+                    if is_async:
+                        bus._await_from_thread(fn)
+                    else:
+                        fn()
+                except BaseException as exc:
+                    error = exc
+            bus.loop.call_soon(on_done, error)
+        else:  # STOP
+            return
+
+
+def _deliver_sync(bus: EventBus, lane: Lane, record: LogRecord) -> None:
+    slot = lane.log_slot
+    assert slot is not None
+    t0 = _perf()
+    try:
+        record.resolve()
+        if slot.is_async:
+            bus._await_from_thread(slot.fn, record)
+        else:
+            slot.fn(record)
+    except BaseException as exc:
+        bus._fail(exc, slot.handler, None)
+    slot.account(_perf() - t0)
+
+
+async def loop_driver(bus: EventBus, lane: Lane) -> None:
+    """Body of a loop lane: a task running items until a STOP item."""
+    pending = lane.pending
+    trace = bus.trace
+    while True:
+        try:
+            item = pending.popleft()
+        except IndexError:
+            wakeup = lane.wakeup = anyio.Event()
+            lane.idle = True
+            if pending:
+                lane.idle = False
+                continue
+            await wakeup.wait()
+            continue
+        kind = item[0]
+        if kind == EVENT:
+            _, slot, view, logger = item
+            if bus.stopping:
+                lane.done += 1
+                if lane.wait_target is not None and lane.done >= lane.wait_target:
+                    bus._reached(lane)
+                continue
+            t0 = _perf()
+            with anyio.CancelScope() as lane.scope:
+                try:
+                    result = slot.fn(view, logger)
+                    if slot.is_async:
+                        await result
+                except BaseException as exc:
+                    if isinstance(exc, anyio.get_cancelled_exc_class()):
+                        raise
+                    bus._fail(exc, slot.handler, slot.event)
+            lane.scope = None
+            elapsed = _perf() - t0
+            if trace is not None:
+                trace.handler(lane.name, slot.event, t0, elapsed)
+            _finish_event(bus, lane, slot, view, elapsed)
+        elif kind == LOG:
+            slot = lane.log_slot
+            assert slot is not None
+            record = item[1]
+            t0 = _perf()
+            try:
+                if not all_ready(record.metrics):
+                    await anyio.to_thread.run_sync(record.resolve)
+                record.resolve()
+                result = slot.fn(record)
+                if slot.is_async:
+                    await result
+            except BaseException as exc:
+                if isinstance(exc, anyio.get_cancelled_exc_class()):
+                    raise
+                bus._fail(exc, slot.handler, None)
+            slot.account(_perf() - t0)
+        elif kind == CALL:
+            _, fn, is_async, on_done = item
+            error: BaseException | None = None
+            try:
+                result = fn()
+                if is_async:
+                    await result
+            except BaseException as exc:
+                if isinstance(exc, anyio.get_cancelled_exc_class()):
+                    raise
+                error = exc
+            on_done(error)
+        else:  # STOP
+            return

@@ -1,0 +1,220 @@
+"""The logger callbacks write to, and the destinations that receive what they log.
+
+``logger.log_metrics(...)`` never does I/O: it copies the values into a
+:class:`LogRecord` and queues the record on every destination's lane, in order. Each
+destination is a callback, so its ``log_metrics`` may be ``async def`` and runs
+concurrently with training and with the other destinations.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+from trainbus._callback import Callback
+from trainbus._scalars import copy_value, resolve_value
+
+if TYPE_CHECKING:
+    from trainbus._state import State
+    from trainbus._time import Timestamp
+
+__all__ = ["LogLevel", "LogRecord", "Logger", "LoggerDestination"]
+
+
+class LogLevel(IntEnum):
+    """How often a value is logged, as in Composer v0.6.
+
+    Accepts names and ints: ``LogLevel("batch")``, ``LogLevel["BATCH"]``, ``LogLevel(3)``.
+    """
+
+    FIT = 1
+    EPOCH = 2
+    BATCH = 3
+    MICROBATCH = 4
+
+    @classmethod
+    def _missing_(cls, value: object) -> LogLevel | None:
+        if isinstance(value, str):
+            try:
+                return cls[value.upper()]
+            except KeyError:
+                return None
+        return None
+
+
+@dataclass(slots=True)
+class LogRecord:
+    """One ``log_metrics`` (or ``log_hyperparameters``) call, as destinations receive it.
+
+    Attributes:
+        metrics: Names to values; tensors were copied, GPU scalars arrive as floats.
+        step: The step the values belong to (default: the batch count of the event).
+        wall_time: ``time.time()`` when the values were logged.
+        level: The :class:`LogLevel`.
+        timestamp: The run's counters when the values were logged.
+        hyperparameters: Whether this record holds hyperparameters, not metrics.
+    """
+
+    metrics: dict[str, Any]
+    step: int
+    wall_time: float
+    level: LogLevel = LogLevel.BATCH
+    timestamp: Timestamp | None = None
+    hyperparameters: bool = False
+    _resolved: bool = field(default=False, repr=False, compare=False)
+
+    def resolve(self) -> LogRecord:
+        """Turn deferred GPU scalars into floats (may wait for the device copy)."""
+        if not self._resolved:
+            self.metrics = {k: resolve_value(v) for k, v in self.metrics.items()}
+            self._resolved = True
+        return self
+
+
+class _Hub:
+    """What all loggers bound from one trainer share: the bus's sink, or a backlog."""
+
+    __slots__ = ("backlog", "sink")
+
+    def __init__(self) -> None:
+        self.sink: Callable[[LogRecord], None] | None = None
+        self.backlog: list[LogRecord] = []
+
+
+DataArg = Mapping[str, Any] | Callable[[], Mapping[str, Any]]
+
+
+class Logger:
+    """Where callbacks log metrics; it forwards copies to every destination.
+
+    A handler's ``logger`` argument is bound to the handler's event, so the default
+    ``step`` is the batch count of that event even when the handler runs late.
+
+    Example:
+        >>> class LogLoss(Callback):
+        ...     def after_loss(self, state, logger):
+        ...         logger.log_metrics({"loss": state.loss})   # no .item(): no GPU sync
+    """
+
+    def __init__(self, state: State) -> None:
+        self._state = state
+        self._hub = _Hub()
+
+    def _bind(self, state: State) -> Logger:
+        """A logger sharing this one's destinations, with ``state`` for default steps."""
+        bound = Logger.__new__(Logger)
+        bound._state = state
+        bound._hub = self._hub
+        return bound
+
+    def _emit(self, record: LogRecord) -> None:
+        hub = self._hub
+        if hub.sink is None:
+            hub.backlog.append(record)
+        else:
+            hub.sink(record)
+
+    def _connect(self, sink: Callable[[LogRecord], None] | None) -> list[LogRecord]:
+        """Connect (or, with ``None``, disconnect) the bus.
+
+        Returns the records logged while no bus was connected, for the bus to deliver.
+        """
+        self._hub.sink = sink
+        backlog, self._hub.backlog = self._hub.backlog, []
+        return backlog
+
+    def log_metrics(
+        self,
+        metrics: Mapping[str, Any],
+        step: int | None = None,
+        *,
+        level: LogLevel | int | str = LogLevel.BATCH,
+    ) -> None:
+        """Log ``metrics`` (names to numbers or tensors) at ``step``.
+
+        Values are copied, so the caller may reuse its objects; tensors are not
+        synchronised with the device here. Returns at once: destinations receive the
+        values on their own lanes, in the order they were logged.
+
+        Args:
+            metrics: Names to values.
+            step: The step; defaults to ``int(state.timer.batch)`` of the caller's event.
+            level: The :class:`LogLevel` recorded with the values.
+        """
+        if not isinstance(metrics, Mapping):
+            raise TypeError(
+                f"log_metrics(metrics=...) takes a mapping of names to values, "
+                f"got {type(metrics).__qualname__}; wrap the value: {{'name': value}}"
+            )
+        ts = self._state.timestamp
+        record = LogRecord(
+            metrics={str(k): copy_value(v) for k, v in metrics.items()},
+            step=int(ts.batch) if step is None else int(step),
+            wall_time=time.time(),
+            level=LogLevel(level),
+            timestamp=ts,
+        )
+        self._emit(record)
+
+    def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
+        """Log the run's hyperparameters (copied) to every destination."""
+        ts = self._state.timestamp
+        self._emit(
+            LogRecord(
+                metrics={str(k): copy_value(v) for k, v in hyperparameters.items()},
+                step=int(ts.batch),
+                wall_time=time.time(),
+                level=LogLevel.FIT,
+                timestamp=ts,
+                hyperparameters=True,
+            )
+        )
+
+    # -- Composer v0.6 API ------------------------------------------------------------------
+
+    def data(self, log_level: LogLevel | int | str, data: DataArg) -> None:
+        """Log ``data`` (a dict, or a callable returning one) at ``log_level``."""
+        values = data() if callable(data) else data
+        self.log_metrics(values, level=log_level)
+
+    def data_fit(self, data: DataArg) -> None:
+        """Log ``data`` at :attr:`LogLevel.FIT`."""
+        self.data(LogLevel.FIT, data)
+
+    def data_epoch(self, data: DataArg) -> None:
+        """Log ``data`` at :attr:`LogLevel.EPOCH`."""
+        self.data(LogLevel.EPOCH, data)
+
+    def data_batch(self, data: DataArg) -> None:
+        """Log ``data`` at :attr:`LogLevel.BATCH`."""
+        self.data(LogLevel.BATCH, data)
+
+
+class LoggerDestination(Callback):
+    """A callback that receives what is logged. Its methods may be ``async def``.
+
+    Override :meth:`log_metrics` (and :meth:`log_hyperparameters`), or
+    :meth:`log_record` for the step, wall time and level together. Records reach a
+    destination in the order they were logged, on the destination's own lane, so a
+    slow destination delays nobody else.
+
+    Example:
+        >>> class PrintMetrics(LoggerDestination):
+        ...     def log_metrics(self, metrics, step):
+        ...         print(step, metrics)
+    """
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> Any:
+        """Receive metrics logged at ``step``."""
+
+    def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> Any:
+        """Receive the run's hyperparameters."""
+
+    def log_record(self, record: LogRecord) -> Any:
+        """Receive one logged record; by default calls the two methods above."""
+        if record.hyperparameters:
+            return self.log_hyperparameters(record.metrics)
+        return self.log_metrics(record.metrics, record.step)

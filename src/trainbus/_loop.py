@@ -1,0 +1,256 @@
+"""The training loop body: what runs on the training thread during ``fit()``.
+
+It knows nothing about threads or event loops: it computes, updates the state, and
+calls ``publish(event)`` at each point of Composer's event order (SPEC section 2).
+``publish`` may block (barriers, backpressure) or raise to unwind (errors, cancellation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainbus._events import Event
+from trainbus._logger import LogLevel
+from trainbus._scalars import DeferredScalar
+from trainbus._time import Time, TimeUnit
+
+if TYPE_CHECKING:
+    from trainbus._logger import Logger
+    from trainbus._state import State
+
+__all__ = ["LoopConfig", "TrainingLoop"]
+
+E = Event
+
+
+@dataclass(frozen=True, slots=True)
+class LoopConfig:
+    """What the loop needs besides the state; built and validated by the Trainer."""
+
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None
+    eval_interval: Time[int]
+    autocast_dtype: torch.dtype | None
+    log_train_loss: bool
+
+
+def batch_size_of(batch: Any) -> int:
+    """The number of samples in ``batch`` (the first tensor's leading dimension)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, Mapping):
+        for value in batch.values():
+            return batch_size_of(value)
+    if isinstance(batch, Sequence) and not isinstance(batch, str) and batch:
+        return batch_size_of(batch[0])
+    return 1
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move every tensor in ``batch`` to ``device`` without blocking the host."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: to_device(v, device) for k, v in batch.items()})  # type: ignore[call-arg]
+    if isinstance(batch, tuple | list):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def split_microbatches(batch: Any, n: int) -> list[Any]:
+    """Split ``batch`` into ``n`` microbatches along the leading dimension."""
+    if n == 1:
+        return [batch]
+    if isinstance(batch, torch.Tensor):
+        return list(torch.chunk(batch, n))
+    if isinstance(batch, Mapping):
+        parts = {k: split_microbatches(v, n) for k, v in batch.items()}
+        count = min(len(p) for p in parts.values())
+        return [type(batch)({k: p[i] for k, p in parts.items()}) for i in range(count)]  # type: ignore[call-arg]
+    if isinstance(batch, tuple | list):
+        columns = [split_microbatches(v, n) for v in batch]
+        count = min(len(c) for c in columns)
+        return [type(batch)(c[i] for c in columns) for i in range(count)]
+    raise TypeError(
+        f"grad_accum={n} needs batches of tensors, tuples, lists or dicts to split, "
+        f"got {type(batch).__qualname__}; use grad_accum=1"
+    )
+
+
+class TrainingLoop:
+    """Runs epochs of training (and evaluation) on the calling thread."""
+
+    def __init__(
+        self,
+        state: State,
+        logger: Logger,
+        config: LoopConfig,
+        publish: Callable[[Event], None],
+    ) -> None:
+        self.state = state
+        self.logger = logger
+        self.config = config
+        self.publish = publish
+        self.model = state.model
+        self.has_model_loss = callable(getattr(state.model, "loss", None))
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        dtype = self.config.autocast_dtype
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.state.device.type, dtype=dtype)
+
+    def _forward_loss(self, micro: Any) -> tuple[Any, torch.Tensor]:
+        publish, state = self.publish, self.state
+        publish(E.BEFORE_FORWARD)
+        with self._autocast():
+            if self.has_model_loss:
+                outputs = self.model(micro)
+            else:
+                outputs = self.model(micro[0])
+        state.outputs = outputs
+        publish(E.AFTER_FORWARD)
+        publish(E.BEFORE_LOSS)
+        with self._autocast():
+            if self.has_model_loss:
+                loss = self.model.loss(outputs, micro)
+            else:
+                assert self.config.loss_fn is not None
+                loss = self.config.loss_fn(outputs, micro[1])
+        state.loss = DeferredScalar.start(loss)
+        publish(E.AFTER_LOSS)
+        return outputs, loss
+
+    def _train_batch(self, batch: Any) -> torch.Tensor:
+        state, publish = self.state, self.publish
+        total = state.batch_num_samples
+        micro_losses = []
+        for micro in split_microbatches(batch, state.grad_accum):
+            _, loss = self._forward_loss(micro)
+            publish(E.BEFORE_BACKWARD)
+            scale = batch_size_of(micro) / total if total else 1.0
+            (loss * scale).backward()
+            publish(E.AFTER_BACKWARD)
+            micro_losses.append(loss.detach() * scale)
+        for opt in state.optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        for sched in state.schedulers:
+            sched.step()
+        return micro_losses[0] if len(micro_losses) == 1 else torch.stack(micro_losses).sum()
+
+    def _done(self) -> bool:
+        state = self.state
+        if state.stop_requested:
+            return True
+        end = state.max_duration
+        return state.timestamp.get(end.unit).value >= end.value
+
+    def _eval_due(self, unit: TimeUnit) -> bool:
+        interval = self.config.eval_interval
+        if self.state.eval_dataloader is None or interval.unit is not unit:
+            return False
+        return int(self.state.timestamp.get(unit)) % int(interval.value) == 0
+
+    def run(self, *, deliver_init: bool) -> None:
+        """Train until ``state.max_duration`` or a stop request; publish every event."""
+        state, publish = self.state, self.publish
+        state.model.train()
+        if deliver_init:
+            publish(E.INIT)
+        publish(E.FIT_START)
+        while not self._done():
+            skip = int(state.timestamp.batch_in_epoch)
+            if skip == 0:
+                publish(E.EPOCH_START)
+            finished_epoch = self._run_epoch(skip)
+            if not finished_epoch:
+                break
+            state._timer.on_epoch_complete()
+            publish(E.EPOCH_END)
+            if self._eval_due(TimeUnit.EPOCH):
+                self.evaluate()
+            publish(E.EPOCH_CHECKPOINT)
+        publish(E.FIT_END)
+
+    def _run_epoch(self, skip: int) -> bool:
+        """One epoch (or its rest); returns whether it ran to the end of the data."""
+        state, publish, logger = self.state, self.publish, self.logger
+        device = state.device
+        batches: Iterator[Any] = iter(state.train_dataloader)
+        if skip:
+            batches = itertools.islice(batches, skip, None)
+        seen = skip
+        for raw in batches:
+            seen += 1
+            batch = to_device(raw, device)
+            state.batch = batch
+            state.batch_num_samples = batch_size_of(batch)
+            publish(E.AFTER_DATALOADER)
+            publish(E.BATCH_START)
+            publish(E.BEFORE_TRAIN_BATCH)
+            loss = self._train_batch(batch)
+            publish(E.AFTER_TRAIN_BATCH)
+            if self.config.log_train_loss:
+                logger.log_metrics({"loss/train": DeferredScalar.start(loss)})
+            state._timer.on_batch_complete(state.batch_num_samples, state.batch_num_tokens)
+            publish(E.BATCH_END)
+            publish(E.BATCH_CHECKPOINT)
+            if self._eval_due(TimeUnit.BATCH):
+                self.evaluate()
+            if self._done():
+                return False
+        if seen == 0:
+            raise ValueError(
+                "train_dataloader produced no batches; check the dataset and drop_last"
+            )
+        return True
+
+    @torch.no_grad()
+    def evaluate(self) -> None:
+        """One pass over ``eval_dataloader``: mean loss and model metrics, logged."""
+        state, publish = self.state, self.publish
+        model = self.model
+        model.eval()
+        publish(E.EVAL_START)
+        total = 0
+        sums: dict[str, torch.Tensor] = {}
+        metric_fn = getattr(model, "eval_metrics", None)
+        for raw in state.eval_dataloader:
+            batch = to_device(raw, state.device)
+            n = batch_size_of(batch)
+            state.batch = batch
+            publish(E.EVAL_BATCH_START)
+            publish(E.EVAL_BEFORE_FORWARD)
+            with self._autocast():
+                outputs = model(batch) if self.has_model_loss else model(batch[0])
+            state.outputs = outputs
+            publish(E.EVAL_AFTER_FORWARD)
+            with self._autocast():
+                if self.has_model_loss:
+                    loss = model.loss(outputs, batch)
+                else:
+                    assert self.config.loss_fn is not None
+                    loss = self.config.loss_fn(outputs, batch[1])
+            values: dict[str, Any] = {"loss": loss}
+            if callable(metric_fn):
+                values.update(metric_fn(outputs, batch))
+            for name, value in values.items():
+                v = torch.as_tensor(value, device=state.device).detach().float() * n
+                sums[name] = sums[name] + v if name in sums else v
+            total += n
+            publish(E.EVAL_BATCH_END)
+        means = {name: DeferredScalar.start(s / max(total, 1)) for name, s in sums.items()}
+        metrics = dict(state.current_metrics)
+        metrics["eval"] = means
+        state.current_metrics = metrics
+        model.train()
+        self.logger.log_metrics(
+            {f"eval/{name}": value for name, value in means.items()}, level=LogLevel.EPOCH
+        )
+        publish(E.EVAL_END)

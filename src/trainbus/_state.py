@@ -1,0 +1,242 @@
+"""Training state, and the per-event snapshots handlers see.
+
+The training thread owns one :class:`State`. The fields that change every batch
+(``batch``, ``batch_num_samples``, ``batch_num_tokens``, ``outputs``, ``loss``,
+``current_metrics`` and the timer's counters) live in an immutable frame that is replaced,
+never mutated, when the trainer assigns them. Publishing an event captures the current
+frame and timestamp by reference, so a handler that runs late still reads the values of
+its own event (guarantee D5) at the cost of one small object per publication. Model
+parameters, optimizers and everything else are shared, live objects.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainbus._serializable import Serializable
+from trainbus._time import Time, Timer, Timestamp, TimeUnit
+
+if TYPE_CHECKING:
+    from trainbus._callback import Callback
+
+__all__ = ["State"]
+
+
+class _Frame:
+    """The per-batch fields of the state, replaced as a whole on every change."""
+
+    __slots__ = (
+        "batch",
+        "batch_num_samples",
+        "batch_num_tokens",
+        "current_metrics",
+        "loss",
+        "outputs",
+    )
+
+    batch: Any
+    batch_num_samples: int
+    batch_num_tokens: int
+    current_metrics: dict[str, dict[str, Any]]
+    loss: Any
+    outputs: Any
+
+    def replace(self, name: str, value: Any) -> _Frame:
+        new = _Frame.__new__(_Frame)
+        for slot in _Frame.__slots__:
+            setattr(new, slot, getattr(self, slot))
+        setattr(new, name, value)
+        return new
+
+
+def _empty_frame() -> _Frame:
+    frame = _Frame.__new__(_Frame)
+    frame.batch = None
+    frame.batch_num_samples = 0
+    frame.batch_num_tokens = 0
+    frame.current_metrics = {}
+    frame.loss = None
+    frame.outputs = None
+    return frame
+
+
+def _frame_property(name: str, doc: str) -> property:
+    def get(self: State) -> Any:
+        return getattr(self._frame, name)
+
+    def set_(self: State, value: Any) -> None:
+        self._set_frame(name, value)
+
+    return property(get, set_, doc=doc)
+
+
+class State(Serializable):
+    """Everything a callback may read about the run.
+
+    Handlers receive a snapshot of the state taken when their event was published:
+    ``timer``/``timestamp``, ``batch``, ``batch_num_samples``, ``batch_num_tokens``,
+    ``outputs``, ``loss`` and ``current_metrics`` are the values of that event, even if
+    the handler runs later. ``model``, ``optimizers``, ``schedulers`` and the data
+    loaders are the live objects.
+
+    Attributes:
+        model: The user's ``torch.nn.Module`` (never the DDP wrapper; see ``ddp_model``).
+        optimizers: The optimizers, always a list.
+        schedulers: The learning-rate schedulers, always a list.
+        max_duration: How long ``fit()`` trains, as a :class:`Time`.
+        train_dataloader: The training data loader.
+        eval_dataloader: The evaluation data loader, or ``None``.
+        precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        grad_accum: Number of microbatches per batch.
+        callbacks: The callbacks, loggers last.
+        device: The device the model trains on.
+        run_name: The run's name, used by loggers.
+    """
+
+    batch = _frame_property("batch", "The current batch as the data loader produced it.")
+    batch_num_samples = _frame_property("batch_num_samples", "Samples in the current batch.")
+    batch_num_tokens = _frame_property("batch_num_tokens", "Tokens in the current batch.")
+    outputs = _frame_property("outputs", "The model's outputs for the current (micro)batch.")
+    loss = _frame_property("loss", "The loss tensor of the current (micro)batch.")
+    current_metrics = _frame_property(
+        "current_metrics",
+        'Latest metrics by split, e.g. ``{"eval": {"loss": 0.31, "accuracy": 0.9}}``.',
+    )
+
+    def __init__(
+        self,
+        *,
+        model: torch.nn.Module,
+        max_duration: Time[Any],
+        optimizers: Sequence[torch.optim.Optimizer] = (),
+        schedulers: Sequence[Any] = (),
+        train_dataloader: Any = None,
+        eval_dataloader: Any = None,
+        precision: str = "fp32",
+        grad_accum: int = 1,
+        callbacks: Sequence[Callback] = (),
+        device: torch.device | str = "cpu",
+        run_name: str = "run",
+    ) -> None:
+        self._frame = _empty_frame()
+        self._timer = Timer()
+        self._stop = threading.Event()
+        self.model = model
+        self.ddp_model: torch.nn.Module = model
+        self.max_duration = max_duration
+        self.optimizers = list(optimizers)
+        self.schedulers = list(schedulers)
+        self.train_dataloader = train_dataloader
+        self.eval_dataloader = eval_dataloader
+        self.precision = precision
+        self.grad_accum = grad_accum
+        self.callbacks = list(callbacks)
+        self.device = torch.device(device)
+        self.run_name = run_name
+
+    # -- per-batch fields -----------------------------------------------------------------
+
+    def _set_frame(self, name: str, value: Any) -> None:
+        self._frame = self._frame.replace(name, value)
+
+    @property
+    def timer(self) -> Timer | Timestamp:
+        """The run's time counters (in a handler: as of the handler's event)."""
+        return self._timer
+
+    @property
+    def timestamp(self) -> Timestamp:
+        """An immutable snapshot of the counters (in a handler: as of its event)."""
+        return self._timer.snapshot()
+
+    def snapshot(self) -> State:
+        """Return a view of this state frozen at the current per-batch values.
+
+        The trainer's bus calls this once per published event; the view costs one small
+        object and shares everything that is not per-batch with this state.
+        """
+        return _StateView(self, self._frame, self._timer.snapshot())
+
+    # -- control ----------------------------------------------------------------------------
+
+    def stop_training(self) -> None:
+        """Ask the trainer to stop at the next batch boundary. Safe from any thread."""
+        self._stop.set()
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether :meth:`stop_training` was called since this ``fit()`` began."""
+        return self._stop.is_set()
+
+    def get_elapsed_duration(self) -> Time[float]:
+        """The fraction of ``max_duration`` elapsed, as a ``Time`` in ``dur`` units."""
+        unit = self.max_duration.unit
+        total = float(self.max_duration.value)
+        if unit is TimeUnit.DURATION or total <= 0:
+            return Time(0.0, TimeUnit.DURATION)
+        done = float(self.timestamp.get(unit).value)
+        return Time(min(done / total, 1.0), TimeUnit.DURATION)
+
+    # -- serialization ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimizers, schedulers and timer, ready for ``torch.save``."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizers": [opt.state_dict() for opt in self.optimizers],
+            "schedulers": [sched.state_dict() for sched in self.schedulers],
+            "timer": self._timer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved."""
+        self.model.load_state_dict(state["model"])
+        for opt, opt_state in zip(self.optimizers, state.get("optimizers", []), strict=False):
+            opt.load_state_dict(opt_state)
+        for sched, sched_state in zip(self.schedulers, state.get("schedulers", []), strict=False):
+            sched.load_state_dict(sched_state)
+        if "timer" in state:
+            self._timer.load_state_dict(state["timer"])
+
+
+class _StateView(State):
+    """A handler's view: per-batch fields frozen, everything else the live state's."""
+
+    def __init__(self, live: State, frame: _Frame, timestamp: Timestamp) -> None:  # noqa: D107
+        d = self.__dict__
+        d["_live"] = live
+        d["_frame"] = frame
+        d["_ts"] = timestamp
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes not on the view: the live state's fields.
+        return getattr(self.__dict__["_live"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.__dict__["_live"], name, value)
+
+    def _set_frame(self, name: str, value: Any) -> None:
+        self.__dict__["_live"]._set_frame(name, value)
+
+    @property
+    def timer(self) -> Timestamp:
+        """The counters as of this handler's event (read-only)."""
+        ts: Timestamp = self.__dict__["_ts"]
+        return ts
+
+    @property
+    def timestamp(self) -> Timestamp:
+        """The counters as of this handler's event."""
+        ts: Timestamp = self.__dict__["_ts"]
+        return ts
+
+    def snapshot(self) -> State:
+        """Views are already snapshots."""
+        return self
+
+    def __repr__(self) -> str:
+        return f"<State view at {self.__dict__['_ts']!r}>"

@@ -1,0 +1,280 @@
+"""The Trainer: validated configuration, ``await trainer.fit()`` and ``fit_sync()``."""
+
+from __future__ import annotations
+
+import functools
+import random
+import secrets
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal
+
+import anyio
+import torch
+
+from trainbus._bridge import no_running_loop
+from trainbus._callback import Callback, resolve_callback
+from trainbus._engine import Engine
+from trainbus._events import Event
+from trainbus._exceptions import EngineThreadError, FitInProgressError
+from trainbus._logger import Logger, LoggerDestination
+from trainbus._loop import LoopConfig, TrainingLoop
+from trainbus._state import State
+from trainbus._time import Time, TimeUnit, ensure_time
+
+__all__ = ["Trainer"]
+
+_PRECISIONS: dict[str | None, torch.dtype | None] = {
+    None: None,
+    "fp32": None,
+    "bf16": torch.bfloat16,
+    "amp_bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "amp_fp16": torch.float16,
+}
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            f"device={device!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'"
+        ) from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available; use 'auto' or 'cpu'")
+    if resolved.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device={device!r} is not supported; use 'auto', 'cpu' or 'cuda'")
+    return resolved
+
+
+def _check_loader(loader: Any, name: str) -> None:
+    if not isinstance(loader, Iterable):
+        raise TypeError(
+            f"{name} must be iterable (a torch DataLoader or any iterable of batches), "
+            f"got {type(loader).__qualname__}"
+        )
+    try:
+        empty = len(loader) == 0  # type: ignore[arg-type]
+    except TypeError:
+        return  # no len(): an empty epoch is reported when it happens
+    if empty:
+        raise ValueError(f"{name} is empty; give it at least one batch (check drop_last)")
+
+
+class Trainer:
+    """Trains a model on a worker thread while callbacks run on the event loop.
+
+    Args:
+        model: A ``torch.nn.Module``. If it defines ``loss(outputs, batch)`` (Composer's
+            convention) ``forward`` receives the whole batch; otherwise batches are
+            ``(inputs, targets)`` and ``loss_fn(outputs, targets)`` is the loss.
+        train_dataloader: An iterable of batches (a ``DataLoader``).
+        max_duration: How long to train: a :class:`Time`, ``"10ep"``/``"500ba"``/... or
+            an int (epochs).
+        eval_dataloader: Batches for evaluation, or ``None``.
+        eval_interval: How often to evaluate: ``"1ep"``, ``"100ba"``, or an int (epochs).
+        optimizers: An optimizer or a list; default ``torch.optim.AdamW(lr=1e-3)``.
+        schedulers: A scheduler or a list; stepped after every batch.
+        callbacks: :class:`Callback` instances, offered events in this order.
+        loggers: :class:`LoggerDestination` instances (offered events after callbacks).
+        loss_fn: The loss for models without a ``loss`` method.
+        device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
+        precision: ``None``/``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast).
+        grad_accum: Microbatches per batch; forward/loss/backward events repeat for each.
+        barriers: Events at which training waits for every earlier handler (D4).
+        max_lag: Batches by which handlers may trail the barrier (D4).
+        queue_size: Handler calls that may wait per callback before training waits (D12).
+        run_name: The run's name for loggers; generated when not given.
+        seed: Seeds Python's and torch's random generators.
+        log_train_loss: Log ``loss/train`` after every batch when there are loggers.
+        warn_slow_callbacks: Warn when a callback's handlers are slower than a batch.
+
+    Example:
+        >>> trainer = Trainer(model, loader, "2ep", loss_fn=F.cross_entropy,
+        ...                   callbacks=[Upload()], loggers=[JSONLinesLogger("m.jsonl")])
+        >>> await trainer.fit()          # in async code
+        >>> trainer.fit_sync()           # in a script
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        train_dataloader: Iterable[Any],
+        max_duration: Time[Any] | str | int,
+        *,
+        eval_dataloader: Iterable[Any] | None = None,
+        eval_interval: Time[Any] | str | int = "1ep",
+        optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
+        schedulers: Any = None,
+        callbacks: Sequence[Callback] | Callback = (),
+        loggers: Sequence[LoggerDestination] | LoggerDestination = (),
+        loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+        device: str | torch.device = "auto",
+        precision: str | None = None,
+        grad_accum: int = 1,
+        barriers: Iterable[Event | str] = (Event.BATCH_END,),
+        max_lag: int = 0,
+        queue_size: int = 128,
+        run_name: str | None = None,
+        seed: int | None = None,
+        log_train_loss: bool = True,
+        warn_slow_callbacks: bool = True,
+    ) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(
+                f"model must be a torch.nn.Module, got {type(model).__qualname__}; "
+                "wrap your function in an nn.Module"
+            )
+        if not callable(getattr(model, "loss", None)) and loss_fn is None:
+            raise ValueError(
+                "no loss: define model.loss(outputs, batch) (Composer's convention) or pass "
+                "loss_fn=..., e.g. loss_fn=torch.nn.functional.cross_entropy"
+            )
+        if loss_fn is not None and not callable(loss_fn):
+            raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__qualname__}")
+        _check_loader(train_dataloader, "train_dataloader")
+        if eval_dataloader is not None:
+            _check_loader(eval_dataloader, "eval_dataloader")
+        duration = ensure_time(max_duration, name="max_duration")
+        if duration.unit is TimeUnit.DURATION:
+            raise ValueError(
+                f"max_duration={max_duration!r} is a fraction of itself; "
+                "use ep, ba, sp or tok units, e.g. '2ep'"
+            )
+        interval = ensure_time(eval_interval, name="eval_interval")
+        if interval.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH) or interval.value <= 0:
+            raise ValueError(
+                f"eval_interval={eval_interval!r} must be a positive number of epochs or "
+                "batches, e.g. '1ep' or '100ba'"
+            )
+        if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
+            raise ValueError(f"grad_accum={grad_accum!r} must be a positive int, e.g. 1 or 4")
+        if precision not in _PRECISIONS:
+            raise ValueError(
+                f"precision={precision!r} is unknown; use None, 'fp32', 'bf16' or 'fp16'"
+            )
+        if isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 0:
+            raise ValueError(f"max_lag={max_lag!r} must be an int >= 0 (batches)")
+        if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
+            raise ValueError(f"queue_size={queue_size!r} must be an int >= 1")
+        try:
+            barrier_events = [Event(b) for b in barriers]
+        except ValueError:
+            raise ValueError(
+                f"barriers={barriers!r} must be Events, e.g. (Event.BATCH_END,) or ()"
+            ) from None
+        resolved_device = _resolve_device(device)
+        callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
+        loggers = [loggers] if isinstance(loggers, Callback) else list(loggers)
+        for i, dest in enumerate(loggers):
+            if not isinstance(dest, LoggerDestination):
+                resolve_callback(dest, where=f"loggers[{i}]")  # raises for non-callbacks
+                raise TypeError(
+                    f"loggers[{i}] is a {type(dest).__qualname__}, not a LoggerDestination; "
+                    "pass plain callbacks in callbacks=[...]"
+                )
+
+        if seed is not None:
+            random.seed(seed)
+            torch.manual_seed(seed)
+        model.to(resolved_device)
+        if optimizers is None:
+            optimizers = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        opt_list = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
+        if schedulers is None:
+            sched_list: list[Any] = []
+        elif isinstance(schedulers, list | tuple):
+            sched_list = list(schedulers)
+        else:
+            sched_list = [schedulers]
+
+        self.state = State(
+            model=model,
+            max_duration=duration,
+            optimizers=opt_list,
+            schedulers=sched_list,
+            train_dataloader=train_dataloader,
+            eval_dataloader=eval_dataloader,
+            precision=precision or "fp32",
+            grad_accum=grad_accum,
+            callbacks=[*callbacks, *loggers],
+            device=resolved_device,
+            run_name=run_name or f"trainbus-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}",
+        )
+        self.logger = Logger(self.state)
+        self.engine = Engine(
+            self.state,
+            self.logger,
+            self.state.callbacks,
+            barriers=barrier_events,
+            max_lag=max_lag,
+            queue_size=queue_size,
+            warn_slow=warn_slow_callbacks,
+        )
+        self._config = LoopConfig(
+            loss_fn=loss_fn,
+            eval_interval=interval,
+            autocast_dtype=_PRECISIONS[precision],
+            log_train_loss=log_train_loss and bool(loggers),
+        )
+        self._init_delivered = False
+        if no_running_loop():  # as Composer does: INIT handlers run in the constructor
+            self.engine.run_event(Event.INIT)
+            self._init_delivered = True
+
+    async def fit(self, *, duration: Time[Any] | str | int | None = None) -> None:
+        """Train until ``max_duration`` (or for ``duration`` more), then close callbacks.
+
+        The training loop runs on a worker thread; handlers run on this event loop and
+        on their callbacks' threads. Returns when training ended and every callback's
+        ``close`` and ``post_close`` have run; raises a handler's exception (with a note
+        naming the callback and event), or an ``ExceptionGroup`` if several failed.
+        Cancelling the awaiting task stops training within one event and still closes.
+
+        Args:
+            duration: Train this much longer than the timer says now (continues a
+                finished run), instead of up to ``max_duration``.
+        """
+        state = self.state
+        if self.engine.running:
+            raise FitInProgressError(
+                "this trainer is already fitting; await the running fit() before starting "
+                "another, or create a second Trainer"
+            )
+        if duration is not None:
+            extra = ensure_time(duration, name="duration")
+            if extra.unit is TimeUnit.DURATION:
+                raise ValueError(f"duration={duration!r}: use ep, ba, sp or tok units")
+            now = state.timestamp.get(extra.unit)
+            state.max_duration = Time(int(now.value) + int(extra.value), extra.unit)
+        state._stop.clear()
+        loop = TrainingLoop(state, self.logger, self._config, self.engine._bus.publish)
+        deliver_init = not self._init_delivered
+        self._init_delivered = True
+
+        def produce() -> None:
+            loop.run(deliver_init=deliver_init)
+
+        await self.engine.run_cycle(produce)
+
+    def fit_sync(
+        self,
+        *,
+        duration: Time[Any] | str | int | None = None,
+        backend: Literal["asyncio", "trio"] = "asyncio",
+    ) -> None:
+        """Run :meth:`fit` from plain synchronous code (starts an event loop).
+
+        Raises:
+            EngineThreadError: Called on a thread that runs an event loop; use
+                ``await trainer.fit()`` there.
+        """
+        if not no_running_loop():
+            raise EngineThreadError(
+                "fit_sync() starts its own event loop, but this thread already runs one; "
+                "use `await trainer.fit()` instead"
+            )
+        anyio.run(functools.partial(self.fit, duration=duration), backend=backend)

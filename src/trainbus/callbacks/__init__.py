@@ -1,0 +1,5 @@
+"""Built-in callbacks, one per module."""
+
+from __future__ import annotations
+
+__all__ = ()
