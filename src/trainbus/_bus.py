@@ -25,7 +25,8 @@ from trainbus._bridge import LoopHandle
 from trainbus._callback import Handler, HandlerTable, resolve_callback
 from trainbus._events import Event
 from trainbus._exceptions import EngineThreadError, SlowCallbackWarning
-from trainbus._lanes import CALL, EVENT, LOG, STOP, Lane, Slot, loop_driver, thread_driver
+from trainbus._dispatch import Dispatcher
+from trainbus._lanes import CALL, EVENT, LOG, STOP, Lane, Slot, thread_driver
 from trainbus._logger import Logger, LoggerDestination, LogRecord
 from trainbus._statistics import BusStatistics, CallbackStatistics
 
@@ -137,8 +138,7 @@ class EventBus:
         self._lock = threading.Lock()
         self._signal: SimpleQueue[bool] = SimpleQueue()
         self._waiting: set[Lane] = set()
-        self._to_wake: deque[Lane] = deque()
-        self._wake_scheduled = False
+        self._dispatcher = Dispatcher(self)
         self._spawn_queue: deque[Callable[[], Any]] = deque()
         self._spawn_wakeup: anyio.Event | None = None
         self._loop: LoopHandle | None = None
@@ -173,64 +173,82 @@ class EventBus:
         """Whether the calling thread is the session's producer thread."""
         return threading.get_ident() == self._producer_ident
 
-    def publish(self, event: Event) -> None:
-        """Offer ``event`` to every callback that handles it. Producer thread only.
+    def publish(self, *events: Event) -> None:
+        """Offer each event, in order, to every callback that handles it. Producer only.
 
         Returns once each handler is queued, or, for ``@blocking`` handlers and barrier
-        events, once the handlers it must wait for have finished.
+        events, once the handlers it must wait for have finished. Several events
+        published together (nothing computed between them) share one snapshot of the
+        state and wake each lane at most once.
 
         Raises:
             Stopped: The bus is stopping; the producer should unwind.
         """
         if self.stopping:
             raise Stopped
-        self._published += 1
-        subs = self._subs[event]
-        if subs:
-            state = self.state
-            key = (state._frame, state._timer.snapshot())
-            if key[0] is not self._view_key[0] or key[1] is not self._view_key[1]:
-                view = state.snapshot()
-                self._view = (view, self.logger._bind(view))
-                self._view_key = key
-            assert self._view is not None
-            view, logger = self._view
-            wake_loop = False
-            for lane, slot in subs:
-                if slot.is_blocking:
-                    self._run_blocking(lane, slot, view, logger)
-                    continue
-                if (
-                    slot.inline_ok
-                    and lane.enq == lane.done
-                    and not lane.pending
-                    and lane.exec_lock.acquire(False)
-                ):
-                    self._run_inline(lane, slot, view, logger)
-                    continue
-                depth = lane.enq - lane.done
-                if depth >= self.queue_size:
-                    self._wait([(lane, lane.enq - self.queue_size + 1)], backpressure=True)
-                lane.pending.append((EVENT, slot, view, logger))
-                lane.enq += 1
-                if depth >= lane.peak:
-                    lane.peak = depth + 1
-                if lane.idle:
-                    lane.idle = False
-                    if lane.on_thread:
-                        lane.tokens.put(None)
-                    else:
-                        self._to_wake.append(lane)
-                        wake_loop = True
-            if wake_loop and not self._wake_scheduled:
-                self._wake_scheduled = True
-                self.loop.call_soon(self._wake_lanes)
-        if event is Event.BATCH_END:
-            self._batch_end()
-        if event in self.barriers:
-            self._barrier()
-        if self.stopping:
-            raise Stopped
+        state = self.state
+        subs_of = self._subs
+        to_kick: list[Lane] = []
+        for event in events:
+            self._published += 1
+            subs = subs_of[event]
+            if subs:
+                key = (state._frame, state._timer._ts)
+                view_key = self._view_key
+                if key[0] is not view_key[0] or key[1] is not view_key[1]:
+                    view = state.snapshot()
+                    self._view = (view, self.logger._bind(view))
+                    self._view_key = key
+                view, logger = self._view  # type: ignore[misc]
+                for lane, slot in subs:
+                    if slot.inline_ok:
+                        if (
+                            lane.enq == lane.done
+                            and not lane.pending
+                            and lane.exec_lock.acquire(False)
+                        ):
+                            self._run_inline(lane, slot, view, logger)
+                            continue
+                    elif slot.is_blocking:
+                        self._kick(to_kick)
+                        self._run_blocking(lane, slot, view, logger)
+                        continue
+                    depth = lane.enq - lane.done
+                    if depth >= self.queue_size:
+                        self._kick(to_kick)
+                        self._wait([(lane, lane.enq - self.queue_size + 1)], backpressure=True)
+                        depth = lane.enq - lane.done
+                    lane.pending.append((EVENT, slot, view, logger))
+                    lane.enq += 1
+                    if depth >= lane.peak:
+                        lane.peak = depth + 1
+                    if lane.idle:
+                        lane.idle = False
+                        to_kick.append(lane)
+            if event is Event.BATCH_END:
+                self._batch_end()
+            if event in self.barriers:
+                self._kick(to_kick)
+                self._barrier()
+            if self.stopping:
+                raise Stopped
+        self._kick(to_kick)
+
+    def _kick(self, lanes: list[Lane]) -> None:
+        """Wake the lanes a burst of publications made busy (each was idle)."""
+        if not lanes:
+            return
+        dispatcher = self._dispatcher
+        loop_lanes = False
+        for lane in lanes:
+            if lane.on_thread:
+                lane.tokens.put(None)
+            else:
+                dispatcher.schedule(lane)
+                loop_lanes = True
+        lanes.clear()
+        if loop_lanes:
+            dispatcher.kick()
 
     def _run_inline(self, lane: Lane, slot: Slot, view: State, logger: Logger) -> None:
         t0 = _perf()
@@ -256,22 +274,13 @@ class EventBus:
             # Coroutines run on the loop: queue in order, then wait for this very item.
             lane.pending.append((EVENT, slot, view, logger))
             lane.enq += 1
-            if lane.idle:
-                lane.idle = False
-                if lane.on_thread:
-                    lane.tokens.put(None)
-                else:
-                    self._to_wake.append(lane)
-                    if not self._wake_scheduled:
-                        self._wake_scheduled = True
-                        self.loop.call_soon(self._wake_lanes)
+            self._wake(lane)
             self._wait([(lane, lane.enq)], backpressure=False)
             return
         if lane.enq != lane.done:
             self._wait([(lane, lane.enq)], backpressure=False)
         lane.exec_lock.acquire()
         self._run_inline(lane, slot, view, logger)
-        slot.inline_ok = False  # blocking handlers never count as inline candidates
 
     def _batch_end(self) -> None:
         self._batches += 1
@@ -374,14 +383,6 @@ class EventBus:
 
     # -- loop side -------------------------------------------------------------------------
 
-    def _wake_lanes(self) -> None:
-        self._wake_scheduled = False
-        to_wake = self._to_wake
-        while to_wake:
-            wakeup = to_wake.popleft().wakeup
-            if wakeup is not None:
-                wakeup.set()
-
     def _wake(self, lane: Lane) -> None:
         """Wake ``lane`` from any thread after appending to its queue."""
         if not lane.idle:
@@ -389,11 +390,9 @@ class EventBus:
         lane.idle = False
         if lane.on_thread:
             lane.tokens.put(None)
-            return
-        self._to_wake.append(lane)
-        if not self._wake_scheduled:
-            self._wake_scheduled = True
-            self.loop.call_soon(self._wake_lanes)
+        else:
+            self._dispatcher.schedule(lane)
+            self._dispatcher.kick()
 
     def _fail(self, exc: BaseException, handler: Handler | None, event: Event | None) -> None:
         """Record a handler's exception and stop the producer at its next event."""
@@ -494,8 +493,7 @@ class EventBus:
                             daemon=True,
                         )
                         lane.thread.start()
-                    else:
-                        tg.start_soon(self._loop_main, lane, name=f"trainbus-lane-{lane.name}")
+                self._dispatcher.start(tg)
                 self._spawn_queue = deque()
                 self._spawn_wakeup = anyio.Event()
                 spawner = anyio.CancelScope(shield=True)
@@ -512,10 +510,11 @@ class EventBus:
                         self.logger._connect(None)
                         background.cancel()
                         spawner.cancel()
+                        self._dispatcher.stop()
                         for lane in self.lanes:
-                            lane.pending.append((STOP,))
-                            lane.idle = True  # force a wake-up
-                            self._wake(lane)
+                            if lane.on_thread:
+                                lane.pending.append((STOP,))
+                                lane.tokens.put(None)
                         for event in threads_done.values():
                             await event.wait()
                         for lane in self.lanes:
@@ -528,12 +527,6 @@ class EventBus:
     async def _run_spawner(self, scope: anyio.CancelScope, tg: anyio.abc.TaskGroup) -> None:
         with scope:
             await self._spawner(tg)
-
-    async def _loop_main(self, lane: Lane) -> None:
-        # Shielded: outer cancellation must not kill a lane before close has run on it.
-        # The bus cancels in-flight handlers itself (see cancel_in_flight).
-        with anyio.CancelScope(shield=True):
-            await loop_driver(self, lane)
 
     def cancel_in_flight(self) -> None:
         """Cancel the coroutine handlers running now (loop thread only)."""

@@ -1,7 +1,7 @@
 """Lanes: one per callback, running its handlers one at a time, in publication order.
 
 A lane is a FIFO of work items and a driver that empties it. Callbacks whose handlers
-are all coroutines get a *loop lane*: a task on the event loop. Callbacks with any plain
+are all coroutines get a *loop lane*, run by the dispatcher (``_dispatch.py``). Callbacks with any plain
 (non-``@blocking``) handler get a *thread lane*: a long-lived thread of their own, so a
 handler that blocks never blocks the loop (D7) or other callbacks (D2). A thread lane
 runs the callback's coroutine handlers, if it has any, on the loop and waits for them.
@@ -28,13 +28,12 @@ import anyio
 
 from trainbus._callback import Handler, HandlerTable
 from trainbus._events import Event
-from trainbus._scalars import all_ready
 
 if TYPE_CHECKING:
     from trainbus._bus import EventBus
     from trainbus._logger import LogRecord
 
-__all__ = ["CALL", "EVENT", "LOG", "STOP", "Lane", "Slot"]
+__all__ = ["CALL", "EVENT", "LOG", "STOP", "Lane", "Slot", "finish_event", "thread_driver"]
 
 # Work item kinds; items are tuples whose first element is the kind.
 EVENT = 0  # (EVENT, slot, state_view, logger)
@@ -108,7 +107,6 @@ class Lane:
         "thread",
         "tokens",
         "wait_target",
-        "wakeup",
     )
 
     def __init__(self, table: HandlerTable, index: int, log_handler: Handler | None) -> None:
@@ -137,7 +135,6 @@ class Lane:
         self.idle = True
         self.stopped = False
         self.wait_target: int | None = None
-        self.wakeup: anyio.Event | None = None
         self.scope: anyio.CancelScope | None = None
         self.thread: threading.Thread | None = None
         self.peak = 0
@@ -156,10 +153,16 @@ class Lane:
 # -- drivers ---------------------------------------------------------------------------------
 
 
-def _finish_event(bus: EventBus, lane: Lane, slot: Slot, view: Any, elapsed: float) -> None:
-    slot.account(elapsed)
-    lane.busy += elapsed
-    lane.last_batch = view._ts._batch
+def finish_event(
+    bus: EventBus, lane: Lane, slot: Slot, view: Any, elapsed: float, *, skipped: bool = False
+) -> None:
+    """Account a finished (or, once the bus stops, skipped) event item of ``lane``."""
+    if not skipped:
+        slot.account(elapsed)
+        lane.busy += elapsed
+        lane.last_batch = view._ts._batch
+        if bus.trace is not None:
+            bus.trace.handler(lane.name, slot.event, _perf() - elapsed, elapsed)
     lane.done += 1
     target = lane.wait_target
     if target is not None and lane.done >= target:
@@ -172,7 +175,6 @@ def thread_driver(bus: EventBus, lane: Lane) -> None:
     tokens = lane.tokens
     lock = lane.exec_lock
     inline_max = bus.inline_max
-    trace = bus.trace
     while True:
         try:
             item = pending.popleft()
@@ -187,9 +189,7 @@ def thread_driver(bus: EventBus, lane: Lane) -> None:
         if kind == EVENT:
             _, slot, view, logger = item
             if bus.stopping:
-                lane.done += 1
-                if lane.wait_target is not None and lane.done >= lane.wait_target:
-                    bus._reached(lane)
+                finish_event(bus, lane, slot, view, 0.0, skipped=True)
                 continue
             with lock:
                 t0 = _perf()
@@ -201,12 +201,10 @@ def thread_driver(bus: EventBus, lane: Lane) -> None:
                 except BaseException as exc:
                     bus._fail(exc, slot.handler, slot.event)
                 elapsed = _perf() - t0
-            if trace is not None:
-                trace.handler(lane.name, slot.event, t0, elapsed)
             if inline_max and not slot.is_async and not slot.inline_banned:
                 slot.inline_ok = elapsed <= inline_max
                 slot.inline_banned = not slot.inline_ok
-            _finish_event(bus, lane, slot, view, elapsed)
+            finish_event(bus, lane, slot, view, elapsed)
         elif kind == LOG:
             with lock:
                 _deliver_sync(bus, lane, item[1])
@@ -239,74 +237,3 @@ def _deliver_sync(bus: EventBus, lane: Lane, record: LogRecord) -> None:
     except BaseException as exc:
         bus._fail(exc, slot.handler, None)
     slot.account(_perf() - t0)
-
-
-async def loop_driver(bus: EventBus, lane: Lane) -> None:
-    """Body of a loop lane: a task running items until a STOP item."""
-    pending = lane.pending
-    trace = bus.trace
-    while True:
-        try:
-            item = pending.popleft()
-        except IndexError:
-            wakeup = lane.wakeup = anyio.Event()
-            lane.idle = True
-            if pending:
-                lane.idle = False
-                continue
-            await wakeup.wait()
-            continue
-        kind = item[0]
-        if kind == EVENT:
-            _, slot, view, logger = item
-            if bus.stopping:
-                lane.done += 1
-                if lane.wait_target is not None and lane.done >= lane.wait_target:
-                    bus._reached(lane)
-                continue
-            t0 = _perf()
-            with anyio.CancelScope() as lane.scope:
-                try:
-                    result = slot.fn(view, logger)
-                    if slot.is_async:
-                        await result
-                except BaseException as exc:
-                    if isinstance(exc, anyio.get_cancelled_exc_class()):
-                        raise
-                    bus._fail(exc, slot.handler, slot.event)
-            lane.scope = None
-            elapsed = _perf() - t0
-            if trace is not None:
-                trace.handler(lane.name, slot.event, t0, elapsed)
-            _finish_event(bus, lane, slot, view, elapsed)
-        elif kind == LOG:
-            slot = lane.log_slot
-            assert slot is not None
-            record = item[1]
-            t0 = _perf()
-            try:
-                if not all_ready(record.metrics):
-                    await anyio.to_thread.run_sync(record.resolve)
-                record.resolve()
-                result = slot.fn(record)
-                if slot.is_async:
-                    await result
-            except BaseException as exc:
-                if isinstance(exc, anyio.get_cancelled_exc_class()):
-                    raise
-                bus._fail(exc, slot.handler, None)
-            slot.account(_perf() - t0)
-        elif kind == CALL:
-            _, fn, is_async, on_done = item
-            error: BaseException | None = None
-            try:
-                result = fn()
-                if is_async:
-                    await result
-            except BaseException as exc:
-                if isinstance(exc, anyio.get_cancelled_exc_class()):
-                    raise
-                error = exc
-            on_done(error)
-        else:  # STOP
-            return

@@ -1,0 +1,256 @@
+"""The loop side of the bus: one dispatcher task runs the loop lanes, eagerly.
+
+Waking a task per handler call costs several microseconds of task switching; most
+handlers (metric bookkeeping, a queue append) finish without ever suspending. So the
+dispatcher runs each coroutine handler's first step itself, inside its own task. If the
+handler returns without suspending, that was the whole call: no task was created or
+woken. If it suspends, the dispatcher *becomes* that lane's task: it hands dispatching to
+a fresh dispatcher task and keeps driving the suspended handler with ``await``, so the
+handler stays in the task that started it (anyio and trio cancel scopes and
+``current_task()`` see one task throughout), then drains the rest of its lane and ends.
+
+The dispatcher sleeps when no lane is ready; producers wake it at most once per burst,
+and only when it is asleep.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Coroutine, Generator
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from trainbus._lanes import CALL, EVENT, Lane, finish_event
+from trainbus._scalars import all_ready
+
+if TYPE_CHECKING:
+    from trainbus._bus import EventBus
+
+__all__ = ["Dispatcher"]
+
+_perf = time.perf_counter
+
+
+class _Resume:
+    """Await a coroutine that was already started and is suspended at ``yielded``."""
+
+    __slots__ = ("coro", "yielded")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], yielded: Any) -> None:
+        self.coro = coro
+        self.yielded = yielded
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, value = self.coro, self.yielded
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:
+                try:
+                    value = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
+class Dispatcher:
+    """Runs the items of loop lanes on the event loop (see the module docstring)."""
+
+    def __init__(self, bus: EventBus) -> None:
+        self.bus = bus
+        self.ready: deque[Lane] = deque()
+        self.asleep = False
+        self.wake_scheduled = False
+        self.stopping = False
+        self._event: anyio.Event | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    # -- any thread ------------------------------------------------------------------------
+
+    def schedule(self, lane: Lane) -> None:
+        """Queue an idle lane that has work; the caller cleared ``lane.idle``."""
+        self.ready.append(lane)
+
+    def kick(self) -> None:
+        """Wake the dispatcher if it sleeps; call after one or more ``schedule``."""
+        if self.asleep and not self.wake_scheduled:
+            self.wake_scheduled = True
+            self.bus.loop.call_soon(self._on_wake)
+
+    def _on_wake(self) -> None:
+        self.wake_scheduled = False
+        event = self._event
+        if event is not None:
+            event.set()
+
+    # -- loop ------------------------------------------------------------------------------
+
+    def start(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start the first dispatcher task in ``tg``."""
+        self._tg = tg
+        self.stopping = False
+        self.asleep = False
+        self.wake_scheduled = False
+        tg.start_soon(self._run, name="trainbus-dispatcher")
+
+    def stop(self) -> None:
+        """Make the dispatcher task end once no lane is ready (loop thread)."""
+        self.stopping = True
+        event = self._event
+        if event is not None:
+            event.set()
+
+    async def _run(self) -> None:
+        # Shielded: outer cancellation must not kill lanes before close ran on them; the
+        # bus cancels in-flight handlers itself (lane.scope).
+        with anyio.CancelScope(shield=True):
+            await self._dispatch()
+
+    async def _dispatch(self) -> None:
+        ready = self.ready
+        while True:
+            try:
+                lane = ready.popleft()
+            except IndexError:
+                if self.stopping:
+                    return
+                event = self._event = anyio.Event()
+                self.asleep = True
+                if ready or self.stopping:
+                    self.asleep = False
+                    continue
+                await event.wait()
+                self.asleep = False
+                continue
+            suspended = self._drain_eagerly(lane)
+            if suspended is not None:
+                assert self._tg is not None
+                self._tg.start_soon(self._run, name="trainbus-dispatcher")
+                await self._own(lane, *suspended)
+                return
+
+    def _start(self, lane: Lane, item: tuple[Any, ...]) -> Coroutine[Any, Any, Any] | None:
+        """Begin ``item``: finish it if it is synchronous, else return its coroutine."""
+        bus = self.bus
+        kind = item[0]
+        if kind == EVENT:
+            slot = item[1]
+            if bus.stopping:
+                finish_event(bus, lane, slot, item[2], 0.0, skipped=True)
+                return None
+            result = slot.fn(item[2], item[3])
+            return result if slot.is_async else None
+        if kind == CALL:
+            result = item[1]()
+            return result if item[2] else None
+        # LOG
+        record = item[1]
+        if not all_ready(record.metrics):
+            return self._deliver_when_ready(lane, record)
+        record.resolve()
+        slot = lane.log_slot
+        assert slot is not None
+        result = slot.fn(record)
+        return result if slot.is_async else None
+
+    async def _deliver_when_ready(self, lane: Lane, record: Any) -> None:
+        await anyio.to_thread.run_sync(record.resolve)
+        slot = lane.log_slot
+        assert slot is not None
+        result = slot.fn(record)
+        if slot.is_async:
+            await result
+
+    def _finish(self, lane: Lane, item: tuple[Any, ...], error: BaseException | None,
+                t0: float) -> None:
+        elapsed = _perf() - t0
+        bus = self.bus
+        kind = item[0]
+        if kind == EVENT:
+            slot = item[1]
+            if error is not None:
+                bus._fail(error, slot.handler, slot.event)
+            finish_event(bus, lane, slot, item[2], elapsed)
+        elif kind == CALL:
+            item[3](error)
+        else:
+            slot = lane.log_slot
+            assert slot is not None
+            if error is not None:
+                bus._fail(error, slot.handler, None)
+            slot.account(elapsed)
+
+    def _drain_eagerly(
+        self, lane: Lane
+    ) -> tuple[tuple[Any, ...], Coroutine[Any, Any, Any], Any, float] | None:
+        """Run ``lane``'s items in this task until it is empty or a handler suspends."""
+        pending = lane.pending
+        while True:
+            try:
+                item = pending.popleft()
+            except IndexError:
+                lane.idle = True
+                if pending:
+                    lane.idle = False
+                    continue
+                return None
+            t0 = _perf()
+            try:
+                coro = self._start(lane, item)
+                if coro is None:
+                    self._finish(lane, item, None, t0)
+                    continue
+                yielded = coro.send(None)
+            except StopIteration:
+                self._finish(lane, item, None, t0)
+            except BaseException as exc:
+                self._finish(lane, item, exc, t0)
+            else:
+                return item, coro, yielded, t0
+
+    async def _own(self, lane: Lane, item: tuple[Any, ...], coro: Coroutine[Any, Any, Any],
+                   yielded: Any, t0: float) -> None:
+        """Finish a suspended handler in this task, then drain its lane (no more eagerness)."""
+        cancelled = anyio.get_cancelled_exc_class()
+        awaitable: Any = _Resume(coro, yielded)
+        while True:
+            error: BaseException | None = None
+            with anyio.CancelScope() as lane.scope:
+                try:
+                    await awaitable
+                except cancelled:
+                    raise
+                except BaseException as exc:
+                    error = exc
+            lane.scope = None
+            self._finish(lane, item, error, t0)
+            # Next item of this lane, if any.
+            while True:
+                try:
+                    item = lane.pending.popleft()
+                except IndexError:
+                    lane.idle = True
+                    if lane.pending:
+                        lane.idle = False
+                        continue
+                    return
+                t0 = _perf()
+                try:
+                    next_coro = self._start(lane, item)
+                except BaseException as exc:
+                    self._finish(lane, item, exc, t0)
+                    continue
+                if next_coro is None:
+                    self._finish(lane, item, None, t0)
+                    continue
+                awaitable = next_coro
+                break
