@@ -14,8 +14,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable, Sequence
 from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any
 
@@ -23,12 +22,14 @@ import anyio
 
 from trainbus._bridge import LoopHandle
 from trainbus._callback import Handler, HandlerTable, resolve_callback
-from trainbus._events import Event
-from trainbus._exceptions import EngineThreadError, SlowCallbackWarning
 from trainbus._dispatch import Dispatcher
-from trainbus._lanes import CALL, EVENT, LOG, STOP, Lane, Slot, thread_driver
+from trainbus._events import Event
+from trainbus._exceptions import SlowCallbackWarning
+from trainbus._lanes import EVENT, LOG, Lane, Slot
 from trainbus._logger import Logger, LoggerDestination, LogRecord
-from trainbus._statistics import BusStatistics, CallbackStatistics
+from trainbus._session import LoopSide, _NoEvent
+from trainbus._statistics import BusStatistics, collect_statistics
+from trainbus._stopped import Stopped
 
 if TYPE_CHECKING:
     from trainbus._state import State
@@ -42,10 +43,6 @@ _perf = time.perf_counter
 DEFAULT_INLINE_MAX = 50e-6
 #: Batches (after the first) whose handler time is compared with the batch time.
 _SLOW_CHECK_BATCHES = 3
-
-
-class Stopped(Exception):  # noqa: N818 - internal control flow, never seen by users
-    """Raised on the producer thread when the bus stops (an error, a cancellation)."""
 
 
 _EXTRA_METHODS = (("background", object, 2, "background(self, state, logger)"),)
@@ -90,7 +87,7 @@ def anyio_iscoroutinefunction(fn: Any) -> bool:
     return inspect.iscoroutinefunction(fn)
 
 
-class EventBus:
+class EventBus(LoopSide):
     """Carries events from one producer thread to the callbacks' lanes on the loop.
 
     Args:
@@ -140,7 +137,7 @@ class EventBus:
         self._waiting: set[Lane] = set()
         self._dispatcher = Dispatcher(self)
         self._spawn_queue: deque[Callable[[], Any]] = deque()
-        self._spawn_wakeup: anyio.Event | None = None
+        self._spawn_wakeup: anyio.Event | _NoEvent = _NoEvent()
         self._loop: LoopHandle | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._producer_ident: int | None = None
@@ -381,7 +378,7 @@ class EventBus:
         except Warning as exc:  # warnings turned into errors: fail like a handler would
             self._fail(exc, None, None)
 
-    # -- loop side -------------------------------------------------------------------------
+    # -- any thread --------------------------------------------------------------------------
 
     def _wake(self, lane: Lane) -> None:
         """Wake ``lane`` from any thread after appending to its queue."""
@@ -409,268 +406,11 @@ class EventBus:
         self.stopping = True
         self._signal.put(False)
 
+    def statistics(self) -> BusStatistics:
+        """A snapshot of per-callback timings, queue depths, lag and producer waits."""
+        return collect_statistics(self)
+
     def _submit_log(self, record: LogRecord) -> None:
         for lane in self._destinations:
             lane.pending.append((LOG, record))
             self._wake(lane)
-
-    def _await_from_thread(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``await fn(*args)`` on the loop from a lane thread and wait for it."""
-        done = threading.Event()
-        box: list[BaseException] = []
-
-        async def runner() -> None:
-            try:
-                with anyio.CancelScope(shield=True):
-                    await fn(*args)
-            except BaseException as exc:
-                box.append(exc)
-            finally:
-                done.set()
-
-        self._spawn_queue.append(runner)
-        self.loop.call_soon(self._spawn_wakeup.set)
-        done.wait()
-        if box:
-            raise box[0]
-
-    async def _spawner(self, tg: anyio.abc.TaskGroup) -> None:
-        """Start the coroutines lane threads hand over (anyio needs a task to spawn)."""
-        queue = self._spawn_queue
-        while True:
-            await self._spawn_wakeup.wait()
-            self._spawn_wakeup = anyio.Event()
-            while queue:
-                tg.start_soon(queue.popleft())
-
-    async def _in_lane(self, lane: Lane, fn: Callable[[], Any], is_async: bool) -> None:
-        """Run ``fn`` as the next item of ``lane`` and wait for it; re-raise its error."""
-        finished = anyio.Event()
-        box: list[BaseException] = []
-
-        def on_done(error: BaseException | None) -> None:
-            if error is not None:
-                box.append(error)
-            finished.set()
-
-        lane.pending.append((CALL, fn, is_async, on_done))
-        self._wake(lane)
-        await finished.wait()
-        if box:
-            raise box[0]
-
-    @asynccontextmanager
-    async def session(self) -> AsyncIterator[EventBus]:
-        """Run the lanes on the current loop for the duration of the block.
-
-        On exit the lanes finish everything queued (event handlers are skipped if the
-        bus stopped; log records are always delivered), then their threads and tasks
-        end. Nothing started here outlives the block.
-        """
-        if self._loop is not None:
-            raise EngineThreadError("the bus already has a running session")
-        self._loop = LoopHandle()
-        self.stopping = False
-        self.cancelled = False
-        self.errors = []
-        self._signal = SimpleQueue()
-        self._marks.clear()
-        self._slow_checks = 0
-        self._view_key = (None, None)
-        self._view = None
-        for lane in self.lanes:
-            lane.reset()
-        try:
-            async with anyio.create_task_group() as tg:
-                self._tg = tg
-                threads_done = {lane.index: anyio.Event() for lane in self.lanes if lane.on_thread}
-                for lane in self.lanes:
-                    if lane.on_thread:
-                        lane.thread = threading.Thread(
-                            target=self._thread_main,
-                            args=(lane, threads_done[lane.index]),
-                            name=f"trainbus-lane-{lane.name}",
-                            daemon=True,
-                        )
-                        lane.thread.start()
-                self._dispatcher.start(tg)
-                self._spawn_queue = deque()
-                self._spawn_wakeup = anyio.Event()
-                spawner = anyio.CancelScope(shield=True)
-                tg.start_soon(self._run_spawner, spawner, tg)
-                background = anyio.CancelScope(shield=True)
-                tg.start_soon(self._run_backgrounds, background)
-                for record in self.logger._connect(self._submit_log):
-                    self._submit_log(record)
-                try:
-                    yield self
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        await self.drain()
-                        self.logger._connect(None)
-                        background.cancel()
-                        spawner.cancel()
-                        self._dispatcher.stop()
-                        for lane in self.lanes:
-                            if lane.on_thread:
-                                lane.pending.append((STOP,))
-                                lane.tokens.put(None)
-                        for event in threads_done.values():
-                            await event.wait()
-                        for lane in self.lanes:
-                            if lane.thread is not None:
-                                lane.thread.join()
-        finally:
-            self._tg = None
-            self._loop = None
-
-    async def _run_spawner(self, scope: anyio.CancelScope, tg: anyio.abc.TaskGroup) -> None:
-        with scope:
-            await self._spawner(tg)
-
-    def cancel_in_flight(self) -> None:
-        """Cancel the coroutine handlers running now (loop thread only)."""
-        for lane in self.lanes:
-            if lane.scope is not None:
-                lane.scope.cancel()
-
-    def _thread_main(self, lane: Lane, finished: anyio.Event) -> None:
-        loop = self.loop
-        try:
-            thread_driver(self, lane)
-        finally:
-            loop.call_soon(finished.set)
-
-    async def _run_backgrounds(self, scope: anyio.CancelScope) -> None:
-        with scope:
-            async with anyio.create_task_group() as tg:
-                for lane in self.lanes:
-                    handler = lane.table.extra.get("background")
-                    if handler is not None:
-                        tg.start_soon(self._background, handler)
-
-    async def _background(self, handler: Handler) -> None:
-        try:
-            await handler.fn(self.state, self.logger)
-        except Exception as exc:
-            self._fail(exc, handler, None)
-
-    async def drain(self) -> None:
-        """Wait until every lane has run everything queued so far."""
-        async with anyio.create_task_group() as tg:
-            for lane in self.lanes:
-                tg.start_soon(self._in_lane, lane, _noop, False)
-
-    async def close_callbacks(self) -> list[BaseException]:
-        """Run every ``close`` (destinations last), then every ``post_close``.
-
-        Each runs on its callback's lane, after what the lane had queued. Returns the
-        exceptions raised, each with a note naming its callback; one failing ``close``
-        does not stop the others.
-        """
-        errors: list[BaseException] = []
-
-        async def call(lane: Lane, handler: Handler, *args: Any) -> None:
-            try:
-                await self._in_lane(lane, lambda: handler.fn(*args), handler.is_async)
-            except Exception as exc:
-                exc.add_note(f"raised by {handler.qualname}")
-                errors.append(exc)
-
-        for group in (False, True):  # callbacks first, then destinations
-            async with anyio.create_task_group() as tg:
-                for lane in self.lanes:
-                    close = lane.table.close
-                    if close is not None and lane.is_destination is group:
-                        tg.start_soon(call, lane, close, self.state, self.logger)
-        async with anyio.create_task_group() as tg:
-            for lane in self.lanes:
-                post = lane.table.post_close
-                if post is not None:
-                    tg.start_soon(call, lane, post)
-        return errors
-
-    async def run_producer(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on a new producer thread and wait for it, cancellably.
-
-        If the waiting task is cancelled, the bus stops, the producer unwinds at its
-        next event, and the cancellation propagates once the thread has ended (D11).
-        Exceptions from ``fn`` other than :class:`Stopped` are re-raised here.
-        """
-        loop = self.loop
-        finished = anyio.Event()
-        box: list[BaseException] = []
-
-        def main() -> None:
-            self._producer_ident = threading.get_ident()
-            try:
-                fn()
-            except Stopped:
-                pass
-            except BaseException as exc:
-                box.append(exc)
-            finally:
-                self._producer_ident = None
-                loop.call_soon(finished.set)
-
-        thread = threading.Thread(target=main, name="trainbus-train", daemon=True)
-        thread.start()
-        try:
-            await finished.wait()
-        except BaseException:
-            self.stop(cancelled=True)
-            self.cancel_in_flight()
-            with anyio.CancelScope(shield=True):
-                await finished.wait()
-            thread.join()
-            raise
-        thread.join()
-        if box:
-            raise box[0]
-
-    # -- statistics -------------------------------------------------------------------------
-
-    def statistics(self) -> BusStatistics:
-        """A snapshot of per-callback timings, queue depths, lag and producer waits."""
-        per_callback = []
-        depth = peak = lag_events = 0
-        lag_batches = 0
-        now_batch = self.state._timer.snapshot()._batch
-        for lane in self.lanes:
-            slots = lane.statistics_slots()
-            pending = lane.enq - lane.done
-            slowest = max(slots, key=lambda s: s.max_time, default=None)
-            per_callback.append(
-                CallbackStatistics(
-                    name=lane.name,
-                    handled=sum(s.calls for s in slots),
-                    inline=sum(s.inline_calls for s in slots),
-                    total_time=sum(s.total_time for s in slots),
-                    max_time=max((s.max_time for s in slots), default=0.0),
-                    slowest=slowest.handler.qualname if slowest and slowest.calls else None,
-                    pending=pending,
-                    peak_pending=lane.peak,
-                    on_thread=lane.on_thread,
-                )
-            )
-            depth += pending
-            peak = max(peak, lane.peak)
-            lag_events = max(lag_events, pending)
-            if pending:
-                lag_batches = max(lag_batches, now_batch - lane.last_batch)
-        return BusStatistics(
-            callbacks=tuple(per_callback),
-            events_published=self._published,
-            batches=self._batches,
-            queue_depth=depth,
-            peak_queue_depth=peak,
-            lag_events=lag_events,
-            lag_batches=lag_batches,
-            barrier_waits=self._barrier_waits,
-            barrier_wait_time=self._barrier_wait,
-            backpressure_wait_time=self._backpressure_wait,
-        )
-
-
-def _noop() -> None:
-    return None

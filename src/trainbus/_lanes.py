@@ -1,7 +1,8 @@
 """Lanes: one per callback, running its handlers one at a time, in publication order.
 
 A lane is a FIFO of work items and a driver that empties it. Callbacks whose handlers
-are all coroutines get a *loop lane*, run by the dispatcher (``_dispatch.py``). Callbacks with any plain
+are all coroutines get a *loop lane*, run by the dispatcher (``_dispatch.py``). Callbacks
+with any plain
 (non-``@blocking``) handler get a *thread lane*: a long-lived thread of their own, so a
 handler that blocks never blocks the loop (D7) or other callbacks (D2). A thread lane
 runs the callback's coroutine handlers, if it has any, on the loop and waits for them.

@@ -33,7 +33,7 @@ class DeferredScalar:
         if t.device.type == "cuda":
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             host.copy_(t, non_blocking=True)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record()
             self._host: torch.Tensor | None = host
             self._event = event

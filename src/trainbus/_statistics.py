@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["BusStatistics", "CallbackStatistics"]
+if TYPE_CHECKING:
+    from trainbus._bus import EventBus
+
+__all__ = ["BusStatistics", "CallbackStatistics", "collect_statistics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +71,45 @@ class BusStatistics:
     def handler_time(self) -> float:
         """Seconds spent in handlers, all callbacks together."""
         return sum(c.total_time for c in self.callbacks)
+
+
+def collect_statistics(bus: EventBus) -> BusStatistics:
+    """Read ``bus``'s counters into a :class:`BusStatistics` (any thread; approximate)."""
+    per_callback = []
+    depth = peak = lag_events = 0
+    lag_batches = 0
+    now_batch = bus.state._timer.snapshot()._batch
+    for lane in bus.lanes:
+        slots = lane.statistics_slots()
+        pending = lane.enq - lane.done
+        slowest = max(slots, key=lambda s: s.max_time, default=None)
+        per_callback.append(
+            CallbackStatistics(
+                name=lane.name,
+                handled=sum(s.calls for s in slots),
+                inline=sum(s.inline_calls for s in slots),
+                total_time=sum(s.total_time for s in slots),
+                max_time=max((s.max_time for s in slots), default=0.0),
+                slowest=slowest.handler.qualname if slowest and slowest.calls else None,
+                pending=pending,
+                peak_pending=lane.peak,
+                on_thread=lane.on_thread,
+            )
+        )
+        depth += pending
+        peak = max(peak, lane.peak)
+        lag_events = max(lag_events, pending)
+        if pending:
+            lag_batches = max(lag_batches, now_batch - lane.last_batch)
+    return BusStatistics(
+        callbacks=tuple(per_callback),
+        events_published=bus._published,
+        batches=bus._batches,
+        queue_depth=depth,
+        peak_queue_depth=peak,
+        lag_events=lag_events,
+        lag_batches=lag_batches,
+        barrier_waits=bus._barrier_waits,
+        barrier_wait_time=bus._barrier_wait,
+        backpressure_wait_time=bus._backpressure_wait,
+    )
