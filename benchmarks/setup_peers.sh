@@ -44,7 +44,7 @@ install() {  # install NAME: the framework's packages into an existing venv
   $pip "$TORCH"
   case "$1" in
     lightning) $pip pytorch-lightning ;;
-    ignite) $pip pytorch-ignite ;;
+    ignite) $pip pytorch-ignite numpy ;;  # numpy only silences torch's import warning
     composer)
       $pip --no-deps 'mosaicml==0.32.*'
       $pip --no-deps "${COMPOSER_DEPS[@]}" ;;

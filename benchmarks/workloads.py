@@ -185,17 +185,22 @@ class TimedBatches:
             yield batch
 
 
-def measure(fit_epoch: Callable[[TimedBatches], None], w: Workload, reps: int) -> list[float]:
-    """Warm up once, then ms per batch of ``fit_epoch(data)`` (one epoch over data) per rep."""
-    fit_epoch(TimedBatches(w.batches))
+def measure(fit_epoch: Callable[[TimedBatches], Any], w: Workload, reps: int) -> list[float]:
+    """Warm up once, then ms per batch of ``fit_epoch(data)`` (one epoch over data) per rep.
+
+    ``fit_epoch`` may return a callable: untimed clean-up, run after the clock stops.
+    """
     results = []
-    for _ in range(reps):
+    for rep in range(reps + 1):
         data = TimedBatches(w.batches)
         gc.collect()
-        fit_epoch(data)
+        cleanup = fit_epoch(data)
         end = time.perf_counter()
+        if callable(cleanup):
+            cleanup()
         assert data.t_first is not None, "the runner never iterated the data"
-        results.append((end - data.t_first) * 1e3 / len(data))
+        if rep:
+            results.append((end - data.t_first) * 1e3 / len(data))
     return results
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import workloads as wl  # noqa: E402
+import torch
+import workloads as wl
 
 
 class NoOp:

@@ -36,13 +36,23 @@ class LogLevel(IntEnum):
     MICROBATCH = 4
 
     @classmethod
-    def _missing_(cls, value: object) -> LogLevel | None:
-        if isinstance(value, str):
-            try:
-                return cls[value.upper()]
-            except KeyError:
-                return None
-        return None
+    def _missing_(cls, value: object) -> LogLevel:
+        if isinstance(value, str) and value.upper() in cls.__members__:
+            return cls[value.upper()]
+        names = ", ".join(repr(level.name.lower()) for level in cls)
+        raise ValueError(
+            f"log level {value!r} is not a LogLevel; use one of {names} "
+            f"(or its number, 1-{len(cls)}), e.g. LogLevel.BATCH"
+        )
+
+
+def _to_level(value: LogLevel | int | str) -> LogLevel:
+    """``value`` as a :class:`LogLevel`; raises ``ValueError`` naming the valid levels."""
+    if isinstance(value, LogLevel):
+        return value
+    if type(value) is int and value in LogLevel._value2member_map_:
+        return LogLevel(value)
+    return LogLevel._missing_(value)
 
 
 @dataclass(slots=True)
@@ -154,7 +164,7 @@ class Logger:
             metrics={str(k): copy_value(v) for k, v in metrics.items()},
             step=int(ts.batch) if step is None else int(step),
             wall_time=time.time(),
-            level=LogLevel(level),
+            level=_to_level(level),
             timestamp=ts,
         )
         self._emit(record)
@@ -176,9 +186,24 @@ class Logger:
     # -- Composer v0.6 API ------------------------------------------------------------------
 
     def data(self, log_level: LogLevel | int | str, data: DataArg) -> None:
-        """Log ``data`` (a dict, or a callable returning one) at ``log_level``."""
+        """Log ``data`` (a dict, or a callable returning one) at ``log_level``.
+
+        Composer v0.6's logging call: the values are logged as :meth:`log_metrics`
+        would, at the batch of the caller's event, with ``log_level`` recorded.
+
+        Example:
+            >>> logger.data("epoch", {"accuracy": 0.9})
+            >>> logger.data_batch(lambda: {"lr": optimizer.param_groups[0]["lr"]})
+        """
+        level = _to_level(log_level)
         values = data() if callable(data) else data
-        self.log_metrics(values, level=log_level)
+        if not isinstance(values, Mapping):
+            got = type(values).__qualname__
+            raise TypeError(
+                f"logger.data(data=...) takes a dict of names to values, or a callable "
+                f"returning one; got {got}; wrap the value: {{'name': value}}"
+            )
+        self.log_metrics(values, level=level)
 
     def data_fit(self, data: DataArg) -> None:
         """Log ``data`` at :attr:`LogLevel.FIT`."""

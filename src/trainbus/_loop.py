@@ -82,6 +82,13 @@ def split_microbatches(batch: Any, n: int) -> list[Any]:
     )
 
 
+def _len_or_none(loader: Any) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
 class TrainingLoop:
     """Runs epochs of training (and evaluation) on the calling thread."""
 
@@ -97,7 +104,11 @@ class TrainingLoop:
         self.config = config
         self.publish = publish
         self.model = state.model
-        self.has_model_loss = callable(getattr(state.model, "loss", None))
+        model_loss = getattr(state.model, "loss", None)
+        self.model_loss: Callable[[Any, Any], torch.Tensor] | None = (
+            model_loss if callable(model_loss) else None
+        )
+        self.has_model_loss = self.model_loss is not None
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = self.config.autocast_dtype
@@ -105,23 +116,27 @@ class TrainingLoop:
             return contextlib.nullcontext()
         return torch.autocast(self.state.device.type, dtype=dtype)
 
+    def _forward(self, batch: Any) -> Any:
+        """The model's outputs: on the whole batch (model.loss) or on its inputs."""
+        return self.model(batch) if self.model_loss is not None else self.model(batch[0])
+
+    def _loss(self, outputs: Any, batch: Any) -> torch.Tensor:
+        """``model.loss(outputs, batch)``, or ``loss_fn(outputs, targets)``."""
+        if self.model_loss is not None:
+            return self.model_loss(outputs, batch)
+        assert self.config.loss_fn is not None
+        return self.config.loss_fn(outputs, batch[1])
+
     def _forward_loss(self, micro: Any) -> tuple[Any, torch.Tensor]:
         publish, state = self.publish, self.state
         publish(E.BEFORE_FORWARD)
         with self._autocast():
-            if self.has_model_loss:
-                outputs = self.model(micro)
-            else:
-                outputs = self.model(micro[0])
+            outputs = self._forward(micro)
         state.outputs = outputs
         publish(E.AFTER_FORWARD)
         publish(E.BEFORE_LOSS)
         with self._autocast():
-            if self.has_model_loss:
-                loss = self.model.loss(outputs, micro)
-            else:
-                assert self.config.loss_fn is not None
-                loss = self.config.loss_fn(outputs, micro[1])
+            loss = self._loss(outputs, micro)
         state.loss = DeferredScalar.start(loss)
         publish(E.AFTER_LOSS)
         return outputs, loss
@@ -134,7 +149,7 @@ class TrainingLoop:
             _, loss = self._forward_loss(micro)
             publish(E.BEFORE_BACKWARD)
             scale = batch_size_of(micro) / total if total else 1.0
-            (loss * scale).backward()
+            (loss * scale).backward()  # type: ignore[no-untyped-call]
             publish(E.AFTER_BACKWARD)
             micro_losses.append(loss.detach() * scale)
         for opt in state.optimizers:
@@ -149,7 +164,7 @@ class TrainingLoop:
         if state.stop_requested:
             return True
         end = state.max_duration
-        return state.timestamp.get(end.unit).value >= end.value
+        return bool(state.timestamp.get(end.unit).value >= end.value)
 
     def _eval_due(self, unit: TimeUnit) -> bool:
         interval = self.config.eval_interval
@@ -186,6 +201,7 @@ class TrainingLoop:
         if skip:
             batches = itertools.islice(batches, skip, None)
         seen = skip
+        num_batches = _len_or_none(state.train_dataloader)
         for raw in batches:
             seen += 1
             batch = to_device(raw, device)
@@ -196,15 +212,17 @@ class TrainingLoop:
             publish(E.BEFORE_TRAIN_BATCH)
             loss = self._train_batch(batch)
             publish(E.AFTER_TRAIN_BATCH)
-            if self.config.log_train_loss:
-                logger.log_metrics({"loss/train": DeferredScalar.start(loss)})
             state._timer.on_batch_complete(state.batch_num_samples, state.batch_num_tokens)
+            if self.config.log_train_loss:  # at step n for batch n, as BATCH_END handlers
+                logger.log_metrics({"loss/train": DeferredScalar.start(loss)})
             publish(E.BATCH_END)
             publish(E.BATCH_CHECKPOINT)
             if self._eval_due(TimeUnit.BATCH):
                 self.evaluate()
             if self._done():
-                return False
+                # The data ran out with this batch: the epoch is complete (EPOCH_END
+                # fires), as when max_duration in batches is a whole number of epochs.
+                return seen == num_batches
         if seen == 0:
             raise ValueError(
                 "train_dataloader produced no batches; check the dataset and drop_last"
@@ -228,15 +246,11 @@ class TrainingLoop:
             publish(E.EVAL_BATCH_START)
             publish(E.EVAL_BEFORE_FORWARD)
             with self._autocast():
-                outputs = model(batch) if self.has_model_loss else model(batch[0])
+                outputs = self._forward(batch)
             state.outputs = outputs
             publish(E.EVAL_AFTER_FORWARD)
             with self._autocast():
-                if self.has_model_loss:
-                    loss = model.loss(outputs, batch)
-                else:
-                    assert self.config.loss_fn is not None
-                    loss = self.config.loss_fn(outputs, batch[1])
+                loss = self._loss(outputs, batch)
             values: dict[str, Any] = {"loss": loss}
             if callable(metric_fn):
                 values.update(metric_fn(outputs, batch))

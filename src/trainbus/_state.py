@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainbus._serializable import Serializable
-from trainbus._time import Time, Timer, Timestamp, TimeUnit
+from trainbus._time import Time, Timer, Timestamp, TimeUnit, ensure_time
 
 if TYPE_CHECKING:
     from trainbus._callback import Callback
@@ -62,6 +62,15 @@ def _empty_frame() -> _Frame:
     frame.loss = None
     frame.outputs = None
     return frame
+
+
+def _as_list(value: Any) -> list[Any]:
+    """``None`` -> ``[]``, a list or tuple -> a list of its items, anything else -> ``[value]``."""
+    if value is None:
+        return []
+    if isinstance(value, list | tuple):
+        return list(value)
+    return [value]
 
 
 def _frame_property(name: str, doc: str) -> property:
@@ -111,9 +120,9 @@ class State(Serializable):
         self,
         *,
         model: torch.nn.Module,
-        max_duration: Time[Any],
-        optimizers: Sequence[torch.optim.Optimizer] = (),
-        schedulers: Sequence[Any] = (),
+        max_duration: Time[Any] | str | int,
+        optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = (),
+        schedulers: Any = (),
         train_dataloader: Any = None,
         eval_dataloader: Any = None,
         precision: str = "fp32",
@@ -128,8 +137,10 @@ class State(Serializable):
         self.model = model
         self.ddp_model: torch.nn.Module = model
         self.max_duration = max_duration
-        self.optimizers = list(optimizers)
-        self.schedulers = list(schedulers)
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._schedulers: list[Any] = []
+        self.optimizers = optimizers
+        self.schedulers = schedulers
         self.train_dataloader = train_dataloader
         self.eval_dataloader = eval_dataloader
         self.precision = precision
@@ -137,6 +148,46 @@ class State(Serializable):
         self.callbacks = list(callbacks)
         self.device = torch.device(device)
         self.run_name = run_name
+
+    # -- Composer-compatible fields ---------------------------------------------------------
+
+    @property
+    def max_duration(self) -> Time[Any]:
+        """How long ``fit()`` trains; assign a :class:`Time`, a time string or an int (epochs)."""
+        duration: Time[Any] = self._max_duration
+        return duration
+
+    @max_duration.setter
+    def max_duration(self, value: Time[Any] | str | int) -> None:
+        duration = ensure_time(value, name="max_duration")
+        if duration.unit is TimeUnit.DURATION:
+            raise ValueError(
+                f"max_duration={value!r} is a fraction of itself; use ep, ba, sp or tok units, "
+                "e.g. '2ep' or state.timer.batch"
+            )
+        self._max_duration = duration
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizers, always a list (assigning one optimizer stores ``[optimizer]``)."""
+        optimizers: list[torch.optim.Optimizer] = self._optimizers
+        return optimizers
+
+    @optimizers.setter
+    def optimizers(
+        self, value: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None
+    ) -> None:
+        self._optimizers[:] = _as_list(value)  # the same list object, as in Composer
+
+    @property
+    def schedulers(self) -> list[Any]:
+        """The learning-rate schedulers, always a list (one scheduler is stored as ``[it]``)."""
+        schedulers: list[Any] = self._schedulers
+        return schedulers
+
+    @schedulers.setter
+    def schedulers(self, value: Any) -> None:
+        self._schedulers[:] = _as_list(value)
 
     # -- per-batch fields -----------------------------------------------------------------
 
@@ -206,7 +257,7 @@ class State(Serializable):
 class _StateView(State):
     """A handler's view: per-batch fields frozen, everything else the live state's."""
 
-    def __init__(self, live: State, frame: _Frame, timestamp: Timestamp) -> None:  # noqa: D107
+    def __init__(self, live: State, frame: _Frame, timestamp: Timestamp) -> None:
         d = self.__dict__
         d["_live"] = live
         d["_frame"] = frame

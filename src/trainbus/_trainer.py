@@ -64,6 +64,46 @@ def _check_loader(loader: Any, name: str) -> None:
         raise ValueError(f"{name} is empty; give it at least one batch (check drop_last)")
 
 
+def _default_run_name() -> str:
+    return f"trainbus-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def _as_list(callbacks: Any, name: str) -> list[Any]:
+    if isinstance(callbacks, Callback):
+        return [callbacks]
+    if isinstance(callbacks, str) or not isinstance(callbacks, Iterable):
+        raise TypeError(
+            f"{name} must be a list of trainbus.Callback instances, got "
+            f"{type(callbacks).__qualname__}; pass {name}=[MyCallback()]"
+        )
+    return list(callbacks)
+
+
+def _barrier_events(barriers: Any) -> list[Event]:
+    hint = "use Events, e.g. barriers=(Event.BATCH_END,), or () for none"
+    if isinstance(barriers, str):  # one Event (a str enum) or its name
+        barriers = (barriers,)
+    if not isinstance(barriers, Iterable):
+        raise TypeError(f"barriers={barriers!r} is not a collection of Events; {hint}")
+    try:
+        return [Event(b) for b in barriers]
+    except ValueError:
+        raise ValueError(
+            f"barriers={barriers!r} holds something that is not an Event; {hint}"
+        ) from None
+
+
+def _optimizer_list(optimizers: Any) -> list[torch.optim.Optimizer]:
+    opts = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else optimizers
+    opts = list(opts) if isinstance(opts, Iterable) else [opts]
+    if not opts or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
+        raise TypeError(
+            f"optimizers={optimizers!r} must be a torch.optim.Optimizer or a list of them; "
+            "e.g. optimizers=torch.optim.SGD(model.parameters(), lr=0.1), or None for AdamW"
+        )
+    return opts
+
+
 class Trainer:
     """Trains a model on a worker thread while callbacks run on the event loop.
 
@@ -84,7 +124,8 @@ class Trainer:
         device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
         precision: ``None``/``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast).
         grad_accum: Microbatches per batch; forward/loss/backward events repeat for each.
-        barriers: Events at which training waits for every earlier handler (D4).
+        barriers: Events (or one Event) at which training waits for every earlier
+            handler (D4); ``()`` for none but close.
         max_lag: Batches by which handlers may trail the barrier (D4).
         queue_size: Handler calls that may wait per callback before training waits (D12).
         run_name: The run's name for loggers; generated when not given.
@@ -134,7 +175,10 @@ class Trainer:
                 "loss_fn=..., e.g. loss_fn=torch.nn.functional.cross_entropy"
             )
         if loss_fn is not None and not callable(loss_fn):
-            raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__qualname__}")
+            raise TypeError(
+                f"loss_fn must be callable, got {type(loss_fn).__qualname__}; "
+                "pass a function (outputs, targets) -> loss, e.g. F.cross_entropy"
+            )
         _check_loader(train_dataloader, "train_dataloader")
         if eval_dataloader is not None:
             _check_loader(eval_dataloader, "eval_dataloader")
@@ -157,18 +201,16 @@ class Trainer:
                 f"precision={precision!r} is unknown; use None, 'fp32', 'bf16' or 'fp16'"
             )
         if isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 0:
-            raise ValueError(f"max_lag={max_lag!r} must be an int >= 0 (batches)")
+            raise ValueError(f"max_lag={max_lag!r} must be an int >= 0 (batches), e.g. 0 or 2")
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
-            raise ValueError(f"queue_size={queue_size!r} must be an int >= 1")
-        try:
-            barrier_events = [Event(b) for b in barriers]
-        except ValueError:
             raise ValueError(
-                f"barriers={barriers!r} must be Events, e.g. (Event.BATCH_END,) or ()"
-            ) from None
+                f"queue_size={queue_size!r} must be an int >= 1 (handler calls), e.g. 128"
+            )
+        barrier_events = _barrier_events(barriers)
         resolved_device = _resolve_device(device)
-        callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
-        loggers = [loggers] if isinstance(loggers, Callback) else list(loggers)
+        callbacks = _as_list(callbacks, "callbacks")
+        loggers = _as_list(loggers, "loggers")
+        opt_list = [] if optimizers is None else _optimizer_list(optimizers)
         for i, dest in enumerate(loggers):
             if not isinstance(dest, LoggerDestination):
                 resolve_callback(dest, where=f"loggers[{i}]")  # raises for non-callbacks
@@ -181,9 +223,8 @@ class Trainer:
             random.seed(seed)
             torch.manual_seed(seed)
         model.to(resolved_device)
-        if optimizers is None:
-            optimizers = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        opt_list = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
+        if not opt_list:
+            opt_list = [torch.optim.AdamW(model.parameters(), lr=1e-3)]
         if schedulers is None:
             sched_list: list[Any] = []
         elif isinstance(schedulers, list | tuple):
@@ -202,7 +243,7 @@ class Trainer:
             grad_accum=grad_accum,
             callbacks=[*callbacks, *loggers],
             device=resolved_device,
-            run_name=run_name or f"trainbus-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}",
+            run_name=run_name or _default_run_name(),
         )
         self.logger = Logger(self.state)
         self.engine = Engine(

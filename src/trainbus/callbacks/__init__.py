@@ -2,4 +2,36 @@
 
 from __future__ import annotations
 
-__all__ = ()
+from trainbus.callbacks.early_stopper import EarlyStopper as EarlyStopper
+from trainbus.callbacks.event_stream import EventStream as EventStream
+from trainbus.callbacks.event_stream import StreamEvent as StreamEvent
+from trainbus.callbacks.event_stream import StreamGap as StreamGap
+from trainbus.callbacks.event_stream import StreamItem as StreamItem
+from trainbus.callbacks.event_stream import StreamMetrics as StreamMetrics
+from trainbus.callbacks.event_stream import StreamOverflowError as StreamOverflowError
+from trainbus.callbacks.event_stream import StreamStatistics as StreamStatistics
+from trainbus.callbacks.event_stream import Subscription as Subscription
+from trainbus.callbacks.grad_monitor import GradMonitor as GradMonitor
+from trainbus.callbacks.lr_monitor import LRMonitor as LRMonitor
+from trainbus.callbacks.memory_monitor import MemoryMonitor as MemoryMonitor
+from trainbus.callbacks.progress_bar import ProgressBar as ProgressBar
+from trainbus.callbacks.speed_monitor import SpeedMonitor as SpeedMonitor
+from trainbus.callbacks.threshold_stopper import ThresholdStopper as ThresholdStopper
+
+__all__ = (
+    "EarlyStopper",
+    "EventStream",
+    "GradMonitor",
+    "LRMonitor",
+    "MemoryMonitor",
+    "ProgressBar",
+    "SpeedMonitor",
+    "StreamEvent",
+    "StreamGap",
+    "StreamItem",
+    "StreamMetrics",
+    "StreamOverflowError",
+    "StreamStatistics",
+    "Subscription",
+    "ThresholdStopper",
+)

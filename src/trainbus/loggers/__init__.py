@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+from trainbus.loggers.console import ConsoleLogger as ConsoleLogger
+from trainbus.loggers.http_uploader import HTTPMetricsUploader as HTTPMetricsUploader
+from trainbus.loggers.http_uploader import MetricsUploadWarning as MetricsUploadWarning
+from trainbus.loggers.http_uploader import UploaderStatistics as UploaderStatistics
 from trainbus.loggers.in_memory import InMemoryLogger as InMemoryLogger
+from trainbus.loggers.jsonl import JSONLinesLogger as JSONLinesLogger
+from trainbus.loggers.tensorboard import TensorBoardLogger as TensorBoardLogger
 
-__all__ = ("InMemoryLogger",)
+__all__ = (
+    "ConsoleLogger",
+    "HTTPMetricsUploader",
+    "InMemoryLogger",
+    "JSONLinesLogger",
+    "MetricsUploadWarning",
+    "TensorBoardLogger",
+    "UploaderStatistics",
+)

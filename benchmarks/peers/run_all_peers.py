@@ -1,0 +1,122 @@
+"""Run every peer runner x scenario x workload, one subprocess at a time, and collect the results.
+
+Each peer runs on its own interpreter (plain: this Python; the others: the venvs
+made by benchmarks/setup_peers.sh). A LatencyServer process (20 ms) serves the
+upload scenario. Results go to benchmarks/.out/peers.json; a table of medians,
+extra ms/batch over the plain loop and us per no-op handler call is printed.
+
+    python benchmarks/peers/run_all_peers.py              # full run
+    python benchmarks/peers/run_all_peers.py --quick      # smoke run: 3 reps, fewer scenarios
+    python benchmarks/peers/run_all_peers.py --peers plain,ignite --workloads mlp
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1]
+OUT = BENCH / ".out" / "peers.json"
+PEERS = {
+    "plain": Path(sys.executable),
+    "lightning": BENCH / ".venvs/lightning/bin/python",
+    "ignite": BENCH / ".venvs/ignite/bin/python",
+    "composer": BENCH / ".venvs/composer/bin/python",
+}
+# workload -> scenarios; d1 (the plain loop's 5 ms-sleep baseline for d) runs on plain only.
+FULL = {"mlp": "a b c d e d1", "large": "a d e d1"}
+QUICK = {"mlp": "a b d e d1", "large": "a"}
+
+
+def run_one(peer: str, workload: str, scenario: str, reps: int, url: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [str(PEERS[peer]), str(BENCH / "peers" / f"run_{peer}.py"), "--scenario", scenario,
+               "--workload", workload, "--reps", str(reps), "--json", str(out), "--upload-url", url]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        if proc.returncode or not out.exists():
+            raise RuntimeError(f"exit {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+        print("  " + proc.stdout.strip().splitlines()[-1], flush=True)
+        return json.loads(out.read_text())
+
+
+def summarize(results: list[dict]) -> str:
+    """Markdown table: median ms/batch, extra over plain, us per no-op handler call."""
+    med = {(r["framework"], r["workload"], r["scenario"]): r for r in results}
+    lines = ["| workload | scenario | framework | median ms/batch | extra over plain | note |",
+             "|---|---|---|---|---|---|"]
+    for (fw, wk, sc), r in med.items():
+        m = statistics.median(r["ms_per_batch"])
+        plain = med.get(("plain", wk, sc))
+        extra = f"{m - statistics.median(plain['ms_per_batch']):+.3f} ms" if plain else ""
+        note = ""
+        base = med.get((fw, wk, "a"))
+        if sc in "bc" and base and r["handler_calls_per_batch"]:
+            us = (m - statistics.median(base["ms_per_batch"])) * 1e3 / r["handler_calls_per_batch"]
+            note = f"{us:.2f} us per handler call ({r['handler_calls_per_batch']} calls/batch)"
+        d1 = med.get(("plain", wk, "d1"))
+        if sc == "d" and d1:
+            note = f"{m - statistics.median(d1['ms_per_batch']):+.3f} ms over plain d1 (one 5 ms sleep)"
+        lines.append(f"| {wk} | {sc} | {fw} {r['version']} | {m:.3f} | {extra} | {note} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="3 reps, scenarios of QUICK")
+    parser.add_argument("--peers", default=",".join(PEERS))
+    parser.add_argument("--workloads", default="mlp,large")
+    parser.add_argument("--scenarios", help="comma-separated; default: all of the plan")
+    parser.add_argument("--reps", type=int, help="default 15 (mlp) / 5 (large); 3 with --quick")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    plan = QUICK if args.quick else FULL
+    wanted = set(args.scenarios.split(",")) if args.scenarios else None
+
+    server = subprocess.Popen([sys.executable, str(BENCH / "latency_server.py"), "--port", "0",
+                               "--latency-ms", "20"], stdout=subprocess.PIPE, text=True)
+    results, failures, t0, load0 = [], [], time.monotonic(), os.getloadavg()
+    try:
+        url = server.stdout.readline().strip()
+        for workload in args.workloads.split(","):
+            reps = args.reps or (3 if args.quick else 15 if workload == "mlp" else 5)
+            for scenario in plan[workload].split():
+                if wanted and scenario not in wanted:
+                    continue
+                for peer in args.peers.split(","):
+                    if scenario == "d1" and peer != "plain":
+                        continue
+                    print(f"{peer} {workload}/{scenario} x{reps}", flush=True)
+                    try:
+                        results.append(run_one(peer, workload, scenario, reps, url))
+                    except Exception as exc:  # keep going: one broken peer must not stop the run
+                        print(f"  FAILED: {exc}", flush=True)
+                        failures.append({"peer": peer, "workload": workload,
+                                         "scenario": scenario, "error": str(exc)})
+    finally:
+        server.terminate()
+        server.wait()
+    table = summarize(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "cpus": os.cpu_count(), "quick": args.quick,
+                    # other processes skew timings: the 1/5/15-min load average before and after
+                    "loadavg_before": load0, "loadavg_after": os.getloadavg()},
+        "wall_s": round(time.monotonic() - t0, 1), "results": results,
+        "failures": failures, "table": table,
+    }, indent=1) + "\n")
+    print(f"\n{table}\n\nwrote {args.out} ({len(results)} results, {len(failures)} failures)")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

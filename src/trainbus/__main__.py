@@ -1,0 +1,103 @@
+"""The ``trainbus`` command line: ``trainbus demo`` (or ``python -m trainbus demo``).
+
+Example:
+    $ trainbus demo --epochs 3 --out runs/demo
+    held-out accuracy: 94.00% on 450 digits (loss 0.195)
+    ...
+    0.23 s of callback work, 0.17 s of it hidden behind training (74%)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number, e.g. 20") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0, e.g. 20")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number, e.g. 3") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1, e.g. 3")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trainbus",
+        description="trainbus: a PyTorch training loop whose callbacks run on an async bus.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    demo = commands.add_parser(
+        "demo",
+        help="train a small MLP on scikit-learn's digits with slow async callbacks",
+        description=(
+            "Train an MLP on scikit-learn's handwritten digits with a progress bar, a "
+            "JSON-lines metrics file and a simulated slow metrics uploader, then report "
+            "the held-out accuracy and how much callback time hid behind training. "
+            "Needs `pip install 'trainbus[demo]'`."
+        ),
+    )
+    demo.add_argument("--epochs", type=_positive_int, default=3, help="epochs (default 3)")
+    demo.add_argument(
+        "--out",
+        default="./runs/demo",
+        help="folder for metrics.jsonl and summary.json (default ./runs/demo)",
+    )
+    demo.add_argument(
+        "--upload-latency-ms",
+        type=_non_negative_float,
+        default=20.0,
+        help="simulated round trip per upload request, in ms (default 20)",
+    )
+    demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status.
+
+    Args:
+        argv: The arguments (default ``sys.argv[1:]``).
+
+    Example:
+        >>> main(["demo", "--epochs", "1", "--out", "/tmp/demo"])
+        held-out accuracy: ...
+        0
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command != "demo":
+        parser.print_help()
+        return 2
+    from trainbus._demo import run_demo
+
+    try:
+        run_demo(
+            epochs=args.epochs,
+            out=args.out,
+            upload_latency_ms=args.upload_latency_ms,
+            seed=args.seed,
+        )
+    except ImportError as exc:
+        print(f"trainbus demo: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,415 @@
+"""``EventStream``: fans a run's events and logged metrics out to async subscribers.
+
+The stream is a :class:`~trainbus.LoggerDestination` whose handlers are all ``async
+def``: they run on the event loop and only append the new item to each subscriber's
+bounded buffer and wake the subscriber. A subscriber that does not keep up loses its
+oldest items (or is disconnected); neither training nor the other subscribers ever wait
+for it. This is the one place in trainbus where something may be dropped: the bus never
+drops (SPEC D12), the stream's subscribers may.
+
+Example:
+    >>> stream = EventStream(buffer_size=256)
+    >>> trainer = Trainer(model, loader, "2ep", loss_fn=F.cross_entropy, loggers=[stream])
+    >>> async def watch():
+    ...     async for item in stream.subscribe():
+    ...         print(item)        # StreamEvent(batch_end, epoch=0, batch=1) ...
+    >>> async with anyio.create_task_group() as tg:
+    ...     tg.start_soon(watch)
+    ...     await trainer.fit()    # watch() ends when the run closes
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import anyio.lowlevel
+
+from trainbus._events import Event
+from trainbus._exceptions import TrainbusError
+from trainbus._logger import LoggerDestination, LogRecord
+from trainbus.callbacks._stream_items import (
+    StreamEvent,
+    StreamGap,
+    StreamItem,
+    StreamMetrics,
+    StreamStatistics,
+    json_ready,
+)
+
+if TYPE_CHECKING:
+    from trainbus._logger import Logger
+    from trainbus._state import State
+
+__all__ = [
+    "DEFAULT_STREAM_EVENTS",
+    "EventStream",
+    "StreamEvent",
+    "StreamGap",
+    "StreamItem",
+    "StreamMetrics",
+    "StreamOverflowError",
+    "StreamStatistics",
+    "Subscription",
+]
+
+#: The events an :class:`EventStream` publishes by default: run, epoch and evaluation
+#: boundaries and one event per batch (``BATCH_END``). The events inside a batch
+#: (dataloader, forward, loss, backward, per-microbatch and per-eval-batch events) and
+#: the checkpoint events are left out: they are ten times as many and say little to a
+#: dashboard. Pass ``events="all"`` (or a list) to choose.
+DEFAULT_STREAM_EVENTS: frozenset[Event] = frozenset(
+    {
+        Event.INIT,
+        Event.FIT_START,
+        Event.EPOCH_START,
+        Event.BATCH_END,
+        Event.EPOCH_END,
+        Event.EVAL_START,
+        Event.EVAL_END,
+        Event.FIT_END,
+    }
+)
+
+_REOPEN = frozenset({Event.INIT, Event.FIT_START})
+
+OverflowPolicy = Literal["drop_oldest", "disconnect"]
+_POLICIES = ("drop_oldest", "disconnect")
+
+
+class StreamOverflowError(TrainbusError):
+    """A subscriber fell ``buffer_size`` items behind under ``on_overflow="disconnect"``."""
+
+
+class Subscription:
+    """One subscriber's bounded buffer: an async iterator of stream items.
+
+    Iteration ends when the run closes (after the buffered items). Under
+    ``on_overflow="drop_oldest"`` the oldest buffered items are dropped when the buffer
+    is full and a :class:`StreamGap` takes their place; under ``"disconnect"`` the
+    subscriber is removed and, after its buffered items, iteration raises
+    :class:`StreamOverflowError`. Use it with ``async with`` to unsubscribe early.
+
+    Attributes:
+        dropped: Items this subscriber lost so far.
+        disconnected: Whether it was disconnected for falling behind.
+
+    Example:
+        >>> async with stream.subscribe(buffer_size=64) as sub:
+        ...     async for item in sub:
+        ...         await websocket.send_text(item.to_json())
+    """
+
+    __slots__ = (
+        "_buffer",
+        "_ended",
+        "_missed",
+        "_size",
+        "_stream",
+        "_wakeup",
+        "disconnected",
+        "dropped",
+        "policy",
+    )
+
+    def __init__(self, stream: EventStream | None, buffer_size: int, policy: str) -> None:
+        self._stream = stream
+        self._buffer: deque[StreamItem] = deque()
+        self._size = buffer_size
+        self.policy = policy
+        self._missed = 0
+        self._ended = stream is None
+        self._wakeup: anyio.Event | None = None
+        self.dropped = 0
+        self.disconnected = False
+
+    @property
+    def pending(self) -> int:
+        """Items buffered and not yet received."""
+        return len(self._buffer)
+
+    @property
+    def ended(self) -> bool:
+        """Whether no new item will arrive (the run closed, or it was disconnected)."""
+        return self._ended
+
+    def _push(self, item: StreamItem) -> bool:
+        """Buffer ``item``; returns ``False`` if the subscriber is disconnected."""
+        buffer = self._buffer
+        if len(buffer) >= self._size:
+            if self.policy == "disconnect":
+                self.disconnected = True
+                self._end()
+                return False
+            buffer.popleft()
+            self.dropped += 1
+            self._missed += 1
+        buffer.append(item)
+        wakeup = self._wakeup
+        if wakeup is not None:
+            self._wakeup = None
+            wakeup.set()
+        return True
+
+    def _end(self) -> None:
+        self._ended = True
+        self._stream = None
+        wakeup = self._wakeup
+        if wakeup is not None:
+            self._wakeup = None
+            wakeup.set()
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> StreamItem:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            if self._missed:
+                missed, self._missed = self._missed, 0
+                return StreamGap(missed)
+            if self._buffer:
+                return self._buffer.popleft()
+            if self.disconnected:
+                raise StreamOverflowError(
+                    f"this subscriber fell {self._size} items behind and was disconnected "
+                    "(on_overflow='disconnect'); read faster, raise buffer_size=..., or use "
+                    "on_overflow='drop_oldest'"
+                )
+            if self._ended:
+                raise StopAsyncIteration
+            wakeup = self._wakeup = anyio.Event()
+            await wakeup.wait()
+
+    def close(self) -> None:
+        """Unsubscribe now: buffered items are discarded and iteration ends."""
+        stream = self._stream
+        if stream is not None:
+            stream._unsubscribe(self)
+        self._buffer.clear()
+        self._missed = 0
+        self._end()
+
+    async def aclose(self) -> None:
+        """Async twin of :meth:`close`."""
+        self.close()
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _check_buffer_size(buffer_size: object) -> int:
+    if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
+        raise ValueError(f"buffer_size={buffer_size!r} must be an int >= 1 (items), e.g. 256")
+    return buffer_size
+
+
+def _check_policy(on_overflow: object) -> str:
+    if on_overflow not in _POLICIES:
+        raise ValueError(
+            f"on_overflow={on_overflow!r} is not a policy; use 'drop_oldest' or 'disconnect'"
+        )
+    return str(on_overflow)
+
+
+def _resolve_events(events: Iterable[Event | str] | str | None) -> frozenset[Event]:
+    if events is None:
+        return DEFAULT_STREAM_EVENTS
+    if events == "all":
+        return frozenset(Event)
+    if isinstance(events, str | Event):
+        events = [events]
+    chosen = set()
+    for e in events:
+        try:
+            chosen.add(Event(e))
+        except ValueError:
+            raise ValueError(
+                f"events=... contains {e!r}, which is not an event; use Event members or "
+                f"their values ({', '.join(x.value for x in Event)}), or events='all'"
+            ) from None
+    return frozenset(chosen)
+
+
+class EventStream(LoggerDestination):
+    """Publishes a run's events and logged metrics to any number of async subscribers.
+
+    Pass it in ``loggers=[...]`` so that it receives logged metrics too. Every handler
+    is ``async def`` and only appends to buffers, so the stream runs on the event loop
+    and never holds training up; a slow subscriber loses its oldest items (each loss is
+    reported by a :class:`StreamGap` and counted in ``Subscription.dropped``) or, with
+    ``on_overflow="disconnect"``, is cut off. Subscriptions end when the run closes
+    (the ``close`` handler, which also runs after an error or a cancellation); a
+    subscription taken after that ends at once. A new ``fit()`` (or a new trainer) reopens
+    the stream at ``FIT_START`` (``INIT``). Subscribe and iterate on the event loop that
+    runs ``fit()``.
+
+    With ``history=n`` the stream keeps its last ``n`` items, and ``subscribe(since=k)``
+    starts with the kept items numbered ``k`` and later (``seq``), so a client that
+    connects late, or reconnects with SSE's ``Last-Event-ID``, sees what it missed.
+
+    Args:
+        buffer_size: Items each subscriber may have waiting (default per subscriber).
+        on_overflow: ``"drop_oldest"`` (default) or ``"disconnect"``.
+        events: The events to publish: an iterable of :class:`~trainbus.Event` (or their
+            values), ``"all"``, or ``None`` for :data:`DEFAULT_STREAM_EVENTS`.
+        metrics: Whether to publish logged metrics and hyperparameters.
+        history: Items kept for subscribers that ask for the past (``since=``).
+
+    Example:
+        >>> stream = EventStream(events=[Event.EPOCH_END, Event.FIT_END])
+        >>> trainer = Trainer(model, loader, "3ep", loss_fn=F.cross_entropy, loggers=[stream])
+        >>> async for item in stream.subscribe():    # in a task next to `await trainer.fit()`
+        ...     print(item.to_json())
+    """
+
+    def __init__(
+        self,
+        *,
+        buffer_size: int = 256,
+        on_overflow: OverflowPolicy = "drop_oldest",
+        events: Iterable[Event | str] | str | None = None,
+        metrics: bool = True,
+        history: int = 0,
+    ) -> None:
+        if isinstance(history, bool) or not isinstance(history, int) or history < 0:
+            raise ValueError(f"history={history!r} must be an int >= 0 (items kept), e.g. 512")
+        self.buffer_size = _check_buffer_size(buffer_size)
+        self.on_overflow = _check_policy(on_overflow)
+        self.events = _resolve_events(events)
+        self.metrics = bool(metrics)
+        self._subscribers: dict[Subscription, None] = {}  # insertion-ordered set
+        self._ended = False
+        self._seq = 0
+        self._dropped_gone = 0  # drops of subscribers that already left
+        self._disconnected = 0
+        self._history: deque[StreamEvent | StreamMetrics] = deque(maxlen=history)
+        # Handlers are attached to the instance, only for the events it publishes (and
+        # INIT and FIT_START, which reopen a closed stream), so the bus queues nothing else.
+        for event in self.events | _REOPEN:
+            setattr(self, event.value, self._event_handler(event, event in self.events))
+
+    def _event_handler(self, event: Event, publish: bool) -> Any:
+        async def handler(state: State, logger: Logger) -> None:
+            if self._ended and event in _REOPEN:  # a new fit() cycle, or a new trainer
+                self._ended = False
+                self._history.clear()
+            if publish:
+                self._publish(StreamEvent(event, state.timestamp, time.time(), self._seq))
+
+        handler.__qualname__ = f"EventStream.{event.value}"
+        return handler
+
+    # -- subscribers ------------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        *,
+        buffer_size: int | None = None,
+        on_overflow: OverflowPolicy | None = None,
+        since: int | None = None,
+    ) -> Subscription:
+        """A new subscription receiving every item published from now on.
+
+        Args:
+            buffer_size: This subscriber's buffer (default: the stream's).
+            on_overflow: This subscriber's policy (default: the stream's).
+            since: Start with the kept history from item number ``since`` on (``0``:
+                all of it); items no longer kept (or beyond the buffer) are reported by
+                a :class:`StreamGap` first. ``None``: only new items.
+
+        Returns:
+            An async iterator (and async context manager) of :data:`StreamItem`; it has
+            ended already if the run has closed.
+        """
+        size = self.buffer_size if buffer_size is None else _check_buffer_size(buffer_size)
+        policy = self.on_overflow if on_overflow is None else _check_policy(on_overflow)
+        if self._ended:
+            return Subscription(None, size, policy)
+        sub = Subscription(self, size, policy)
+        if since is not None:
+            self._replay(sub, since)
+        self._subscribers[sub] = None
+        return sub
+
+    def _replay(self, sub: Subscription, since: int) -> None:
+        if isinstance(since, bool) or not isinstance(since, int) or since < 0:
+            raise ValueError(f"since={since!r} must be None or an item number >= 0")
+        kept = [item for item in self._history if item.seq >= since]
+        first = kept[0].seq if kept else self._seq
+        missed = max(0, first - since)
+        if len(kept) > sub._size:
+            missed += len(kept) - sub._size
+            kept = kept[len(kept) - sub._size :]
+        sub._buffer.extend(kept)
+        sub._missed = missed
+        sub.dropped = missed
+
+    def _unsubscribe(self, sub: Subscription) -> None:
+        if self._subscribers.pop(sub, 0) is None:
+            self._dropped_gone += sub.dropped
+
+    def _publish(self, item: StreamEvent | StreamMetrics) -> None:
+        self._seq += 1
+        self._history.append(item)
+        gone: list[Subscription] = []
+        for sub in self._subscribers:
+            if not sub._push(item):
+                gone.append(sub)
+        for sub in gone:
+            self._disconnected += 1
+            self._unsubscribe(sub)
+
+    def end(self) -> None:
+        """End every subscription (after its buffered items); new ones end at once.
+
+        The ``close`` handler calls this; call it yourself for a run that never started.
+        """
+        self._ended = True
+        subs = list(self._subscribers)
+        for sub in subs:
+            self._unsubscribe(sub)
+            sub._end()
+
+    @property
+    def ended(self) -> bool:
+        """Whether the run has closed (until the next ``FIT_START``)."""
+        return self._ended
+
+    def statistics(self) -> StreamStatistics:
+        """Subscribers, items published and items dropped so far."""
+        live = sum(sub.dropped for sub in self._subscribers)
+        return StreamStatistics(
+            subscribers=len(self._subscribers),
+            published=self._seq,
+            dropped=self._dropped_gone + live,
+            disconnected=self._disconnected,
+            ended=self._ended,
+        )
+
+    # -- handlers ---------------------------------------------------------------------------
+
+    async def log_record(self, record: LogRecord) -> None:
+        """Publish a logged record as a :class:`StreamMetrics`."""
+        if not self.metrics:
+            return
+        values = MappingProxyType({k: json_ready(v) for k, v in record.metrics.items()})
+        self._publish(
+            StreamMetrics(values, record.step, record.wall_time, self._seq, record.hyperparameters)
+        )
+
+    async def close(self, state: State, logger: Logger) -> None:
+        """End every subscription: the run is over."""
+        self.end()

@@ -1,0 +1,240 @@
+"""``ProgressBar``: a tqdm bar per epoch on a terminal, plain lines anywhere else.
+
+tqdm is optional (``pip install 'trainbus[progress]'``) and imported only when a bar is
+drawn. Every handler is a plain method, so the bar is written on the progress bar's own
+lane (its thread), never on the event loop and never by the training thread's code.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any, Literal, TextIO
+
+from trainbus._events import Event
+from trainbus._logger import LoggerDestination
+from trainbus._scalars import DeferredScalar
+from trainbus._time import Time, TimeUnit
+from trainbus.callbacks._interval import Interval
+
+if TYPE_CHECKING:
+    from trainbus._logger import Logger
+    from trainbus._state import State
+
+__all__ = ["ProgressBar"]
+
+_MODES = ("auto", "tqdm", "plain")
+_INSTALL = "pip install 'trainbus[progress]'"
+
+
+def _tqdm_class() -> type[Any]:
+    """tqdm's bar class without its monitor thread (nothing may outlive ``fit()``)."""
+    try:
+        from tqdm import tqdm
+    except ImportError as exc:
+        raise ImportError(
+            f"ProgressBar(bar='tqdm') draws its bar with tqdm, which is not installed; "
+            f"run `{_INSTALL}` (or use ProgressBar(bar='plain'))"
+        ) from exc
+
+    class _Bar(tqdm):  # type: ignore[misc]
+        monitor_interval = 0
+
+    return _Bar
+
+
+def _tqdm_available() -> bool:
+    try:
+        import tqdm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+class ProgressBar(LoggerDestination):
+    """Shows training progress with the latest loss.
+
+    With ``bar="auto"`` it draws a tqdm bar when ``stream`` is a terminal (and tqdm is
+    installed) and otherwise writes plain lines, which read well in log files and CI:
+    one every ``interval`` and one at the end of each epoch and evaluation.
+    ``bar="tqdm"`` always draws a bar (``ImportError`` naming the extra to install if
+    tqdm is missing); ``bar="plain"`` always writes lines.
+
+    There is one bar per epoch, or one bar for the whole run when ``max_duration`` is
+    in batches. The postfix shows ``loss`` (from the ``loss/train`` values the trainer
+    logs, which a progress bar receives as a :class:`~trainbus.LoggerDestination`) and
+    the latest evaluation metrics. Passed among ``callbacks`` of a trainer with no
+    loggers, it reads ``state.loss`` instead when its value is already on the host.
+
+    Args:
+        bar: ``"auto"``, ``"tqdm"`` or ``"plain"``.
+        stream: Where to write; default ``sys.stderr`` at ``fit()`` time.
+        interval: How often plain mode writes a line: ``"100ba"``, a
+            :class:`~trainbus.Time`, or an int number of epochs.
+
+    Example:
+        >>> from trainbus.callbacks import ProgressBar
+        >>> Trainer(model, loader, "3ep", loggers=[ProgressBar()]).fit_sync()
+        Epoch 1/3: 100%|██████████| 50/50 [00:01<00:00, 41.2ba/s, loss=0.4127]
+    """
+
+    def __init__(
+        self,
+        bar: Literal["auto", "tqdm", "plain"] = "auto",
+        *,
+        stream: TextIO | None = None,
+        interval: Time[Any] | str | int = "100ba",
+    ) -> None:
+        if bar not in _MODES:
+            raise ValueError(f"ProgressBar(bar={bar!r}) must be one of {', '.join(_MODES)}")
+        if stream is not None and not callable(getattr(stream, "write", None)):
+            raise TypeError(
+                f"ProgressBar(stream={stream!r}) must be a text stream such as sys.stderr"
+            )
+        self.bar = bar
+        self.stream = stream
+        self.interval = Interval(interval, name="ProgressBar(interval=...)")
+        self._bar_cls: type[Any] | None = _tqdm_class() if bar == "tqdm" else None
+        self._out: TextIO = sys.stderr
+        self._use_tqdm = False
+        self._pbar: Any = None
+        self._loss: float | None = None
+        self._loss_logged = False
+        self._eval: dict[str, float] = {}
+
+    # -- what it shows --------------------------------------------------------------------
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        """Keep the latest training loss and evaluation metrics for the postfix."""
+        for name, value in metrics.items():
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                continue
+            if name == "loss/train":
+                self._loss = float(value)
+                self._loss_logged = True
+            elif name.startswith("eval/"):
+                self._eval[name] = float(value)
+
+    def _postfix(self) -> dict[str, str]:
+        shown = {} if self._loss is None else {"loss": _fmt(self._loss)}
+        shown.update({name: _fmt(value) for name, value in self._eval.items()})
+        return shown
+
+    def _line(self, head: str) -> None:
+        parts = [head, *(f"{name} {value}" for name, value in self._postfix().items())]
+        self._out.write("  ".join(parts) + "\n")
+        self._out.flush()
+
+    # -- bars -----------------------------------------------------------------------------
+
+    def _close_bar(self) -> None:
+        if self._pbar is not None:
+            self._pbar.close()
+            self._pbar = None
+
+    def _open_bar(self, desc: str, total: int | None, initial: int) -> None:
+        self._close_bar()
+        assert self._bar_cls is not None
+        self._pbar = self._bar_cls(
+            total=total,
+            initial=initial,
+            desc=desc,
+            unit="ba",
+            file=self._out,
+            dynamic_ncols=True,
+            leave=True,
+        )
+        if self._postfix():
+            self._pbar.set_postfix(self._postfix(), refresh=True)
+
+    @staticmethod
+    def _epoch_label(state: State, epoch: int) -> str:
+        end = state.max_duration
+        return f"Epoch {epoch}/{end.value}" if end.unit is TimeUnit.EPOCH else f"Epoch {epoch}"
+
+    @staticmethod
+    def _epoch_batches(state: State) -> int | None:
+        try:
+            return len(state.train_dataloader)
+        except TypeError:
+            return None
+
+    # -- handlers (plain: they run on the progress bar's own lane) ------------------------
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        """Choose bar or lines; open the whole-run bar when the duration is in batches."""
+        self._out = self.stream if self.stream is not None else sys.stderr
+        self._loss_logged = False
+        use = self.bar == "tqdm" or (
+            self.bar == "auto" and _isatty(self._out) and _tqdm_available()
+        )
+        if use and self._bar_cls is None:
+            self._bar_cls = _tqdm_class()
+        self._use_tqdm = use
+        end = state.max_duration
+        if use and end.unit is TimeUnit.BATCH:
+            self._open_bar("Train", int(end.value), int(state.timestamp.batch))
+
+    def epoch_start(self, state: State, logger: Logger) -> None:
+        """Open the epoch's bar (per-epoch mode)."""
+        if self._use_tqdm and state.max_duration.unit is not TimeUnit.BATCH:
+            ts = state.timestamp
+            label = self._epoch_label(state, int(ts.epoch) + 1)
+            self._open_bar(label, self._epoch_batches(state), int(ts.batch_in_epoch))
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        """Advance the bar, or write a line when the batch is due."""
+        if not self._loss_logged and state.loss is not None:
+            deferred = DeferredScalar.of(state.loss)
+            if deferred.ready():  # never wait for the device just to draw a bar
+                self._loss = deferred.get()
+        if self._use_tqdm:
+            if self._pbar is not None:
+                self._pbar.set_postfix(self._postfix(), refresh=False)
+                self._pbar.update(1)
+        elif self.interval.is_due(Event.BATCH_END, state):
+            self._line(self._batch_head(state))
+
+    def _batch_head(self, state: State) -> str:
+        ts = state.timestamp
+        end = state.max_duration
+        if end.unit is TimeUnit.BATCH:
+            return f"batch {int(ts.batch)}/{end.value}"
+        per_epoch = self._epoch_batches(state)
+        of = f"/{per_epoch}" if per_epoch is not None else ""
+        label = self._epoch_label(state, int(ts.epoch) + 1).lower()
+        return f"{label}  batch {int(ts.batch_in_epoch)}{of}"
+
+    def epoch_end(self, state: State, logger: Logger) -> None:
+        """Write the epoch's line (plain mode)."""
+        if not self._use_tqdm:
+            ts = state.timestamp
+            label = self._epoch_label(state, int(ts.epoch)).lower()
+            self._line(f"{label} done  batch {int(ts.batch)}")
+
+    def eval_end(self, state: State, logger: Logger) -> None:
+        """Show the evaluation metrics."""
+        if self._use_tqdm:
+            if self._pbar is not None:
+                self._pbar.set_postfix(self._postfix(), refresh=True)
+        else:
+            self._line(f"eval at batch {int(state.timestamp.batch)}")
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        """Close the last bar."""
+        self._close_bar()
+
+    def close(self, state: State, logger: Logger) -> None:
+        """Close the bar, also when training failed."""
+        self._close_bar()
+        self._out.flush()

@@ -1,0 +1,559 @@
+"""``HTTPMetricsUploader``: batches logged metrics and POSTs them, with retries and a spool.
+
+Wire format (SPEC section 5): ``POST url`` with the JSON body ``{"run": str, "points":
+[{"name": str, "value": float, "step": int, "wall_time": float}]}`` and an
+``Idempotency-Key`` header, drawn (uuid4) when the batch is sealed and the same on every
+retry of it, also after a restart from the spool. A server that keeps the first request
+per key therefore never stores a point twice.
+
+How it runs
+-----------
+Three pieces of code, all on the event loop, none on the training thread:
+
+- ``log_record`` (the destination's lane) appends one point per numeric metric to a
+  buffer and seals a batch each time the buffer holds ``batch_size`` points. It does no
+  I/O at all.
+- ``background`` (a task for the whole ``fit()``) runs two coroutines: the *stager*,
+  which seals the partial buffer every ``flush_interval`` and, with ``spool_dir``,
+  writes each sealed batch to disk in a worker thread (``anyio.to_thread``); and the
+  *sender*, which POSTs the oldest batch, retries it with backoff, and with
+  ``spool_dir`` sends only batches already on disk, so a batch is spooled before its
+  first attempt. Batches are delivered one at a time, oldest first.
+- ``close`` seals the rest, wakes a sender sleeping in backoff, waits up to
+  ``close_timeout`` for delivery and reports what is left (see below).
+
+Why ``log_record`` is ``async def``: the uploader's handlers are then all coroutines, so
+its lane is a loop lane. The buffer, the outbox and the wake-up signal are only ever
+touched from the loop thread, so they need no locks and the sender can be woken with a
+plain ``anyio.Event`` (which is not thread-safe). A plain ``def log_record`` would put the
+uploader on a thread lane of its own: one more thread, a GIL hand-off per record, and a
+thread-safe hand-off (``call_soon_threadsafe`` plus a lock shared with the flush timer)
+for every batch. The only blocking work, the spool's ``fsync``, runs in a worker thread.
+The uploader handles no events, so the training thread never waits for it at a barrier.
+
+Failures
+--------
+Connection errors, timeouts, 408, 429 and 5xx are retried with exponential backoff
+(``backoff`` doubling up to ``max_backoff``, equal jitter); a ``Retry-After`` header
+(seconds or an HTTP date) is a lower bound for the next wait. Other statuses (4xx, and
+3xx other than a 307/308 redirect) mean the server refuses the batch as sent: it is not
+retried, it is counted in ``statistics().rejected_batches`` and, with ``spool_dir``, its
+file is renamed ``*.rejected.json`` (kept for inspection, never resent). ``close`` then
+emits one :class:`MetricsUploadWarning` naming the count and the status. Batches still
+undelivered when ``close_timeout`` runs out stay in the spool, to be resent by the next
+uploader started with the same ``spool_dir`` (their keys are in the files); without
+``spool_dir`` ``close`` warns how many points will be lost when the process exits.
+
+Headers given in ``headers=`` (credentials) are sent only to the configured URL's host:
+307/308 redirects are followed by hand, and a hop to another host (or from https to
+http) goes without them. ``spool_dir`` should belong to one uploader at a time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import numbers
+import os
+import random
+import time
+import uuid
+import warnings
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from trainbus._exceptions import TrainbusWarning
+from trainbus._logger import LoggerDestination, LogRecord
+from trainbus.loggers._spool import Batch, Spool
+
+if TYPE_CHECKING:
+    from pathlib import Path
+    from types import ModuleType
+
+    import httpx
+
+    from trainbus._logger import Logger
+    from trainbus._state import State
+
+__all__ = ["HTTPMetricsUploader", "MetricsUploadWarning", "UploaderStatistics"]
+
+_MAX_REDIRECTS = 5
+
+
+class MetricsUploadWarning(TrainbusWarning):
+    """Points were refused by the server, or not delivered before ``close_timeout``."""
+
+
+@dataclass(frozen=True, slots=True)
+class UploaderStatistics:
+    """What an :class:`HTTPMetricsUploader` has done so far (cumulative over fits).
+
+    Attributes:
+        points_sent: Points in batches the server acknowledged with a 2xx.
+        batches_sent: Batches acknowledged with a 2xx.
+        retries: Attempts after a failed one (all batches together).
+        spooled_batches: Batches on disk now, waiting for delivery.
+        pending_batches: Sealed batches not yet delivered.
+        pending_points: Points not yet delivered (sealed or still buffered).
+        rejected_batches: Batches the server refused (4xx), not retried.
+        recovered_batches: Batches picked up from files an earlier run left in the spool.
+        skipped_values: Logged values that are not finite numbers, not sent.
+        last_error: The last failure (exception or status), or ``None``.
+    """
+
+    points_sent: int
+    batches_sent: int
+    retries: int
+    spooled_batches: int
+    pending_batches: int
+    pending_points: int
+    rejected_batches: int
+    recovered_batches: int
+    skipped_values: int
+    last_error: str | None
+
+
+def _require_httpx() -> ModuleType:
+    try:
+        import httpx
+    except ImportError:
+        raise ImportError(
+            "HTTPMetricsUploader needs httpx, which is not installed; "
+            "install it with: pip install 'trainbus[http]'"
+        ) from None
+    return httpx
+
+
+def _as_number(value: Any) -> float | None:
+    """The value as a finite float, or ``None`` for what is not a point (bools included)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _retry_after(value: str | None) -> float:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
+    if not value:
+        return 0.0
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return 0.0
+    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0
+
+
+def _retryable(status: int) -> bool:
+    return status in (408, 429) or status >= 500
+
+
+def _positive(name: str, value: Any, example: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name}={value!r} must be a positive number of seconds, e.g. {example}")
+    return float(value)
+
+
+class _Signal:
+    """A re-armable wake-up for coroutines on one loop: ``notify`` wakes every waiter."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = anyio.Event()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
+class HTTPMetricsUploader(LoggerDestination):
+    """Uploads logged metrics in batches over HTTP, retrying until the server has them.
+
+    Requires the ``http`` extra (``pip install 'trainbus[http]'``). See the module
+    docstring for the wire format, the retry policy and what ``close`` reports.
+
+    Args:
+        url: The endpoint that receives ``POST`` requests (``http`` or ``https``).
+        batch_size: Points per request at most; a full buffer is sealed at once.
+        flush_interval: Seconds; the partial buffer is sealed and sent this often.
+        spool_dir: A directory where each batch is written before its first attempt
+            and deleted after a 2xx; batches left there by an earlier run are resent
+            when the uploader starts. ``None`` keeps batches in memory only.
+        headers: Extra request headers (e.g. ``Authorization``), sent only to ``url``'s
+            host.
+        timeout: Seconds for each request (connect, read, write, pool).
+        close_timeout: Seconds ``close`` waits for undelivered batches.
+        backoff: Seconds before the first retry; doubles per retry of a batch.
+        max_backoff: Seconds; the cap of the doubling.
+        run_name: The ``run`` sent with the points; default ``state.run_name``.
+
+    Raises:
+        ImportError: httpx is not installed.
+        ValueError: An argument is out of range; the message names it.
+
+    Example:
+        >>> uploader = HTTPMetricsUploader(
+        ...     "https://metrics.example.com/v1/points",
+        ...     headers={"Authorization": f"Bearer {token}"},
+        ...     spool_dir="runs/spool",
+        ... )
+        >>> trainer = Trainer(model, loader, "2ep", loggers=[uploader])
+        >>> await trainer.fit()
+        >>> uploader.statistics().points_sent
+        400
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        batch_size: int = 100,
+        flush_interval: float = 1.0,
+        spool_dir: str | os.PathLike[str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 10.0,
+        close_timeout: float = 30.0,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        run_name: str | None = None,
+    ) -> None:
+        httpx = _require_httpx()
+        try:
+            parsed = httpx.URL(url)
+        except (httpx.InvalidURL, TypeError):
+            parsed = None
+        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(
+                f"url={url!r} is not an http(s) URL; pass e.g. 'https://metrics.example.com/points'"
+            )
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} must be an int >= 1, e.g. 100")
+        if isinstance(close_timeout, bool) or not isinstance(close_timeout, int | float) or not (
+            close_timeout >= 0
+        ):
+            raise ValueError(f"close_timeout={close_timeout!r} must be seconds >= 0, e.g. 30")
+        self.url = str(parsed)
+        self.batch_size = batch_size
+        self.flush_interval = _positive("flush_interval", flush_interval, "1.0")
+        self.timeout = _positive("timeout", timeout, "10.0")
+        self.close_timeout = float(close_timeout)
+        self.backoff = _positive("backoff", backoff, "0.5")
+        self.max_backoff = _positive("max_backoff", max_backoff, "30.0")
+        if self.max_backoff < self.backoff:
+            raise ValueError(
+                f"max_backoff={max_backoff!r} is below backoff={backoff!r}; raise max_backoff"
+            )
+        if headers is not None and not isinstance(headers, Mapping):
+            raise TypeError(f"headers must be a mapping of names to values, got {headers!r}")
+        self.headers = dict(headers or {})
+        self.run_name = run_name
+        self._url = parsed
+        self._spool = Spool(spool_dir) if spool_dir is not None else None
+        self._rng = random.Random()
+        self._seq = itertools.count()
+        self._buffer: list[dict[str, Any]] = []
+        self._outbox: deque[Batch] = deque()  # sealed, undelivered, oldest first
+        self._to_spool: deque[Batch] = deque()  # sealed, not yet on disk (spool only)
+        self._keys: set[str] = set()
+        self._signal: _Signal | None = None
+        self._sleeper: anyio.Event | None = None  # set by close to cut a backoff short
+        self._close_done: anyio.Event | None = None  # set when close may report
+        self._close_deadline = math.inf
+        self._state_run = "run"
+        self._points_sent = self._batches_sent = self._retries = self._spooled = 0
+        self._rejected = self._rejected_points = self._recovered = self._skipped = 0
+        self._rejected_reported = 0
+        self._rejected_statuses: set[int] = set()
+        self._last_error: str | None = None
+
+    # -- what training calls -----------------------------------------------------------------
+
+    async def log_record(self, record: LogRecord) -> None:
+        """Buffer one point per numeric metric; seal a batch when ``batch_size`` are buffered.
+
+        Hyperparameters and values that are not finite numbers are not points. No I/O.
+        """
+        if record.hyperparameters:
+            return
+        step, wall_time, buffer = int(record.step), float(record.wall_time), self._buffer
+        for name, value in record.metrics.items():
+            number = _as_number(value)
+            if number is None:
+                self._skipped += 1
+                continue
+            buffer.append({"name": name, "value": number, "step": step, "wall_time": wall_time})
+        if len(buffer) >= self.batch_size:
+            self._seal(partial=False)
+
+    async def background(self, state: State, logger: Logger) -> None:
+        """Resend what an earlier run left in the spool, then stage and send batches."""
+        httpx = _require_httpx()
+        self._state_run = state.run_name
+        signal = self._signal = _Signal()
+        try:
+            if self._spool is not None:
+                await self._recover(self._spool)
+            client = httpx.AsyncClient(timeout=self.timeout, follow_redirects=False)
+            async with client, anyio.create_task_group() as tg:
+                tg.start_soon(self._stager, signal)
+                await self._sender(client, signal)
+        finally:
+            self._signal = None
+            if self._close_done is not None:  # a close waiting for this task stops waiting
+                self._close_done.set()
+                self._close_done = None
+                self._close_deadline = math.inf
+
+    async def close(self, state: State, logger: Logger) -> None:
+        """Seal the rest, wait up to ``close_timeout`` for delivery, report what is left.
+
+        Emits a :class:`MetricsUploadWarning` when batches were refused, or when some
+        are still undelivered (naming the spool that keeps them, or the points lost).
+        """
+        self._seal(partial=True)
+        signal = self._signal
+        if signal is not None and (self._outbox or self._to_spool):
+            # The stager enforces the deadline and sets ``done`` (see _check_close).
+            done = self._close_done = anyio.Event()
+            self._close_deadline = anyio.current_time() + self.close_timeout
+            if self._sleeper is not None:
+                self._sleeper.set()  # retry now: the server may be back
+            signal.notify()
+            await done.wait()
+        self._report()
+
+    # -- observability -------------------------------------------------------------------------
+
+    def statistics(self) -> UploaderStatistics:
+        """Counters of what was sent, retried, spooled and refused (safe from any thread)."""
+        outbox = list(self._outbox)
+        return UploaderStatistics(
+            points_sent=self._points_sent,
+            batches_sent=self._batches_sent,
+            retries=self._retries,
+            spooled_batches=self._spooled,
+            pending_batches=len(outbox),
+            pending_points=sum(len(b.points) for b in outbox) + len(self._buffer),
+            rejected_batches=self._rejected,
+            recovered_batches=self._recovered,
+            skipped_values=self._skipped,
+            last_error=self._last_error,
+        )
+
+    @property
+    def points_sent(self) -> int:
+        """Points the server acknowledged."""
+        return self._points_sent
+
+    @property
+    def batches_sent(self) -> int:
+        """Batches the server acknowledged."""
+        return self._batches_sent
+
+    @property
+    def retries(self) -> int:
+        """Attempts after a failed one."""
+        return self._retries
+
+    @property
+    def spooled_batches(self) -> int:
+        """Batches on disk now, waiting for delivery."""
+        return self._spooled
+
+    @property
+    def spool_dir(self) -> Path | None:
+        """The spool directory, or ``None``."""
+        return self._spool.directory if self._spool is not None else None
+
+    # -- staging -------------------------------------------------------------------------------
+
+    def _seal(self, *, partial: bool) -> None:
+        buffer, size = self._buffer, self.batch_size
+        sealed = False
+        while len(buffer) >= size or (partial and buffer):
+            batch = Batch(key=str(uuid.uuid4()), points=buffer[:size], seq=next(self._seq))
+            del buffer[:size]
+            self._outbox.append(batch)
+            self._keys.add(batch.key)
+            if self._spool is not None:
+                self._to_spool.append(batch)
+            sealed = True
+        if sealed and self._signal is not None:
+            self._signal.notify()
+
+    def _prepare(self, batch: Batch) -> None:
+        if batch.run is None:
+            batch.run = self.run_name if self.run_name is not None else self._state_run
+
+    async def _recover(self, spool: Spool) -> None:
+        batches, corrupt = await anyio.to_thread.run_sync(spool.load)
+        fresh = [b for b in batches if b.key not in self._keys]
+        for batch in reversed(fresh):  # older than anything sealed by this run
+            self._outbox.appendleft(batch)
+            self._keys.add(batch.key)
+        self._recovered += len(fresh)
+        self._spooled += len(fresh)
+        if corrupt:
+            self._last_error = f"unreadable spool files renamed: {[str(p) for p in corrupt]}"
+
+    async def _stager(self, signal: _Signal) -> None:
+        """Seal the buffer every ``flush_interval``, spool sealed batches, time ``close``."""
+        next_flush = anyio.current_time() + self.flush_interval
+        while True:
+            now = anyio.current_time()
+            if now >= next_flush:
+                self._seal(partial=True)
+                next_flush = now + self.flush_interval
+            if self._spool is not None and self._to_spool:
+                batch = self._to_spool[0]
+                self._prepare(batch)
+                await anyio.to_thread.run_sync(self._spool.write, batch)
+                self._to_spool.popleft()  # only now: a cancelled write is redone next time
+                self._spooled += 1
+                signal.notify()
+                continue
+            self._check_close(now)
+            with anyio.move_on_after(min(next_flush, self._close_deadline) - now):
+                await signal.wait()
+
+    def _check_close(self, now: float) -> None:
+        """Let a waiting ``close`` report: all delivered, or its deadline passed and all
+        that is left is on disk (or there is no spool)."""
+        done = self._close_done
+        if done is None or self._to_spool:
+            return
+        if not self._outbox or now >= self._close_deadline:
+            self._close_done = None
+            self._close_deadline = math.inf
+            done.set()
+
+    # -- sending -------------------------------------------------------------------------------
+
+    async def _sender(self, client: httpx.AsyncClient, signal: _Signal) -> None:
+        while True:
+            batch = self._outbox[0] if self._outbox else None
+            if batch is None or (self._spool is not None and not batch.spooled):
+                await signal.wait()
+                continue
+            self._prepare(batch)
+            status = await self._deliver(client, batch)
+            spool = self._spool
+            if status is None:
+                if spool is not None and batch.spooled:
+                    await anyio.to_thread.run_sync(spool.remove, batch)
+                    self._spooled -= 1
+                self._points_sent += len(batch.points)
+                self._batches_sent += 1
+            else:
+                if spool is not None and batch.spooled:
+                    await anyio.to_thread.run_sync(spool.set_aside, batch)
+                    self._spooled -= 1
+                self._rejected += 1
+                self._rejected_points += len(batch.points)
+                self._rejected_statuses.add(status)
+            self._outbox.remove(batch)
+            self._keys.discard(batch.key)
+            signal.notify()
+
+    async def _deliver(self, client: httpx.AsyncClient, batch: Batch) -> int | None:
+        """POST ``batch`` until a 2xx (returns ``None``) or a refusal (returns its status)."""
+        import httpx
+
+        attempt = 0
+        while True:
+            at_least = 0.0
+            try:
+                response = await self._post(client, batch)
+            except httpx.TransportError as exc:
+                self._last_error = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            else:
+                status = response.status_code
+                if 200 <= status < 300:
+                    return None
+                self._last_error = f"HTTP {status} {response.text[:200]!r}"
+                if not _retryable(status):
+                    return status
+                at_least = _retry_after(response.headers.get("retry-after"))
+            attempt += 1
+            self._retries += 1
+            cap = min(self.max_backoff, self.backoff * 2.0 ** min(attempt - 1, 60))
+            delay = max(cap / 2 + self._rng.uniform(0, cap / 2), at_least)
+            if at_least:
+                await anyio.sleep(delay)  # the server asked: close does not cut this short
+            else:
+                sleeper = self._sleeper = anyio.Event()
+                with anyio.move_on_after(delay):
+                    await sleeper.wait()
+                self._sleeper = None
+
+    async def _post(self, client: httpx.AsyncClient, batch: Batch) -> httpx.Response:
+        """One attempt; follows 307/308 redirects, keeping ``headers`` on ``url``'s host."""
+        base = {"Content-Type": "application/json", "Idempotency-Key": batch.key}
+        headers = {**self.headers, **base}
+        url = self._url
+        body = batch.body()
+        for _ in range(_MAX_REDIRECTS):
+            response = await client.post(url, content=body, headers=headers)
+            location = response.headers.get("location")
+            if response.status_code not in (307, 308) or not location:
+                return response
+            target = url.join(location)
+            same_host = target.host == self._url.host
+            downgrade = self._url.scheme == "https" and target.scheme != "https"
+            if not same_host or downgrade:
+                headers = base
+            url = target
+        return await client.post(url, content=body, headers=headers)  # a 3xx is refused
+
+    # -- reporting -----------------------------------------------------------------------------
+
+    def _report(self) -> None:
+        where = self._spool.directory if self._spool is not None else None
+        new_rejections = self._rejected - self._rejected_reported
+        if new_rejections:
+            self._rejected_reported = self._rejected
+            statuses = ", ".join(str(s) for s in sorted(self._rejected_statuses))
+            kept = (
+                f"their bodies are kept as *.rejected.json in spool_dir={str(where)!r}"
+                if where is not None
+                else "they were dropped (pass spool_dir=... to keep refused batches)"
+            )
+            warnings.warn(
+                f"HTTPMetricsUploader: {self.url} refused {new_rejections} batch(es) "
+                f"({self._rejected_points} points in all) with HTTP {statuses}; they were not "
+                f"retried and {kept}. Last response: {self._last_error}. Check the URL, the "
+                "headers (credentials) and the wire format the server expects",
+                MetricsUploadWarning,
+                stacklevel=2,
+            )
+        if not self._outbox:
+            return
+        batches = len(self._outbox)
+        points = sum(len(b.points) for b in self._outbox)
+        if where is not None:
+            fate = (
+                f"they stay in spool_dir={str(where)!r} and the next HTTPMetricsUploader "
+                "started with that spool_dir resends them with their Idempotency-Keys"
+            )
+        else:
+            fate = (
+                "they are lost when this process exits (unless this trainer fits again); "
+                "pass spool_dir=... to keep undelivered points on disk"
+            )
+        warnings.warn(
+            f"HTTPMetricsUploader: {points} points in {batches} batch(es) were not "
+            f"delivered to {self.url} within close_timeout={self.close_timeout:g}s "
+            f"(last error: {self._last_error}); {fate}, or raise close_timeout",
+            MetricsUploadWarning,
+            stacklevel=2,
+        )

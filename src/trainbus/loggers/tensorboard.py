@@ -1,0 +1,126 @@
+"""``TensorBoardLogger``: scalars and hyperparameters as TensorBoard event files.
+
+TensorBoard is an optional dependency (``pip install 'trainbus[tensorboard]'``); it is
+imported when the writer is first needed (at ``fit_start``), never when
+``trainbus.loggers`` is imported.
+
+What goes where:
+
+- numbers (ints, floats, bools, 0-d tensors) -> ``add_scalar(name, value, step, wall_time)``;
+- multi-element tensors -> ``add_histogram`` (as text when they hold non-finite values);
+- strings and other values -> ``add_text``;
+- hyperparameters -> one markdown table under the text tag ``hyperparameters``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainbus._logger import LoggerDestination, LogRecord
+
+if TYPE_CHECKING:
+    from trainbus._logger import Logger
+    from trainbus._state import State
+
+__all__ = ["TensorBoardLogger"]
+
+_MISSING = (
+    "TensorBoardLogger needs the tensorboard package, which is not installed; "
+    "install it with: pip install 'trainbus[tensorboard]'"
+)
+
+
+def _summary_writer_class() -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        raise ImportError(_MISSING) from exc
+    return SummaryWriter
+
+
+def _markdown_table(params: dict[str, Any]) -> str:
+    rows = "\n".join(f"| {name} | {value!s} |" for name, value in params.items())
+    return "| name | value |\n|---|---|\n" + rows
+
+
+class TensorBoardLogger(LoggerDestination):
+    """Writes logged scalars to TensorBoard event files in ``log_dir``.
+
+    Its methods are plain functions: they run on the destination's own thread, never on
+    the event loop. Each ``fit()`` writes a new event file in ``log_dir`` (TensorBoard
+    reads them as one run); ``close`` flushes and closes it, also after a failure.
+
+    Args:
+        log_dir: The run's folder (created if missing); point ``tensorboard --logdir``
+            at it or at its parent.
+        flush_secs: Seconds between flushes of pending events to disk while training.
+
+    Raises:
+        ImportError: The ``tensorboard`` package is not installed (the message says how
+            to install it).
+
+    Example:
+        >>> trainer = Trainer(model, loader, "2ep", loggers=[TensorBoardLogger("runs/a")])
+        >>> trainer.fit_sync()          # then: tensorboard --logdir runs
+    """
+
+    def __init__(self, log_dir: str | os.PathLike[str], *, flush_secs: float = 30.0) -> None:
+        if not isinstance(log_dir, str | os.PathLike):
+            raise TypeError(
+                f"log_dir={log_dir!r} must be a str or a path, e.g. TensorBoardLogger('runs/a')"
+            )
+        if (
+            isinstance(flush_secs, bool)
+            or not isinstance(flush_secs, int | float)
+            or not (flush_secs > 0)
+        ):
+            raise ValueError(f"flush_secs={flush_secs!r} must be a number of seconds > 0, e.g. 30")
+        if importlib.util.find_spec("tensorboard") is None:
+            raise ImportError(_MISSING)
+        self.log_dir = Path(log_dir)
+        self.flush_secs = float(flush_secs)
+        self._writer: Any = None
+
+    def _open(self) -> Any:
+        if self._writer is None:
+            writer_class = _summary_writer_class()
+            self._writer = writer_class(log_dir=str(self.log_dir), flush_secs=self.flush_secs)
+        return self._writer
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        """Create the event file."""
+        self._open()
+
+    def log_record(self, record: LogRecord) -> None:
+        """Write each value of ``record`` at its step and wall time."""
+        writer = self._open()
+        step, wall_time = record.step, record.wall_time
+        if record.hyperparameters:
+            writer.add_text("hyperparameters", _markdown_table(record.metrics), step, wall_time)
+            return
+        for name, value in record.metrics.items():
+            if isinstance(value, bool | int | float):
+                writer.add_scalar(name, float(value), step, wall_time)
+            elif isinstance(value, torch.Tensor) and value.numel() == 1:
+                writer.add_scalar(name, float(value.item()), step, wall_time)
+            elif (
+                isinstance(value, torch.Tensor)
+                and value.numel() > 1
+                and not value.is_complex()
+                and bool(torch.isfinite(value).all())
+            ):
+                writer.add_histogram(name, value.detach().cpu(), step, walltime=wall_time)
+            else:
+                text = str(value.tolist()) if isinstance(value, torch.Tensor) else str(value)
+                writer.add_text(name, text, step, wall_time)
+
+    def close(self, state: State, logger: Logger) -> None:
+        """Flush and close the event file (runs also when training failed)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()

@@ -1,0 +1,232 @@
+"""The HTTP API: ``create_app(job_factory)`` returns a Starlette application.
+
+Routes::
+
+    POST   /jobs               start a job (JSON body: the job's parameters)   201
+    GET    /jobs               every job's status                              200
+    GET    /jobs/{id}          status, progress and latest metrics             200 / 404
+    GET    /jobs/{id}/events   server-sent events until the job closes         200 / 404
+                               (?since=N, or Last-Event-ID: replay from item N)
+    DELETE /jobs/{id}          cancel (waits until its callbacks closed)       200 / 404
+    GET    /healthz            liveness                                        200
+
+Jobs run in a task group owned by the application's lifespan, so they live on the
+server's event loop next to the request handlers and are cancelled (and closed) when the
+application shuts down.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from trainbus.callbacks.event_stream import StreamOverflowError, Subscription
+from trainbus.serve._jobs import (
+    Job,
+    JobFactory,
+    JobFactoryError,
+    JobManager,
+    ServiceClosedError,
+    TooManyJobsError,
+)
+
+__all__ = ["create_app", "sse_message"]
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse_message(event: str, data: Any) -> str:
+    """One server-sent event: ``event: <event>\\ndata: <json>\\n\\n``.
+
+    Example:
+        >>> sse_message("end", {"status": "completed"})
+        'event: end\\ndata: {"status":"completed"}\\n\\n'
+    """
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _manager(request: Request) -> JobManager:
+    jobs: JobManager = request.app.state.jobs
+    return jobs
+
+
+def _job(request: Request) -> Job | JSONResponse:
+    job_id = request.path_params["job_id"]
+    job = _manager(request).get(job_id)
+    if job is None:
+        return _error(404, f"no job {job_id!r}; GET /jobs lists the jobs")
+    return job
+
+
+async def healthz(request: Request) -> Response:
+    """``GET /healthz``: the service answers (and how many jobs run)."""
+    return JSONResponse({"status": "ok", "running": _manager(request).running})
+
+
+async def start_job(request: Request) -> Response:
+    """``POST /jobs``: build a job from the JSON body and start it."""
+    body = await request.body()
+    params: Any = {}
+    if body.strip():
+        try:
+            params = json.loads(body)
+        except ValueError as exc:
+            return _error(400, f"the body is not JSON ({exc}); send an object, e.g. {{}}")
+    if not isinstance(params, dict):
+        return _error(400, f"the body must be a JSON object of parameters, got {params!r}")
+    try:
+        job = await _manager(request).start(params)
+    except JobFactoryError as exc:
+        return _error(500, str(exc))
+    except (ValueError, TypeError, KeyError) as exc:
+        return _error(400, str(exc.args[0]) if exc.args else repr(exc))
+    except TooManyJobsError as exc:
+        return _error(429, str(exc))
+    except ServiceClosedError as exc:
+        return _error(503, str(exc))
+    return JSONResponse(job.to_dict(), status_code=201, headers={"Location": f"/jobs/{job.id}"})
+
+
+async def list_jobs(request: Request) -> Response:
+    """``GET /jobs``: every job known, oldest first."""
+    return JSONResponse([job.to_dict() for job in _manager(request).jobs()])
+
+
+async def get_job(request: Request) -> Response:
+    """``GET /jobs/{id}``: status, progress and latest metrics."""
+    job = _job(request)
+    if isinstance(job, Response):
+        return job
+    return JSONResponse(job.to_dict())
+
+
+async def cancel_job(request: Request) -> Response:
+    """``DELETE /jobs/{id}``: cancel, wait until its callbacks closed, return its status."""
+    job = _job(request)
+    if isinstance(job, Response):
+        return job
+    job.cancel()
+    await job.wait()
+    return JSONResponse(job.to_dict())
+
+
+def _since(request: Request) -> int | JSONResponse:
+    """Where a stream starts: ``?since=N``, after ``Last-Event-ID``, or the kept history."""
+    last = request.headers.get("last-event-id")
+    raw = request.query_params.get("since")
+    try:
+        if raw is not None:
+            since = int(raw)
+        elif last is not None:
+            since = int(last) + 1
+        else:
+            return 0
+    except ValueError:
+        return _error(400, f"since={raw!r} / Last-Event-ID={last!r} must be an item number")
+    if since < 0:
+        return _error(400, f"since={since} must be >= 0 (an item number)")
+    return since
+
+
+async def job_events(request: Request) -> Response:
+    """``GET /jobs/{id}/events``: the job's stream as server-sent events, then ``end``.
+
+    The stream starts with what the job's stream still keeps (from ``?since=N`` or
+    after ``Last-Event-ID``), then follows the job live.
+    """
+    job = _job(request)
+    if isinstance(job, Response):
+        return job
+    since = _since(request)
+    if isinstance(since, Response):
+        return since
+    # Subscribe before the response starts, so that nothing published in between is lost.
+    sub = job.stream.subscribe(since=since)
+    return StreamingResponse(
+        _sse_body(job, sub), media_type="text/event-stream", headers=_SSE_HEADERS
+    )
+
+
+async def _sse_body(job: Job, sub: Subscription) -> AsyncIterator[str]:
+    async with sub:
+        try:
+            async for item in sub:
+                yield item.to_sse()
+        except StreamOverflowError as exc:
+            yield sse_message("disconnected", {"reason": str(exc), "dropped": sub.dropped})
+            return
+    status = await job.wait()
+    yield sse_message("end", {"status": status.value, "error": job.error, "dropped": sub.dropped})
+
+
+def create_app(
+    job_factory: JobFactory | None = None,
+    *,
+    max_running: int | None = None,
+    keep_finished: int = 100,
+    stream_buffer: int = 256,
+    stream_events: Any = None,
+    stream_history: int = 1024,
+    debug: bool = False,
+) -> Starlette:
+    """A Starlette application that runs training jobs and streams their events.
+
+    Args:
+        job_factory: Builds a job's trainer from a :class:`JobContext` (the request's
+            parameters and the loggers to attach); default :func:`demo_job_factory`.
+        max_running: At most this many jobs at once; more get 429.
+        keep_finished: Finished jobs kept for the status endpoints.
+        stream_buffer: Items each SSE client may have waiting server-side; a client that
+            reads slower loses its oldest items (an ``event: gap`` tells how many).
+        stream_events: The events streamed (see :class:`~trainbus.callbacks.EventStream`).
+        stream_history: Items each job keeps for clients that connect late (an SSE client
+            first receives what is kept, then follows the job live).
+        debug: Starlette's debug mode.
+
+    Returns:
+        The application; its :class:`JobManager` is ``app.state.jobs``.
+
+    Example:
+        >>> app = create_app(demo_job_factory, max_running=2)
+        >>> uvicorn.run(app, port=8000)     # or: create_server(app, port=8000).run()
+    """
+    if job_factory is None:
+        from trainbus.serve._demo import demo_job_factory
+
+        job_factory = demo_job_factory
+    manager = JobManager(
+        job_factory,
+        max_running=max_running,
+        keep_finished=keep_finished,
+        stream_buffer=stream_buffer,
+        stream_events=stream_events,
+        stream_history=stream_history,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with manager:
+            yield
+
+    routes = [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/jobs", start_job, methods=["POST"]),
+        Route("/jobs", list_jobs, methods=["GET"]),
+        Route("/jobs/{job_id}", get_job, methods=["GET"]),
+        Route("/jobs/{job_id}", cancel_job, methods=["DELETE"]),
+        Route("/jobs/{job_id}/events", job_events, methods=["GET"]),
+    ]
+    app = Starlette(debug=debug, routes=routes, lifespan=lifespan)
+    app.state.jobs = manager
+    return app

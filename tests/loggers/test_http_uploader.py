@@ -1,0 +1,556 @@
+"""HTTPMetricsUploader against real HTTP servers on 127.0.0.1 (stdlib, in threads)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+from tests.helpers import make_trainer
+from trainbus import Callback
+from trainbus.loggers import HTTPMetricsUploader, InMemoryLogger, MetricsUploadWarning
+from trainbus.loggers.http_uploader import _retry_after
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = {"backoff": 0.001, "max_backoff": 0.01, "flush_interval": 0.05}
+SLOW_FLUSH = {**FAST, "flush_interval": 60.0}  # batches sealed only when full, and by close
+
+
+# -- a metrics server ----------------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    """What the server does with one request."""
+
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    accept: bool = True  # store the points (before answering, or before dropping)
+    drop: bool = False  # close the connection without a response
+
+
+OK = Reply()
+
+
+@dataclass
+class Request:
+    key: str
+    body: Any
+    headers: dict[str, str]
+    reply: Reply
+    at: float
+    note: Any = None
+
+
+Policy = Callable[[int, "Request"], Reply]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # else each answer waits ~40 ms for a delayed ACK
+    server: _HTTPServer
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        reply = self.server.owner.receive(headers, json.loads(raw or b"null"))
+        if reply.drop:
+            self.close_connection = True
+            return
+        self.send_response(reply.status)
+        for name, value in reply.headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    owner: MetricsServer
+
+
+class MetricsServer:
+    """Records every POST; ``accepted`` keeps the first body per ``Idempotency-Key``.
+
+    With ``listen=False`` the port is bound but not listening (connections are refused)
+    until :meth:`listen`.
+    """
+
+    def __init__(self, policy: Policy | None = None, *, listen: bool = True) -> None:
+        self.policy = policy
+        self.requests: list[Request] = []
+        self.accepted: dict[str, Any] = {}
+        self.conflicts: list[str] = []
+        self.changed = threading.Condition()
+        self._server = _HTTPServer(("127.0.0.1", 0), _Handler, bind_and_activate=False)
+        self._server.owner = self
+        self._server.server_bind()
+        self.port = self._server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/metrics"
+        self._thread: threading.Thread | None = None
+        if listen:
+            self.listen()
+
+    def listen(self) -> None:
+        self._server.server_activate()
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.01,), daemon=True)
+        self._thread.start()
+
+    def receive(self, headers: dict[str, str], body: Any) -> Reply:
+        with self.changed:
+            request = Request(headers.get("idempotency-key", ""), body, headers, OK, time.time())
+            reply = self.policy(len(self.requests), request) if self.policy else OK
+            request.reply = reply
+            self.requests.append(request)
+            if reply.accept and 200 <= reply.status < 300:
+                first = self.accepted.setdefault(request.key, body)
+                if first != body:
+                    self.conflicts.append(request.key)
+            self.changed.notify_all()
+        return reply
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+        with self.changed:
+            return self.changed.wait_for(predicate, timeout)
+
+    def points(self) -> Counter[tuple[str, int]]:
+        """(name, step) of every accepted point, once per key."""
+        return Counter(
+            (p["name"], p["step"]) for body in self.accepted.values() for p in body["points"]
+        )
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join()
+        self._server.server_close()
+
+
+@pytest.fixture
+def servers() -> Iterator[Callable[..., MetricsServer]]:
+    made: list[MetricsServer] = []
+
+    def make(*args: Any, **kwargs: Any) -> MetricsServer:
+        made.append(MetricsServer(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()
+
+
+# -- training helpers ----------------------------------------------------------------------
+
+
+class LogExtras(Callback):
+    """Logs two numeric metrics and one string per batch, besides the trainer's loss."""
+
+    def batch_end(self, state: Any, logger: Any) -> None:
+        batch = int(state.timer.batch)
+        logger.log_metrics({"a": batch * 0.5, "b": torch.tensor(float(batch)), "tag": "x"})
+
+
+def logged_points(memory: InMemoryLogger) -> Counter[tuple[str, int]]:
+    """(name, step) of every numeric value an InMemoryLogger saw."""
+    return Counter(
+        (name, step)
+        for name, rows in memory.data.items()
+        for (_, _, value), step in zip(rows, memory.steps[name], strict=True)
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    )
+
+
+def batch_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.name.endswith(".json")
+                  and not p.name.endswith(".rejected.json"))
+
+
+# -- delivery ------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_flaky_server_gets_every_point_exactly_once(
+    anyio_backend: str, servers: Callable[..., MetricsServer]
+) -> None:
+    rng = random.Random(1234)
+
+    def flaky(n: int, request: Request) -> Reply:
+        r = rng.random()
+        if r < 0.05:
+            return Reply(drop=True, accept=False)  # connection dropped before storing
+        if r < 0.10:
+            return Reply(drop=True)  # stored, but the answer is lost: the client retries
+        if r < 0.40:
+            return Reply(503, accept=False)
+        return OK
+
+    server = servers(flaky)
+    uploader = HTTPMetricsUploader(server.url, batch_size=8, **FAST)
+    memory = InMemoryLogger()
+    trainer = make_trainer(60, callbacks=[LogExtras()], loggers=[memory, uploader])
+    await trainer.fit()
+
+    expected = logged_points(memory)
+    assert sum(expected.values()) == 180  # loss/train, a and b for 60 batches; "tag" skipped
+    assert server.points() == expected
+    assert server.conflicts == []  # every retry of a key carried the same points
+    replies = [r.reply for r in server.requests]
+    assert any(r.drop and r.accept for r in replies) and any(r.status == 503 for r in replies)
+    stats = uploader.statistics()
+    assert stats.points_sent == 180 and stats.pending_points == 0
+    assert len(server.requests) == stats.batches_sent + stats.retries
+    assert {body["run"] for body in server.accepted.values()} == {trainer.state.run_name}
+
+
+@pytest.mark.anyio
+async def test_training_never_waits_for_the_server(
+    anyio_backend: str, servers: Callable[..., MetricsServer]
+) -> None:
+    first_arrived, fit_ended = threading.Event(), threading.Event()
+    released: list[bool] = []
+
+    def hold_first(n: int, request: Request) -> Reply:
+        if n == 0:
+            first_arrived.set()
+            released.append(fit_ended.wait(10))  # answer only once training has ended
+        return OK
+
+    class Gate(Callback):
+        def batch_end(self, state: Any, logger: Any) -> None:
+            if int(state.timer.batch) == 2:
+                assert first_arrived.wait(10), "the first batch never reached the server"
+
+        def fit_end(self, state: Any, logger: Any) -> None:
+            fit_ended.set()
+
+    server = servers(hold_first)
+    uploader = HTTPMetricsUploader(server.url, batch_size=1, **FAST)
+    trainer = make_trainer(20, callbacks=[Gate()], loggers=[uploader], warn_slow_callbacks=False)
+    await trainer.fit()
+
+    assert released == [True]  # 18 batches trained while the first request was unanswered
+    assert uploader.points_sent == 20
+    lane = next(c for c in trainer.engine.statistics().callbacks
+                if c.name == "HTTPMetricsUploader")
+    assert not lane.on_thread  # async log_record: a loop lane, no thread of its own
+
+
+@pytest.mark.anyio
+async def test_partial_batches_are_flushed_every_flush_interval(
+    anyio_backend: str, servers: Callable[..., MetricsServer]
+) -> None:
+    server = servers()
+    seen_during_training: list[bool] = []
+
+    class WaitForFlush(Callback):
+        def batch_end(self, state: Any, logger: Any) -> None:  # blocks training: a plain def
+            if int(state.timer.batch) == 3:
+                seen_during_training.append(server.wait_for(lambda: bool(server.requests)))
+
+    uploader = HTTPMetricsUploader(server.url, batch_size=1000, **FAST)
+    trainer = make_trainer(5, callbacks=[WaitForFlush()], loggers=[uploader],
+                           warn_slow_callbacks=False)
+    await trainer.fit()
+    assert seen_during_training == [True]
+    assert 1 <= len(server.requests[0].body["points"]) <= 3
+    assert sum(server.points().values()) == 5
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_wire_format(anyio_backend: str, servers: Callable[..., MetricsServer]) -> None:
+    class Mixed(Callback):
+        def fit_start(self, state: Any, logger: Any) -> None:
+            logger.log_hyperparameters({"lr": 0.1, "depth": 3})
+            logger.log_metrics(
+                {"int": 3, "flag": True, "none": None, "nan": float("nan"), "text": "x",
+                 "vector": torch.ones(3), "scalar": torch.tensor(2.5)},
+                step=7,
+            )
+
+    server = servers()
+    uploader = HTTPMetricsUploader(server.url, run_name="my-run", **FAST)
+    await make_trainer(1, callbacks=[Mixed()], loggers=[uploader], log_train_loss=False).fit()
+
+    (request,) = server.requests
+    assert request.headers["content-type"] == "application/json"
+    assert len(request.key) == 36  # a uuid4
+    assert request.body["run"] == "my-run"
+    points = request.body["points"]
+    assert [(p["name"], p["value"], p["step"]) for p in points] == [
+        ("int", 3.0, 7), ("scalar", 2.5, 7)
+    ]
+    assert all(isinstance(p["value"], float) and isinstance(p["wall_time"], float)
+               for p in points)
+    assert uploader.statistics().skipped_values == 5
+
+
+# -- spooling ------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_server_down_for_the_first_half_everything_arrives_from_the_spool(
+    anyio_backend: str, servers: Callable[..., MetricsServer], tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+
+    def spooled_first(n: int, request: Request) -> Reply:
+        request.note = any(request.key in p.name for p in spool.iterdir())
+        return OK
+
+    server = servers(spooled_first, listen=False)  # connections refused until listen()
+    uploader = HTTPMetricsUploader(server.url, batch_size=4, spool_dir=spool, **FAST)
+    while_down: dict[str, Any] = {}
+
+    class BringUp(Callback):
+        def batch_end(self, state: Any, logger: Any) -> None:  # blocks training: a plain def
+            if int(state.timer.batch) != 20:
+                return
+            deadline = time.monotonic() + 10
+            while uploader.spooled_batches < 10 or uploader.retries < 2:
+                assert time.monotonic() < deadline, uploader.statistics()
+                time.sleep(0.005)
+            while_down["stats"] = uploader.statistics()
+            while_down["files"] = [p.name for p in batch_files(spool)]
+            server.listen()
+
+    memory = InMemoryLogger()
+    trainer = make_trainer(40, callbacks=[LogExtras(), BringUp()], loggers=[memory, uploader])
+    await trainer.fit()
+
+    assert while_down["stats"].points_sent == 0
+    assert server.points() == logged_points(memory)
+    assert server.conflicts == []
+    assert all(r.note for r in server.requests)  # each batch was on disk before its 1st try
+    for name in while_down["files"]:  # what was spooled while down arrived, then was deleted
+        assert any(key in name for key in server.accepted)
+    assert batch_files(spool) == [] and uploader.spooled_batches == 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_undelivered_at_close_stays_in_the_spool_for_the_next_uploader(
+    anyio_backend: str, servers: Callable[..., MetricsServer], tmp_path: Path
+) -> None:
+    down = servers(listen=False)
+    first = HTTPMetricsUploader(down.url, batch_size=3, spool_dir=tmp_path, close_timeout=0.2,
+                                **SLOW_FLUSH)
+    with pytest.warns(MetricsUploadWarning, match=r"10 points in 4 batch\(es\).*spool_dir"):
+        await make_trainer(10, loggers=[first], run_name="first").fit()
+    files = batch_files(tmp_path)
+    assert len(files) == 4 == first.spooled_batches
+    spooled = {json.loads(p.read_bytes())["idempotency_key"] for p in files}
+
+    up = servers()
+    second = HTTPMetricsUploader(up.url, batch_size=3, spool_dir=tmp_path, **SLOW_FLUSH)
+    await make_trainer(2, loggers=[second], run_name="second").fit()
+    assert spooled <= set(up.accepted)
+    runs = Counter(body["run"] for body in up.accepted.values())
+    assert runs == {"first": 4, "second": 1}
+    assert sum(up.points().values()) == 12
+    assert second.statistics().recovered_batches == 4
+    assert batch_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_without_spool_close_reports_the_points_lost(
+    anyio_backend: str, servers: Callable[..., MetricsServer]
+) -> None:
+    down = servers(listen=False)
+    uploader = HTTPMetricsUploader(down.url, batch_size=100, close_timeout=0.1, **SLOW_FLUSH)
+    with pytest.warns(MetricsUploadWarning, match=r"5 points in 1 batch\(es\).*lost"):
+        await make_trainer(5, loggers=[uploader]).fit()
+    assert uploader.points_sent == 0 and uploader.retries >= 1
+
+
+CHILD = """
+import socket, sys, time
+from tests.helpers import make_trainer
+from trainbus import Callback
+from trainbus.loggers import HTTPMetricsUploader
+
+dead = socket.socket()
+dead.bind(("127.0.0.1", 0))  # bound, never listening: every connection is refused
+url = f"http://127.0.0.1:{dead.getsockname()[1]}/metrics"
+uploader = HTTPMetricsUploader(url, batch_size=5, spool_dir=sys.argv[1], backoff=0.01,
+                               max_backoff=0.05)
+
+class Stall(Callback):
+    def batch_end(self, state, logger):
+        if uploader.spooled_batches >= 3:
+            print("spooled", uploader.spooled_batches, flush=True)
+            time.sleep(3600)
+
+make_trainer(2000, callbacks=[Stall()], loggers=[uploader], run_name="killed",
+             warn_slow_callbacks=False).fit_sync()
+print("finished", flush=True)
+"""
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_spool_left_by_a_killed_process_is_delivered_by_the_next_run(
+    anyio_backend: str, servers: Callable[..., MetricsServer], tmp_path: Path
+) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    watchdog = threading.Timer(60, child.kill)
+    watchdog.start()
+    try:
+        line = await anyio.to_thread.run_sync(child.stdout.readline)  # type: ignore[union-attr]
+        assert line.startswith("spooled"), (line, child.stderr.read())  # type: ignore[union-attr]
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    finally:
+        watchdog.cancel()
+        child.kill()
+        child.wait()
+        child.stdout.close()  # type: ignore[union-attr]
+        child.stderr.close()  # type: ignore[union-attr]
+    assert child.returncode == -signal.SIGKILL
+    left = {}
+    for path in batch_files(tmp_path):
+        record = json.loads(path.read_bytes())
+        left[record["idempotency_key"]] = record["body"]
+    assert len(left) >= 3
+
+    server = servers()
+    uploader = HTTPMetricsUploader(server.url, batch_size=5, spool_dir=tmp_path, **FAST)
+    memory = InMemoryLogger()
+    await make_trainer(10, loggers=[memory, uploader], run_name="next").fit()
+
+    for key, body in left.items():  # delivered with the key and points written before the kill
+        assert server.accepted[key] == body and body["run"] == "killed"
+    own = [b for k, b in server.accepted.items() if k not in left]
+    assert Counter((p["name"], p["step"]) for b in own for p in b["points"]) == \
+        logged_points(memory)
+    assert uploader.statistics().recovered_batches == len(left)
+    assert batch_files(tmp_path) == []
+
+
+# -- failures ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_retry_after_is_honoured(
+    anyio_backend: str, servers: Callable[..., MetricsServer]
+) -> None:
+    def busy_once(n: int, request: Request) -> Reply:
+        return Reply(429, {"Retry-After": "1"}, accept=False) if n == 0 else OK
+
+    server = servers(busy_once)
+    uploader = HTTPMetricsUploader(server.url, backoff=0.001, max_backoff=0.002,
+                                   flush_interval=0.05)
+    await make_trainer(1, loggers=[uploader]).fit()
+    first, second = server.requests
+    assert first.key == second.key and uploader.retries == 1
+    assert second.at - first.at >= 0.95  # backoff alone would wait 2 ms at most
+
+
+def test_retry_after_parsing() -> None:
+    assert _retry_after("3") == 3.0
+    assert _retry_after(None) == 0.0 and _retry_after("soon") == 0.0 and _retry_after("-1") == 0.0
+    in_ten = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 10))
+    assert 8 < _retry_after(in_ten) <= 10
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_4xx_is_not_retried_and_is_reported_at_close(
+    anyio_backend: str, servers: Callable[..., MetricsServer], tmp_path: Path
+) -> None:
+    server = servers(lambda n, request: Reply(400, accept=False))
+    uploader = HTTPMetricsUploader(server.url, batch_size=2, spool_dir=tmp_path, **SLOW_FLUSH)
+    with pytest.warns(MetricsUploadWarning, match=r"refused 3 batch\(es\) \(6 points.*HTTP 400"):
+        await make_trainer(6, loggers=[uploader]).fit()
+    assert len(server.requests) == 3 == len({r.key for r in server.requests})
+    stats = uploader.statistics()
+    assert (stats.retries, stats.points_sent, stats.rejected_batches) == (0, 0, 3)
+    assert batch_files(tmp_path) == []
+    assert len(list(tmp_path.glob("*.rejected.json"))) == 3
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+@pytest.mark.parametrize(("host", "keeps_credentials"), [("localhost", False),
+                                                          ("127.0.0.1", True)])
+async def test_credentials_go_only_to_the_configured_host(
+    anyio_backend: str, servers: Callable[..., MetricsServer], host: str,
+    keeps_credentials: bool,
+) -> None:
+    target = servers()
+    location = f"http://{host}:{target.port}/moved"
+    origin = servers(lambda n, request: Reply(307, {"Location": location}, accept=False))
+    secret = {"Authorization": "Bearer s3cret", "X-Api-Key": "k3y"}
+    uploader = HTTPMetricsUploader(origin.url, headers=secret, batch_size=1, **FAST)
+    await make_trainer(3, loggers=[uploader]).fit()
+
+    assert all(r.headers["authorization"] == "Bearer s3cret" for r in origin.requests)
+    assert sum(target.points().values()) == 3 and uploader.points_sent == 3
+    for request in target.requests:
+        assert ("authorization" in request.headers) is keeps_credentials
+        assert ("x-api-key" in request.headers) is keeps_credentials
+        assert request.headers["idempotency-key"] in {r.key for r in origin.requests}
+
+
+# -- construction --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"url": "ftp://example.com/"}, "url="),
+        ({"url": "not a url"}, "url="),
+        ({"batch_size": 0}, "batch_size="),
+        ({"flush_interval": 0}, "flush_interval="),
+        ({"timeout": -1}, "timeout="),
+        ({"close_timeout": -1}, "close_timeout="),
+        ({"backoff": 2.0, "max_backoff": 1.0}, "max_backoff="),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs: dict[str, Any], names: str) -> None:
+    kwargs = {"url": "http://127.0.0.1:1/", **kwargs}
+    with pytest.raises(ValueError, match=names):
+        HTTPMetricsUploader(**kwargs)
+
+
+def test_spool_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    with pytest.raises(ValueError, match="spool_dir="):
+        HTTPMetricsUploader("http://127.0.0.1:1/", spool_dir=not_a_dir)
+
+
+def test_missing_httpx_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "httpx", None)
+    with pytest.raises(ImportError, match=r"pip install 'trainbus\[http\]'"):
+        HTTPMetricsUploader("http://127.0.0.1:1/")
+
+
+def test_importing_the_loggers_does_not_import_httpx() -> None:
+    code = "import sys, trainbus.loggers; assert 'httpx' not in sys.modules, 'httpx imported'"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env=env)

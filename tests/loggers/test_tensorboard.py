@@ -1,0 +1,115 @@
+"""TensorBoardLogger: event files read back with TensorBoard's own reader."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tests.helpers import make_trainer
+from trainbus import Callback
+from trainbus.loggers import InMemoryLogger, TensorBoardLogger
+
+
+def load(log_dir: Path) -> EventAccumulator:
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def text_of(acc: EventAccumulator, tag: str) -> list[str]:
+    return [e.tensor_proto.string_val[0].decode() for e in acc.Tensors(f"{tag}/text_summary")]
+
+
+class Extras(Callback):
+    def fit_start(self, state: Any, logger: Any) -> None:
+        logger.log_hyperparameters({"lr": 0.1, "optimizer": "sgd"})
+
+    def batch_end(self, state: Any, logger: Any) -> None:
+        if int(state.timer.batch) == 2:
+            logger.log_metrics(
+                {"weights": torch.arange(6.0), "note": "hello", "flag": True, "n": 3}
+            )
+
+
+@pytest.mark.anyio
+async def test_scalars_steps_and_wall_times_read_back(tmp_path: Path) -> None:
+    memory = InMemoryLogger()
+    trainer = make_trainer(
+        3, 2, [Extras()], eval_batches=2, loggers=[TensorBoardLogger(tmp_path / "tb"), memory]
+    )
+    await trainer.fit()
+    acc = load(tmp_path / "tb")
+    loss = acc.Scalars("loss/train")
+    assert [e.step for e in loss] == [1, 2, 3, 4, 5, 6]
+    expected = [v for _, _, v in memory.data["loss/train"]]
+    assert [e.value for e in loss] == pytest.approx(expected, rel=1e-6)  # float32 on disk
+    walls = [e.wall_time for e in loss]
+    assert walls == sorted(walls)
+    assert [e.step for e in acc.Scalars("eval/loss")] == [3, 6]
+    assert [(e.step, e.value) for e in acc.Scalars("flag")] == [(2, 1.0)]
+    assert [(e.step, e.value) for e in acc.Scalars("n")] == [(2, 3.0)]
+    (hist,) = acc.Histograms("weights")
+    assert (hist.step, hist.histogram_value.num, hist.histogram_value.sum) == (2, 6, 15.0)
+    assert text_of(acc, "note") == ["hello"]
+    (table,) = text_of(acc, "hyperparameters")
+    assert "| lr | 0.1 |" in table
+    assert "| optimizer | sgd |" in table
+
+
+class FailsAtBatch(Callback):
+    def batch_end(self, state: Any, logger: Any) -> None:
+        if int(state.timer.batch) == 2:
+            raise RuntimeError("callback failed")
+
+
+def test_close_after_a_failure_keeps_every_point(tmp_path: Path) -> None:
+    trainer = make_trainer(
+        8, 1, [FailsAtBatch()], loggers=[TensorBoardLogger(tmp_path, flush_secs=3600)]
+    )
+    with pytest.raises(RuntimeError, match="callback failed"):
+        trainer.fit_sync()
+    assert [e.step for e in load(tmp_path).Scalars("loss/train")] == [1, 2]
+
+
+def test_missing_tensorboard_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"pip install 'trainbus\[tensorboard\]'"):
+        TensorBoardLogger(tmp_path)
+
+
+def test_missing_writer_at_fit_start_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dest = TensorBoardLogger(tmp_path)
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    with pytest.raises(ImportError, match=r"pip install 'trainbus\[tensorboard\]'"):
+        dest.fit_start(None, None)  # type: ignore[arg-type]
+
+
+def test_import_trainbus_loggers_does_not_import_tensorboard() -> None:
+    code = (
+        "import sys, trainbus, trainbus.loggers\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] == 'tensorboard'"
+        " or m.startswith('torch.utils.tensorboard')]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("bad", [0, -1, "10", float("nan")])
+def test_bad_flush_secs(tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(ValueError, match="flush_secs"):
+        TensorBoardLogger(tmp_path, flush_secs=bad)
+
+
+def test_bad_log_dir() -> None:
+    with pytest.raises(TypeError, match="log_dir=None"):
+        TensorBoardLogger(None)  # type: ignore[arg-type]

@@ -1,0 +1,278 @@
+"""Logger and LoggerDestination: copies, tensors, default steps, levels, async destinations."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+from tests.helpers import TinyModel, make_trainer
+from trainbus import Callback, Logger, LoggerDestination, LogLevel, LogRecord, State, blocking
+from trainbus.loggers import InMemoryLogger
+
+
+def _values(dest: InMemoryLogger, name: str) -> list[Any]:
+    return [value for _, _, value in dest.data[name]]
+
+
+# --- values are copied when logged ------------------------------------------------------------
+
+
+class MutatesAfterLogging(Callback):
+    """Logs a dict, then changes everything it logged, in the same handler."""
+
+    def batch_end(self, state: Any, logger: Logger) -> None:
+        history = [1, 2]
+        metrics: dict[str, Any] = {"history": history, "count": 1.0}
+        logger.log_metrics(metrics)
+        history.append(3)
+        metrics["count"] = 99.0
+        metrics["added_later"] = 5.0
+
+
+def test_log_metrics_copies_the_dict_and_its_values() -> None:
+    dest = InMemoryLogger()
+    make_trainer(n_batches=2, callbacks=[MutatesAfterLogging()], loggers=[dest]).fit_sync()
+    assert _values(dest, "history") == [[1, 2], [1, 2]]
+    assert _values(dest, "count") == [1.0, 1.0]
+    assert "added_later" not in dest.data
+
+
+class LogsTensors(Callback):
+    def __init__(self) -> None:
+        self.originals: list[torch.Tensor] = []
+
+    def batch_end(self, state: Any, logger: Logger) -> None:
+        scalar = torch.tensor(2.5)
+        one = torch.tensor([1.5])
+        vector = torch.arange(3.0, requires_grad=True)
+        logger.log_metrics({"scalar": scalar, "one": one, "vector": vector})
+        self.originals.append(vector)
+        with torch.no_grad():  # change every tensor in place after logging it
+            scalar.add_(10)
+            one.add_(10)
+            vector.add_(10)
+
+
+def test_tensors_arrive_as_floats_or_cpu_copies() -> None:
+    dest = InMemoryLogger()
+    cb = LogsTensors()
+    make_trainer(n_batches=1, callbacks=[cb], loggers=[dest]).fit_sync()
+    (scalar,) = _values(dest, "scalar")
+    (one,) = _values(dest, "one")
+    (vector,) = _values(dest, "vector")
+    assert type(scalar) is float
+    assert scalar == 2.5
+    assert type(one) is float
+    assert one == 1.5
+    assert isinstance(vector, torch.Tensor)
+    assert vector.device.type == "cpu"
+    assert vector.tolist() == [0.0, 1.0, 2.0]  # the in-place change did not reach it
+    assert vector is not cb.originals[0]
+    assert not vector.requires_grad
+
+
+# --- the default step -------------------------------------------------------------------------
+
+
+class LateLogger(Callback):
+    """Its handler for batch 1 waits until training has reached batch 3, then logs."""
+
+    def __init__(self, gate: threading.Event, live: list[State]) -> None:
+        self.gate = gate
+        self.live = live
+        self.live_batch_when_logging: int | None = None
+
+    async def batch_end(self, state: Any, logger: Logger) -> None:
+        if int(state.timer.batch) == 1:
+            opened = await anyio.to_thread.run_sync(self.gate.wait, 30.0)
+            assert opened, "training never reached batch 3"
+            self.live_batch_when_logging = int(self.live[0].timer.batch)
+        logger.log_metrics({"late": float(state.timer.batch)})
+        logger.log_metrics({"explicit": 1.0}, step=100 + int(state.timer.batch))
+
+
+class OpenAtBatch3(Callback):
+    def __init__(self, gate: threading.Event) -> None:
+        self.gate = gate
+
+    @blocking
+    def batch_end(self, state: Any, logger: Logger) -> None:
+        if int(state.timer.batch) == 3:
+            self.gate.set()
+
+
+def test_default_step_is_the_handlers_event_batch_even_when_it_runs_late() -> None:
+    gate = threading.Event()
+    live: list[State] = []
+    late = LateLogger(gate, live)
+    dest = InMemoryLogger()
+    trainer = make_trainer(
+        n_batches=4,
+        callbacks=[late, OpenAtBatch3(gate)],
+        loggers=[dest],
+        barriers=(),
+        warn_slow_callbacks=False,
+    )
+    live.append(trainer.state)
+    trainer.fit_sync()
+    assert late.live_batch_when_logging is not None
+    assert late.live_batch_when_logging >= 3  # it did run late...
+    assert dest.steps["late"] == [1, 2, 3, 4]  # ...and still logged at its own batch
+    assert [int(ts.batch) for ts, _, _ in dest.data["late"]] == [1, 2, 3, 4]
+    assert dest.steps["explicit"] == [101, 102, 103, 104]
+
+
+# --- argument errors --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def logger() -> Logger:
+    model = TinyModel()
+    return Logger(State(model=model, max_duration="1ep"))
+
+
+@pytest.mark.parametrize("bad", [[("loss", 1.0)], 1.0, "loss", None])
+def test_log_metrics_rejects_a_non_mapping_naming_the_argument(logger: Logger, bad: Any) -> None:
+    with pytest.raises(TypeError, match=r"metrics") as info:
+        logger.log_metrics(bad)
+    assert type(bad).__qualname__ in str(info.value)
+
+
+@pytest.mark.parametrize("bad", [[1.0], lambda: [1.0]])
+def test_data_rejects_a_non_mapping_naming_the_argument(logger: Logger, bad: Any) -> None:
+    with pytest.raises(TypeError, match=r"data"):
+        logger.data("batch", bad)
+
+
+def test_bad_level_names_the_valid_ones(logger: Logger) -> None:
+    with pytest.raises(ValueError, match=r"'fit', 'epoch', 'batch'"):
+        logger.log_metrics({"x": 1.0}, level="hourly")
+    with pytest.raises(ValueError, match=r"'fit', 'epoch', 'batch'"):
+        logger.data(7, {"x": 1.0})
+
+
+# --- hyperparameters, async destinations ------------------------------------------------------
+
+
+class LogsHparams(Callback):
+    def fit_start(self, state: Any, logger: Logger) -> None:
+        params = {"lr": 0.1, "layers": [4, 3]}
+        logger.log_hyperparameters(params)
+        params["layers"].append(99)  # copied: the destinations do not see this
+
+
+class SyncDest(LoggerDestination):
+    def __init__(self) -> None:
+        self.hparams: list[dict[str, Any]] = []
+        self.metrics: list[tuple[int, dict[str, Any]]] = []
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        self.metrics.append((step, metrics))
+
+    def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
+        self.hparams.append(hyperparameters)
+
+
+def test_log_hyperparameters_reaches_every_destination() -> None:
+    memory, custom = InMemoryLogger(), SyncDest()
+    make_trainer(n_batches=1, callbacks=[LogsHparams()], loggers=[memory, custom]).fit_sync()
+    assert memory.hyperparameters == {"lr": 0.1, "layers": [4, 3]}
+    assert custom.hparams == [{"lr": 0.1, "layers": [4, 3]}]
+    assert all("lr" not in m for _, m in custom.metrics)  # not mixed into metrics
+
+
+class AsyncDest(LoggerDestination):
+    def __init__(self) -> None:
+        self.metrics: list[tuple[int, dict[str, Any]]] = []
+        self.hparams: list[dict[str, Any]] = []
+
+    async def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        await anyio.sleep(0)
+        self.metrics.append((step, metrics))
+
+    async def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
+        await anyio.sleep(0)
+        self.hparams.append(hyperparameters)
+
+
+class LogsEachBatch(Callback):
+    def batch_end(self, state: Any, logger: Logger) -> None:
+        logger.log_metrics({"batch": int(state.timer.batch)})
+
+
+@pytest.mark.anyio
+async def test_async_destination_receives_metrics_in_order() -> None:
+    dest = AsyncDest()
+    trainer = make_trainer(
+        n_batches=3,
+        callbacks=[LogsHparams(), LogsEachBatch()],
+        loggers=[dest],
+        log_train_loss=False,
+    )
+    await trainer.fit()
+    assert dest.metrics == [(1, {"batch": 1}), (2, {"batch": 2}), (3, {"batch": 3})]
+    assert dest.hparams == [{"lr": 0.1, "layers": [4, 3]}]
+
+
+class RecordDest(LoggerDestination):
+    def __init__(self) -> None:
+        self.records: list[LogRecord] = []
+
+    def log_record(self, record: LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_log_record_gets_level_timestamp_and_wall_time() -> None:
+    class Levels(Callback):
+        def epoch_end(self, state: Any, logger: Logger) -> None:
+            logger.log_metrics({"e": 1.0}, level="epoch")
+            logger.data_fit({"f": 2.0})
+
+    dest = RecordDest()
+    make_trainer(n_batches=2, callbacks=[Levels()], loggers=[dest], log_train_loss=False).fit_sync()
+    (epoch_rec, fit_rec) = dest.records
+    assert (epoch_rec.metrics, epoch_rec.level, epoch_rec.step) == ({"e": 1.0}, LogLevel.EPOCH, 2)
+    assert (fit_rec.metrics, fit_rec.level) == ({"f": 2.0}, LogLevel.FIT)
+    assert epoch_rec.timestamp is not None
+    assert int(epoch_rec.timestamp.epoch) == 1
+    assert epoch_rec.wall_time > 0
+    assert not epoch_rec.hyperparameters
+
+
+# --- LogLevel ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("batch", LogLevel.BATCH),
+        ("BATCH", LogLevel.BATCH),
+        ("Epoch", LogLevel.EPOCH),
+        ("fit", LogLevel.FIT),
+        (1, LogLevel.FIT),
+        (2, LogLevel.EPOCH),
+        (3, LogLevel.BATCH),
+        (LogLevel.EPOCH, LogLevel.EPOCH),
+    ],
+)
+def test_loglevel_accepts_names_and_numbers(given: Any, expected: LogLevel) -> None:
+    assert LogLevel(given) is expected
+
+
+def test_loglevel_lookup_by_member_name() -> None:
+    assert LogLevel["EPOCH"] is LogLevel.EPOCH
+
+
+def test_loglevel_order_is_composers() -> None:
+    assert LogLevel.FIT < LogLevel.EPOCH < LogLevel.BATCH
+    assert (int(LogLevel.FIT), int(LogLevel.EPOCH), int(LogLevel.BATCH)) == (1, 2, 3)
+
+
+@pytest.mark.parametrize("bad", ["hourly", 0, 9, None, 2.5])
+def test_loglevel_rejects_unknown_levels(bad: Any) -> None:
+    with pytest.raises(ValueError, match="not a LogLevel"):
+        LogLevel(bad)

@@ -1,0 +1,463 @@
+"""trainbus.serve: the real service under uvicorn on 127.0.0.1, driven with httpx."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import torch
+import uvicorn
+
+from tests.helpers import TinyModel, make_loader
+from trainbus import Callback, Trainer
+from trainbus.serve import JobContext, JobManager, create_app, create_server
+
+# Every test here runs under a deadline, so a regression fails instead of hanging.
+DEADLINE = 30
+
+
+class Recorder(Callback):
+    """Counts batches and the close/post_close calls of one job."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self.closed = 0
+        self.post_closed = 0
+
+    async def batch_end(self, state: Any, logger: Any) -> None:
+        self.batches += 1
+
+    async def close(self, state: Any, logger: Any) -> None:
+        self.closed += 1
+
+    async def post_close(self) -> None:
+        self.post_closed += 1
+
+
+class Rendezvous(Callback):
+    """At its job's first batch end, waits until ``expected`` jobs have arrived there."""
+
+    def __init__(self, arrivals: list[str], everyone: anyio.Event, expected: int) -> None:
+        self.arrivals, self.everyone, self.expected = arrivals, everyone, expected
+
+    async def batch_end(self, state: Any, logger: Any) -> None:
+        if int(state.timer.batch) == 1:
+            self.arrivals.append(state.run_name)
+            if len(self.arrivals) == self.expected:
+                self.everyone.set()
+            await self.everyone.wait()
+
+
+class FailAt(Callback):
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+
+    async def batch_end(self, state: Any, logger: Any) -> None:
+        if int(state.timer.batch) == self.batch:
+            raise RuntimeError(f"boom at batch {self.batch}")
+
+
+class Gate(Callback):
+    """Holds training at the end of batch ``at`` until ``gate`` is set."""
+
+    def __init__(self, at: int, gate: anyio.Event) -> None:
+        self.at, self.gate = at, gate
+
+    async def batch_end(self, state: Any, logger: Any) -> None:
+        if int(state.timer.batch) == self.at:
+            await self.gate.wait()
+
+
+class Factory:
+    """A test job factory: TinyModel jobs that record their callbacks' close calls."""
+
+    def __init__(self) -> None:
+        self.recorders: dict[str, Recorder] = {}
+        self.arrivals: list[str] = []
+        self.everyone: anyio.Event | None = None
+        self.gate: anyio.Event | None = None
+
+    def __call__(self, ctx: JobContext) -> Trainer:
+        p = dict(ctx.params)
+        batches = int(p.pop("batches", 4))
+        epochs = int(p.pop("epochs", 1))
+        rec = self.recorders[ctx.job_id] = Recorder()
+        callbacks: list[Callback] = [rec]
+        if p.pop("rendezvous", None):
+            if self.everyone is None:
+                self.everyone = anyio.Event()
+            callbacks.append(Rendezvous(self.arrivals, self.everyone, 2))
+        if "hold_at" in p:
+            self.gate = anyio.Event()
+            callbacks.append(Gate(int(p.pop("hold_at")), self.gate))
+        if "fail_at" in p:
+            callbacks.append(FailAt(int(p.pop("fail_at"))))
+        if p:
+            raise ValueError(f"unknown parameters {sorted(p)}")
+        model = TinyModel()
+        return Trainer(
+            model,
+            make_loader(batches),
+            f"{epochs}ep",
+            optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+            callbacks=callbacks,
+            loggers=ctx.loggers,
+            run_name=ctx.job_id,
+            warn_slow_callbacks=False,  # Rendezvous holds a batch on purpose
+        )
+
+
+@asynccontextmanager
+async def serving(
+    app: Any, sockets: list[socket.socket] | None = None
+) -> AsyncIterator[tuple[Any, str]]:
+    """Run ``create_server(app)`` as a task on this loop; yield it and its base URL."""
+    server = create_server(app, port=0)
+    task = asyncio.create_task(server.serve(sockets=sockets))
+    ready = asyncio.create_task(server.ready.wait())
+    await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        ready.cancel()
+        task.result()  # raises why it could not start
+    try:
+        yield server, f"http://127.0.0.1:{server.port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def sse_items(response: httpx.Response) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """Parse a text/event-stream body into ``(event, data)`` pairs."""
+    name: str | None = None
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if line == "":
+            if name is not None:
+                yield name, json.loads("\n".join(data))
+            name, data = None, []
+        elif line.startswith("event: "):
+            name = line[len("event: ") :]
+        elif line.startswith("data: "):
+            data.append(line[len("data: ") :])
+
+
+async def read_all(client: httpx.AsyncClient, job_id: str) -> list[tuple[str, dict[str, Any]]]:
+    async with client.stream("GET", f"/jobs/{job_id}/events") as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return [item async for item in sse_items(response)]
+
+
+def names(items: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    return [n for n, _ in items]
+
+
+def trainbus_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("trainbus-")]
+
+
+@pytest.mark.asyncio
+async def test_job_runs_and_its_event_stream_reaches_the_end(no_leaked_threads: None) -> None:
+    factory = Factory()
+    with anyio.fail_after(DEADLINE):
+        async with serving(create_app(factory)) as (_, url), httpx.AsyncClient(base_url=url) as c:
+            r = await c.post("/jobs", json={"epochs": 2, "batches": 3})
+            assert r.status_code == 201
+            job = r.json()
+            assert r.headers["location"] == f"/jobs/{job['id']}"
+            assert job["status"] in ("pending", "running")
+            items = await read_all(c, job["id"])
+            expected = ["init", "fit_start"]
+            for _ in range(2):
+                expected += ["epoch_start", *["metrics", "batch_end"] * 3, "epoch_end"]
+            assert names(items) == [*expected, "fit_end", "end"]
+            assert items[-1][1] == {"status": "completed", "error": None, "dropped": 0}
+            batch_ends = [d["batch"] for n, d in items if n == "batch_end"]
+            assert batch_ends == [1, 2, 3, 4, 5, 6]
+            status = (await c.get(f"/jobs/{job['id']}")).json()
+            assert status["status"] == "completed"
+            assert status["progress"]["batch"] == 6
+            assert status["metric_steps"]["loss/train"] == 6
+            assert isinstance(status["metrics"]["loss/train"], float)
+            rec = factory.recorders[job["id"]]
+            assert (rec.batches, rec.closed, rec.post_closed) == (6, 1, 1)
+            # A client arriving after the end gets the end at once.
+            assert names(await read_all(c, job["id"])) == ["end"]
+            listed = (await c.get("/jobs")).json()
+            assert [j["id"] for j in listed] == [job["id"]]
+
+
+@pytest.mark.asyncio
+async def test_delete_cancels_a_running_job_and_closes_its_callbacks() -> None:
+    factory = Factory()
+    with anyio.fail_after(DEADLINE):
+        async with serving(create_app(factory)) as (_, url), httpx.AsyncClient(base_url=url) as c:
+            job_id = (await c.post("/jobs", json={"batches": 1_000_000})).json()["id"]
+            seen: list[str] = []
+            async with c.stream("GET", f"/jobs/{job_id}/events") as response:
+                async for name, data in sse_items(response):
+                    seen.append(name)
+                    if name == "batch_end" and seen.count("batch_end") == 1:
+                        assert (await c.get(f"/jobs/{job_id}")).json()["status"] == "running"
+                        r = await c.delete(f"/jobs/{job_id}")
+                        assert r.status_code == 200
+                        assert r.json()["status"] == "cancelled"
+                    if name == "end":
+                        assert data["status"] == "cancelled"
+            assert seen[-1] == "end"
+            assert "fit_end" not in seen
+            rec = factory.recorders[job_id]
+            assert rec.closed == 1
+            assert rec.post_closed == 1
+            assert 1 <= rec.batches < 1_000_000
+            assert (await c.get(f"/jobs/{job_id}")).json()["status"] == "cancelled"
+            assert (await c.get("/healthz")).json() == {"status": "ok", "running": 0}
+
+
+@pytest.mark.asyncio
+async def test_two_jobs_train_at_once() -> None:
+    # Each job holds its first batch until the other job reached its own first batch:
+    # run one after the other, they would never finish (the deadline would fail the test).
+    factory = Factory()
+    with anyio.fail_after(DEADLINE):
+        async with serving(create_app(factory)) as (_, url), httpx.AsyncClient(base_url=url) as c:
+            a = (await c.post("/jobs", json={"batches": 5, "rendezvous": True})).json()["id"]
+            b = (await c.post("/jobs", json={"batches": 8, "rendezvous": True})).json()["id"]
+            results: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+
+            async def follow(job_id: str) -> None:
+                results[job_id] = await read_all(c, job_id)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(follow, a)
+                tg.start_soon(follow, b)
+    assert sorted(factory.arrivals) == sorted([a, b])
+    assert names(results[a]).count("batch_end") == 5
+    assert names(results[b]).count("batch_end") == 8
+    assert results[a][-1][1]["status"] == results[b][-1][1]["status"] == "completed"
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_never_reads_does_not_hold_training_up() -> None:
+    # Small socket buffers on both ends: the server's writes to the silent client block
+    # after a few dozen KiB, so its server-side subscription must drop, not wait.
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    listener.bind(("127.0.0.1", 0))
+    small_rcv = httpx.AsyncHTTPTransport(
+        socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)]
+    )
+    app = create_app(Factory(), stream_buffer=16, stream_history=0)
+    batches = 1500  # ~3000 items of ~250 bytes: far more than the socket buffers hold
+    with anyio.fail_after(DEADLINE):
+        async with (
+            serving(app, sockets=[listener]) as (_, url),
+            httpx.AsyncClient(base_url=url) as c,
+            httpx.AsyncClient(base_url=url, transport=small_rcv) as silent_client,
+        ):
+            job_id = (await c.post("/jobs", json={"batches": batches})).json()["id"]
+            async with silent_client.stream("GET", f"/jobs/{job_id}/events?since=0") as silent:
+                assert silent.status_code == 200
+                # A second client reads everything; the job completes while the silent
+                # client's connection stays open and unread.
+                reader = await read_all(c, job_id)
+                assert reader[-1] == ("end", {"status": "completed", "error": None, "dropped": 0})
+                assert names(reader).count("batch_end") == batches
+                status = (await c.get(f"/jobs/{job_id}")).json()
+                assert status["status"] == "completed"
+                assert status["stream"]["dropped"] > 0  # the silent client lost items
+                # Now read the silent client's stream: a gap, then the newest items.
+                late = [item async for item in sse_items(silent)]
+            gaps = [d["missed"] for n, d in late if n == "gap"]
+            assert gaps
+            assert sum(gaps) == status["stream"]["dropped"]
+            assert late[-2][0] == "fit_end"
+            assert late[-1][0] == "end"
+            assert late[-1][1]["dropped"] == sum(gaps)
+
+
+def other_tasks() -> set[asyncio.Task[Any]]:
+    return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+
+@pytest.mark.asyncio
+async def test_shutdown_with_a_streamed_job_running_cancels_it_and_leaves_nothing() -> None:
+    factory = Factory()
+    with anyio.fail_after(DEADLINE):
+        async with httpx.AsyncClient() as c, serving(create_app(factory)) as (server, url):
+            r = await c.post(f"{url}/jobs", json={"batches": 1_000_000})
+            job_id = r.json()["id"]
+            seen: list[str] = []
+            async with c.stream("GET", f"{url}/jobs/{job_id}/events") as response:
+                async for name, data in sse_items(response):
+                    seen.append(name)
+                    if name == "batch_end" and not server.should_exit:
+                        server.should_exit = True  # shut down with this client connected
+                    if name == "end":
+                        assert data["status"] == "cancelled"
+            assert seen[-1] == "end"
+        # Leaving serving() awaited the server's task: uvicorn has exited.
+        rec = factory.recorders[job_id]
+        assert (rec.closed, rec.post_closed) == (1, 1)
+        assert not trainbus_threads()
+        assert not other_tasks()
+
+
+@pytest.mark.asyncio
+async def test_plain_uvicorn_lifespan_exit_cancels_running_jobs() -> None:
+    factory = Factory()
+    app = create_app(factory)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    )
+    with anyio.fail_after(DEADLINE):
+        task = asyncio.create_task(server.serve())
+        while not server.started:  # plain uvicorn has no "started" event to wait on
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as c:
+            job_id = (await c.post("/jobs", json={"batches": 1_000_000})).json()["id"]
+        job = app.state.jobs.get(job_id)
+        started = anyio.Event()
+
+        async def first_batch() -> None:
+            async for item in job.stream.subscribe(since=0):
+                if item.sse_event == "batch_end":
+                    started.set()
+                    return
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first_batch)
+            await started.wait()
+        server.should_exit = True
+        await task
+    assert job.status == "cancelled"
+    assert factory.recorders[job_id].closed == 1
+    assert not trainbus_threads()
+    assert not other_tasks()
+
+
+@pytest.mark.asyncio
+async def test_bad_requests_get_errors_that_name_the_fix() -> None:
+    with anyio.fail_after(DEADLINE):
+        async with (
+            serving(create_app(Factory(), max_running=1)) as (_, url),
+            httpx.AsyncClient(base_url=url) as c,
+        ):
+            r = await c.get("/jobs/nope")
+            assert r.status_code == 404
+            assert "GET /jobs" in r.json()["error"]
+            assert (await c.delete("/jobs/nope")).status_code == 404
+            assert (await c.get("/jobs/nope/events")).status_code == 404
+            r = await c.post("/jobs", json={"batchez": 3})
+            assert r.status_code == 400
+            assert "batchez" in r.json()["error"]
+            r = await c.post("/jobs", content=b"{not json")
+            assert r.status_code == 400
+            assert "JSON" in r.json()["error"]
+            r = await c.post("/jobs", json=[1, 2])
+            assert r.status_code == 400
+            running = (await c.post("/jobs", json={"batches": 1_000_000})).json()["id"]
+            r = await c.post("/jobs", json={})
+            assert r.status_code == 429
+            assert "max_running=1" in r.json()["error"]
+            r = await c.get(f"/jobs/{running}/events?since=-1")
+            assert r.status_code == 400
+            assert (await c.delete(f"/jobs/{running}")).json()["status"] == "cancelled"
+
+
+@pytest.mark.asyncio
+async def test_failed_job_reports_its_error() -> None:
+    with anyio.fail_after(DEADLINE):
+        async with (
+            serving(create_app(Factory())) as (_, url),
+            httpx.AsyncClient(base_url=url) as c,
+        ):
+            job_id = (await c.post("/jobs", json={"batches": 5, "fail_at": 2})).json()["id"]
+            items = await read_all(c, job_id)
+            end = items[-1][1]
+            assert end["status"] == "failed"
+            assert end["error"] == "RuntimeError: boom at batch 2"
+            assert (await c.get(f"/jobs/{job_id}")).json()["status"] == "failed"
+            assert (await c.get("/healthz")).status_code == 200
+
+
+@pytest.mark.asyncio
+async def test_factory_that_forgets_the_loggers_is_a_server_error() -> None:
+    def forgetful(ctx: JobContext) -> Trainer:
+        model = TinyModel()
+        return Trainer(model, make_loader(2), "1ep")
+
+    with anyio.fail_after(DEADLINE):
+        async with (
+            serving(create_app(forgetful)) as (_, url),
+            httpx.AsyncClient(base_url=url) as c,
+        ):
+            r = await c.post("/jobs", json={})
+            assert r.status_code == 500
+            assert "loggers=[*ctx.loggers" in r.json()["error"]
+
+
+@pytest.mark.asyncio
+async def test_last_event_id_resumes_after_that_item() -> None:
+    factory = Factory()
+    with anyio.fail_after(DEADLINE):
+        async with (
+            serving(create_app(factory)) as (_, url),
+            httpx.AsyncClient(base_url=url) as c,
+        ):
+            # The job holds at batch 3 until the test lets it go.
+            job_id = (await c.post("/jobs", json={"batches": 5, "hold_at": 3})).json()["id"]
+            first: list[tuple[str, dict[str, Any]]] = []
+            async with c.stream("GET", f"/jobs/{job_id}/events") as response:
+                async for name, data in sse_items(response):
+                    first.append((name, data))
+                    if name == "batch_end" and data["batch"] == 3:
+                        break
+                last_seen = first[4][1]["seq"]
+                resumed: list[tuple[str, dict[str, Any]]] = []
+                headers = {"Last-Event-ID": str(last_seen)}
+                async with c.stream("GET", f"/jobs/{job_id}/events", headers=headers) as again:
+                    async for name, data in sse_items(again):
+                        resumed.append((name, data))
+                        if name == "batch_end" and data["batch"] == 3:
+                            assert factory.gate is not None
+                            factory.gate.set()
+                    rest = [item async for item in sse_items(response)]
+    full = first + rest
+    assert resumed == full[5:]
+    assert resumed[0][1]["seq"] == last_seen + 1
+    assert full[-1][1]["status"] == "completed"
+
+
+@pytest.mark.anyio
+async def test_job_manager_without_http(anyio_backend: str) -> None:
+    """The manager is plain anyio: it runs under trio as well as asyncio."""
+    factory = Factory()
+    with anyio.fail_after(DEADLINE):
+        async with JobManager(factory) as jobs:
+            job = await jobs.start({"batches": 3})
+            seen = [item.sse_event async for item in job.stream.subscribe(since=0)]
+            assert await job.wait() == "completed"
+            long = await jobs.start({"batches": 1_000_000})
+        # Leaving the manager cancelled the long job and closed its callbacks.
+    assert seen[-1] == "fit_end"
+    assert long.status == "cancelled"
+    assert factory.recorders[long.id].closed == 1
+    assert not trainbus_threads()
+
+
+def test_module_entry_point_parses_arguments() -> None:
+    from trainbus.serve.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
