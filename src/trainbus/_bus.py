@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 __all__ = ["EventBus", "Stopped"]
 
 _perf = time.perf_counter
+_sleep = time.sleep
+#: The producer releases the GIL at least this often (seconds) so the loop stays responsive.
+_YIELD_INTERVAL = 0.5e-3
 
 #: Sync handlers measured at or under this many seconds run on the producer thread.
 DEFAULT_INLINE_MAX = 50e-6
@@ -148,6 +151,8 @@ class EventBus(LoopSide):
         self._view: tuple[State, Logger] | None = None
         self._marks: deque[list[int]] = deque(maxlen=max_lag + 1)
         self._published = 0
+        self._last_yield = 0.0
+        self._trace_mark = 0.0
         self._batches = 0
         self._barrier_wait = 0.0
         self._barrier_waits = 0
@@ -183,6 +188,12 @@ class EventBus(LoopSide):
         """
         if self.stopping:
             raise Stopped
+        now = _perf()
+        if now - self._last_yield > _YIELD_INTERVAL:
+            # A producer in pure Python would hold the GIL for a whole switch interval
+            # (5 ms) at a time, and the loop waits that long for it; hand it over now.
+            self._last_yield = now
+            _sleep(0)
         state = self.state
         subs_of = self._subs
         to_kick: list[Lane] = []
@@ -227,6 +238,8 @@ class EventBus(LoopSide):
             if event in self.barriers:
                 self._kick(to_kick)
                 self._barrier()
+            if event is Event.BATCH_END:
+                self._trace_mark = _perf()
             if self.stopping:
                 raise Stopped
         self._kick(to_kick)
@@ -281,6 +294,10 @@ class EventBus(LoopSide):
 
     def _batch_end(self) -> None:
         self._batches += 1
+        if self.trace is not None:
+            now = _perf()
+            mark = self._trace_mark or self.trace.origin
+            self.trace.producer_span(f"batch {self._batches}", mark, now - mark)
         if self.max_lag:
             self._marks.append([lane.enq for lane in self.lanes])
         if self.warn_slow and self._slow_checks <= _SLOW_CHECK_BATCHES:

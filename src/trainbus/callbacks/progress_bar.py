@@ -2,7 +2,9 @@
 
 tqdm is optional (``pip install 'trainbus[progress]'``) and imported only when a bar is
 drawn. Every handler is a plain method, so the bar is written on the progress bar's own
-lane (its thread), never on the event loop and never by the training thread's code.
+lane (its thread; the bus may run a handler that proved quicker than a thread hop inline
+on the training thread), never on the event loop. Batches are counted at
+``BATCH_CHECKPOINT``, which is not a barrier: training does not wait for the bar.
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ class ProgressBar(LoggerDestination):
     tqdm is missing); ``bar="plain"`` always writes lines.
 
     There is one bar per epoch, or one bar for the whole run when ``max_duration`` is
-    in batches. The postfix shows ``loss`` (from the ``loss/train`` values the trainer
+    in batches. The bar advances at ``BATCH_CHECKPOINT``, right after ``BATCH_END`` but
+    not a barrier, so training never waits for the terminal at the end of a batch. The postfix shows ``loss`` (from the ``loss/train`` values the trainer
     logs, which a progress bar receives as a :class:`~trainbus.LoggerDestination`) and
     the latest evaluation metrics. Passed among ``callbacks`` of a trainer with no
     loggers, it reads ``state.loss`` instead when its value is already on the host.
@@ -192,7 +195,7 @@ class ProgressBar(LoggerDestination):
             label = self._epoch_label(state, int(ts.epoch) + 1)
             self._open_bar(label, self._epoch_batches(state), int(ts.batch_in_epoch))
 
-    def batch_end(self, state: State, logger: Logger) -> None:
+    def batch_checkpoint(self, state: State, logger: Logger) -> None:
         """Advance the bar, or write a line when the batch is due."""
         if not self._loss_logged and state.loss is not None:
             deferred = DeferredScalar.of(state.loss)
@@ -202,7 +205,7 @@ class ProgressBar(LoggerDestination):
             if self._pbar is not None:
                 self._pbar.set_postfix(self._postfix(), refresh=False)
                 self._pbar.update(1)
-        elif self.interval.is_due(Event.BATCH_END, state):
+        elif self.interval.is_due(Event.BATCH_END, state):  # same counters as BATCH_END
             self._line(self._batch_head(state))
 
     def _batch_head(self, state: State) -> str:

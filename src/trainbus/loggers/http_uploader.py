@@ -33,20 +33,13 @@ The uploader handles no events, so the training thread never waits for it at a b
 
 Failures
 --------
-Connection errors, timeouts, 408, 429 and 5xx are retried with exponential backoff
-(``backoff`` doubling up to ``max_backoff``, equal jitter); a ``Retry-After`` header
-(seconds or an HTTP date) is a lower bound for the next wait. Other statuses (4xx, and
-3xx other than a 307/308 redirect) mean the server refuses the batch as sent: it is not
-retried, it is counted in ``statistics().rejected_batches`` and, with ``spool_dir``, its
-file is renamed ``*.rejected.json`` (kept for inspection, never resent). ``close`` then
-emits one :class:`MetricsUploadWarning` naming the count and the status. Batches still
-undelivered when ``close_timeout`` runs out stay in the spool, to be resent by the next
-uploader started with the same ``spool_dir`` (their keys are in the files); without
-``spool_dir`` ``close`` warns how many points will be lost when the process exits.
-
-Headers given in ``headers=`` (credentials) are sent only to the configured URL's host:
-307/308 redirects are followed by hand, and a hop to another host (or from https to
-http) goes without them. ``spool_dir`` should belong to one uploader at a time.
+Connection errors, timeouts, 408, 429 and 5xx are retried with jittered exponential
+backoff, honouring ``Retry-After`` (policy and redirect rules: ``_delivery.py``). Other
+statuses are refusals: not retried, counted, kept as ``*.rejected.json`` in the spool,
+and reported by ``close`` in one :class:`MetricsUploadWarning`. Batches still undelivered
+when ``close_timeout`` runs out stay in the spool (with their keys) for the next uploader
+started on it; without ``spool_dir`` ``close`` warns how many points would be lost.
+See ``docs/loggers.md`` for the whole contract.
 """
 
 from __future__ import annotations
@@ -56,19 +49,26 @@ import math
 import numbers
 import os
 import random
-import time
 import uuid
 import warnings
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from trainbus._exceptions import TrainbusWarning
 from trainbus._logger import LoggerDestination, LogRecord
+from trainbus.loggers._delivery import (
+    MetricsUploadWarning,
+    Signal,
+    UploaderStatistics,
+    backoff_delay,
+    post_batch,
+    rejected_message,
+    retry_after,
+    retryable,
+    undelivered_message,
+)
 from trainbus.loggers._spool import Batch, Spool
 
 if TYPE_CHECKING:
@@ -81,41 +81,6 @@ if TYPE_CHECKING:
     from trainbus._state import State
 
 __all__ = ["HTTPMetricsUploader", "MetricsUploadWarning", "UploaderStatistics"]
-
-_MAX_REDIRECTS = 5
-
-
-class MetricsUploadWarning(TrainbusWarning):
-    """Points were refused by the server, or not delivered before ``close_timeout``."""
-
-
-@dataclass(frozen=True, slots=True)
-class UploaderStatistics:
-    """What an :class:`HTTPMetricsUploader` has done so far (cumulative over fits).
-
-    Attributes:
-        points_sent: Points in batches the server acknowledged with a 2xx.
-        batches_sent: Batches acknowledged with a 2xx.
-        retries: Attempts after a failed one (all batches together).
-        spooled_batches: Batches on disk now, waiting for delivery.
-        pending_batches: Sealed batches not yet delivered.
-        pending_points: Points not yet delivered (sealed or still buffered).
-        rejected_batches: Batches the server refused (4xx), not retried.
-        recovered_batches: Batches picked up from files an earlier run left in the spool.
-        skipped_values: Logged values that are not finite numbers, not sent.
-        last_error: The last failure (exception or status), or ``None``.
-    """
-
-    points_sent: int
-    batches_sent: int
-    retries: int
-    spooled_batches: int
-    pending_batches: int
-    pending_points: int
-    rejected_batches: int
-    recovered_batches: int
-    skipped_values: int
-    last_error: str | None
 
 
 def _require_httpx() -> ModuleType:
@@ -137,43 +102,10 @@ def _as_number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _retry_after(value: str | None) -> float:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
-    if not value:
-        return 0.0
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return 0.0
-    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0
-
-
-def _retryable(status: int) -> bool:
-    return status in (408, 429) or status >= 500
-
-
 def _positive(name: str, value: Any, example: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ValueError(f"{name}={value!r} must be a positive number of seconds, e.g. {example}")
     return float(value)
-
-
-class _Signal:
-    """A re-armable wake-up for coroutines on one loop: ``notify`` wakes every waiter."""
-
-    def __init__(self) -> None:
-        self._event = anyio.Event()
-
-    def notify(self) -> None:
-        self._event.set()
-        self._event = anyio.Event()
-
-    async def wait(self) -> None:
-        await self._event.wait()
 
 
 class HTTPMetricsUploader(LoggerDestination):
@@ -196,6 +128,12 @@ class HTTPMetricsUploader(LoggerDestination):
         backoff: Seconds before the first retry; doubles per retry of a batch.
         max_backoff: Seconds; the cap of the doubling.
         run_name: The ``run`` sent with the points; default ``state.run_name``.
+
+    Attributes:
+        points_sent: Points the server acknowledged (2xx).
+        batches_sent: Batches the server acknowledged.
+        retries: Attempts after a failed one.
+        spooled_batches: Batches on disk now, waiting for delivery.
 
     Raises:
         ImportError: httpx is not installed.
@@ -265,14 +203,14 @@ class HTTPMetricsUploader(LoggerDestination):
         self._outbox: deque[Batch] = deque()  # sealed, undelivered, oldest first
         self._to_spool: deque[Batch] = deque()  # sealed, not yet on disk (spool only)
         self._keys: set[str] = set()
-        self._signal: _Signal | None = None
+        self._signal: Signal | None = None
         self._sleeper: anyio.Event | None = None  # set by close to cut a backoff short
         self._close_done: anyio.Event | None = None  # set when close may report
         self._close_deadline = math.inf
         self._state_run = "run"
-        self._points_sent = self._batches_sent = self._retries = self._spooled = 0
+        self.points_sent = self.batches_sent = self.retries = self.spooled_batches = 0
         self._rejected = self._rejected_points = self._recovered = self._skipped = 0
-        self._rejected_reported = 0
+        self._reported = (0, 0)  # rejected batches and points already warned about
         self._rejected_statuses: set[int] = set()
         self._last_error: str | None = None
 
@@ -299,7 +237,7 @@ class HTTPMetricsUploader(LoggerDestination):
         """Resend what an earlier run left in the spool, then stage and send batches."""
         httpx = _require_httpx()
         self._state_run = state.run_name
-        signal = self._signal = _Signal()
+        signal = self._signal = Signal()
         try:
             if self._spool is not None:
                 await self._recover(self._spool)
@@ -338,10 +276,10 @@ class HTTPMetricsUploader(LoggerDestination):
         """Counters of what was sent, retried, spooled and refused (safe from any thread)."""
         outbox = list(self._outbox)
         return UploaderStatistics(
-            points_sent=self._points_sent,
-            batches_sent=self._batches_sent,
-            retries=self._retries,
-            spooled_batches=self._spooled,
+            points_sent=self.points_sent,
+            batches_sent=self.batches_sent,
+            retries=self.retries,
+            spooled_batches=self.spooled_batches,
             pending_batches=len(outbox),
             pending_points=sum(len(b.points) for b in outbox) + len(self._buffer),
             rejected_batches=self._rejected,
@@ -349,26 +287,6 @@ class HTTPMetricsUploader(LoggerDestination):
             skipped_values=self._skipped,
             last_error=self._last_error,
         )
-
-    @property
-    def points_sent(self) -> int:
-        """Points the server acknowledged."""
-        return self._points_sent
-
-    @property
-    def batches_sent(self) -> int:
-        """Batches the server acknowledged."""
-        return self._batches_sent
-
-    @property
-    def retries(self) -> int:
-        """Attempts after a failed one."""
-        return self._retries
-
-    @property
-    def spooled_batches(self) -> int:
-        """Batches on disk now, waiting for delivery."""
-        return self._spooled
 
     @property
     def spool_dir(self) -> Path | None:
@@ -402,11 +320,11 @@ class HTTPMetricsUploader(LoggerDestination):
             self._outbox.appendleft(batch)
             self._keys.add(batch.key)
         self._recovered += len(fresh)
-        self._spooled += len(fresh)
+        self.spooled_batches += len(fresh)
         if corrupt:
             self._last_error = f"unreadable spool files renamed: {[str(p) for p in corrupt]}"
 
-    async def _stager(self, signal: _Signal) -> None:
+    async def _stager(self, signal: Signal) -> None:
         """Seal the buffer every ``flush_interval``, spool sealed batches, time ``close``."""
         next_flush = anyio.current_time() + self.flush_interval
         while True:
@@ -419,7 +337,7 @@ class HTTPMetricsUploader(LoggerDestination):
                 self._prepare(batch)
                 await anyio.to_thread.run_sync(self._spool.write, batch)
                 self._to_spool.popleft()  # only now: a cancelled write is redone next time
-                self._spooled += 1
+                self.spooled_batches += 1
                 signal.notify()
                 continue
             self._check_close(now)
@@ -439,7 +357,7 @@ class HTTPMetricsUploader(LoggerDestination):
 
     # -- sending -------------------------------------------------------------------------------
 
-    async def _sender(self, client: httpx.AsyncClient, signal: _Signal) -> None:
+    async def _sender(self, client: httpx.AsyncClient, signal: Signal) -> None:
         while True:
             batch = self._outbox[0] if self._outbox else None
             if batch is None or (self._spool is not None and not batch.spooled):
@@ -451,13 +369,13 @@ class HTTPMetricsUploader(LoggerDestination):
             if status is None:
                 if spool is not None and batch.spooled:
                     await anyio.to_thread.run_sync(spool.remove, batch)
-                    self._spooled -= 1
-                self._points_sent += len(batch.points)
-                self._batches_sent += 1
+                    self.spooled_batches -= 1
+                self.points_sent += len(batch.points)
+                self.batches_sent += 1
             else:
                 if spool is not None and batch.spooled:
                     await anyio.to_thread.run_sync(spool.set_aside, batch)
-                    self._spooled -= 1
+                    self.spooled_batches -= 1
                 self._rejected += 1
                 self._rejected_points += len(batch.points)
                 self._rejected_statuses.add(status)
@@ -473,7 +391,7 @@ class HTTPMetricsUploader(LoggerDestination):
         while True:
             at_least = 0.0
             try:
-                response = await self._post(client, batch)
+                response = await post_batch(client, self._url, self.headers, batch)
             except httpx.TransportError as exc:
                 self._last_error = f"{type(exc).__name__}: {exc}".rstrip(": ")
             else:
@@ -481,79 +399,35 @@ class HTTPMetricsUploader(LoggerDestination):
                 if 200 <= status < 300:
                     return None
                 self._last_error = f"HTTP {status} {response.text[:200]!r}"
-                if not _retryable(status):
+                if not retryable(status):
                     return status
-                at_least = _retry_after(response.headers.get("retry-after"))
+                at_least = retry_after(response.headers.get("retry-after"))
             attempt += 1
-            self._retries += 1
-            cap = min(self.max_backoff, self.backoff * 2.0 ** min(attempt - 1, 60))
-            delay = max(cap / 2 + self._rng.uniform(0, cap / 2), at_least)
+            self.retries += 1
+            delay = backoff_delay(attempt, self.backoff, self.max_backoff, self._rng)
             if at_least:
-                await anyio.sleep(delay)  # the server asked: close does not cut this short
+                await anyio.sleep(max(delay, at_least))  # the server asked: close waits too
             else:
                 sleeper = self._sleeper = anyio.Event()
                 with anyio.move_on_after(delay):
                     await sleeper.wait()
                 self._sleeper = None
 
-    async def _post(self, client: httpx.AsyncClient, batch: Batch) -> httpx.Response:
-        """One attempt; follows 307/308 redirects, keeping ``headers`` on ``url``'s host."""
-        base = {"Content-Type": "application/json", "Idempotency-Key": batch.key}
-        headers = {**self.headers, **base}
-        url = self._url
-        body = batch.body()
-        for _ in range(_MAX_REDIRECTS):
-            response = await client.post(url, content=body, headers=headers)
-            location = response.headers.get("location")
-            if response.status_code not in (307, 308) or not location:
-                return response
-            target = url.join(location)
-            same_host = target.host == self._url.host
-            downgrade = self._url.scheme == "https" and target.scheme != "https"
-            if not same_host or downgrade:
-                headers = base
-            url = target
-        return await client.post(url, content=body, headers=headers)  # a 3xx is refused
-
     # -- reporting -----------------------------------------------------------------------------
 
     def _report(self) -> None:
-        where = self._spool.directory if self._spool is not None else None
-        new_rejections = self._rejected - self._rejected_reported
-        if new_rejections:
-            self._rejected_reported = self._rejected
-            statuses = ", ".join(str(s) for s in sorted(self._rejected_statuses))
-            kept = (
-                f"their bodies are kept as *.rejected.json in spool_dir={str(where)!r}"
-                if where is not None
-                else "they were dropped (pass spool_dir=... to keep refused batches)"
+        spool = self._spool.directory if self._spool is not None else None
+        batches = self._rejected - self._reported[0]
+        if batches:
+            points = self._rejected_points - self._reported[1]
+            self._reported = (self._rejected, self._rejected_points)
+            message = rejected_message(
+                self.url, batches, points, self._rejected_statuses, spool, self._last_error
             )
-            warnings.warn(
-                f"HTTPMetricsUploader: {self.url} refused {new_rejections} batch(es) "
-                f"({self._rejected_points} points in all) with HTTP {statuses}; they were not "
-                f"retried and {kept}. Last response: {self._last_error}. Check the URL, the "
-                "headers (credentials) and the wire format the server expects",
-                MetricsUploadWarning,
-                stacklevel=2,
+            warnings.warn(message, MetricsUploadWarning, stacklevel=2)
+        if self._outbox:
+            points = sum(len(b.points) for b in self._outbox)
+            message = undelivered_message(
+                self.url, len(self._outbox), points, self.close_timeout, spool, self._last_error
             )
-        if not self._outbox:
-            return
-        batches = len(self._outbox)
-        points = sum(len(b.points) for b in self._outbox)
-        if where is not None:
-            fate = (
-                f"they stay in spool_dir={str(where)!r} and the next HTTPMetricsUploader "
-                "started with that spool_dir resends them with their Idempotency-Keys"
-            )
-        else:
-            fate = (
-                "they are lost when this process exits (unless this trainer fits again); "
-                "pass spool_dir=... to keep undelivered points on disk"
-            )
-        warnings.warn(
-            f"HTTPMetricsUploader: {points} points in {batches} batch(es) were not "
-            f"delivered to {self.url} within close_timeout={self.close_timeout:g}s "
-            f"(last error: {self._last_error}); {fate}, or raise close_timeout",
-            MetricsUploadWarning,
-            stacklevel=2,
-        )
+            warnings.warn(message, MetricsUploadWarning, stacklevel=2)
