@@ -24,7 +24,7 @@ import torch
 from tests.helpers import make_trainer
 from trainbus import Callback
 from trainbus.loggers import HTTPMetricsUploader, InMemoryLogger, MetricsUploadWarning
-from trainbus.loggers.http_uploader import _retry_after
+from trainbus.loggers._delivery import retry_after
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = {"backoff": 0.001, "max_backoff": 0.01, "flush_interval": 0.05}
@@ -471,10 +471,10 @@ async def test_retry_after_is_honoured(
 
 
 def test_retry_after_parsing() -> None:
-    assert _retry_after("3") == 3.0
-    assert _retry_after(None) == 0.0 and _retry_after("soon") == 0.0 and _retry_after("-1") == 0.0
+    assert retry_after("3") == 3.0
+    assert retry_after(None) == 0.0 and retry_after("soon") == 0.0 and retry_after("-1") == 0.0
     in_ten = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 10))
-    assert 8 < _retry_after(in_ten) <= 10
+    assert 8 < retry_after(in_ten) <= 10
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])

@@ -74,9 +74,10 @@ class ProgressBar(LoggerDestination):
 
     There is one bar per epoch, or one bar for the whole run when ``max_duration`` is
     in batches. The bar advances at ``BATCH_CHECKPOINT``, right after ``BATCH_END`` but
-    not a barrier, so training never waits for the terminal at the end of a batch. The postfix shows ``loss`` (from the ``loss/train`` values the trainer
-    logs, which a progress bar receives as a :class:`~trainbus.LoggerDestination`) and
-    the latest evaluation metrics. Passed among ``callbacks`` of a trainer with no
+    not a barrier, so training never waits for the terminal at the end of a batch. The
+    postfix shows ``loss`` (from the ``loss/train`` values the trainer logs, which a
+    progress bar receives as a :class:`~trainbus.LoggerDestination`) and the latest
+    evaluation metrics. Passed among ``callbacks`` of a trainer with no
     loggers, it reads ``state.loss`` instead when its value is already on the host.
 
     Args:
