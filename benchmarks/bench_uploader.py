@@ -6,6 +6,8 @@ points to a local HTTP server (benchmarks/latency_server.py) that answers every 
 after 20 ms. Scenarios, run in one process with repetitions interleaved:
 
     none            trainbus, no callbacks and no loggers (no upload at all)
+    log-only        the trainer logs loss/train to a no-op async destination: the cost of
+                    logging itself, which every uploader scenario pays too
     uploader        HTTPMetricsUploader (batch_size=100, flush_interval=1 s): batches of
                     points POSTed by its sender task on the event loop (httpx)
     uploader-b1     the same with batch_size=1: one request per point, like the sync ones
@@ -21,7 +23,7 @@ Reported per scenario (median over repetitions, min-max in brackets):
                     flush of what is left, so the last points are on the server)
     requests        POSTs the server answered in the last repetition
 
-and the ratio of each scenario's train time to the no-upload baseline. The server's
+and each scenario's train time relative to ``none`` and its extra ms over ``log-only``. The server's
 handler sends with TCP_NODELAY: with Nagle's algorithm on, a keep-alive client (httpx)
 waits ~40 ms more per request for a delayed ACK, which urllib's one-shot connections
 do not, and the comparison would measure that instead.
@@ -43,12 +45,12 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import workloads  # noqa: E402
-from latency_server import LatencyServer, _Handler  # noqa: E402
+import workloads
+from latency_server import LatencyServer, _Handler
 
-import trainbus  # noqa: E402
-from trainbus import Callback, Trainer  # noqa: E402
-from trainbus.loggers import HTTPMetricsUploader  # noqa: E402
+import trainbus
+from trainbus import Callback, Trainer
+from trainbus.loggers import HTTPMetricsUploader
 
 
 class _NoDelayHandler(_Handler):
@@ -62,7 +64,7 @@ class SyncPost(Callback):
         self.url = url
 
     def batch_end(self, state: Any, logger: Any) -> None:
-        workloads.post_metrics(self.url, int(state.timer.batch), float(state.loss))
+        workloads.post_metrics(self.url, int(state.timer.batch), state.loss.item())
 
 
 class BlockingSyncPost(SyncPost):
@@ -70,7 +72,14 @@ class BlockingSyncPost(SyncPost):
 
     @trainbus.blocking
     def batch_end(self, state: Any, logger: Any) -> None:
-        workloads.post_metrics(self.url, int(state.timer.batch), float(state.loss))
+        workloads.post_metrics(self.url, int(state.timer.batch), state.loss.item())
+
+
+class NullDestination(trainbus.LoggerDestination):
+    """Receives every record on a loop lane and drops it."""
+
+    async def log_record(self, record: trainbus.LogRecord) -> None:
+        return None
 
 
 class FitEndClock(Callback):
@@ -90,6 +99,7 @@ Setup = Callable[[], tuple[list[Callback], list[trainbus.LoggerDestination]]]
 def scenarios(url: str) -> dict[str, Setup]:
     return {
         "none": lambda: ([], []),
+        "log-only": lambda: ([], [NullDestination()]),
         "uploader": lambda: ([], [HTTPMetricsUploader(url, batch_size=100)]),
         "uploader-b1": lambda: ([], [HTTPMetricsUploader(url, batch_size=1)]),
         "sync-thread": lambda: ([SyncPost(url)], []),
@@ -140,15 +150,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base = statistics.median(train["none"])
     print(f"{len(w.batches)} batches of MLP 256-512-10, batch 64, 1 torch thread; "
           f"server latency {args.latency_ms:g} ms; {args.reps} reps (median [min-max])")
+    log_only = statistics.median(train["log-only"])
     print(f"{'scenario':<15}{'train ms/batch':>24}{'total ms/batch':>24}{'requests':>10}"
-          f"{'train vs none':>15}")
+          f"{'vs none':>9}{'+ms vs log-only':>17}")
     report: dict[str, Any] = {}
     for name in table:
         tm, ttm = statistics.median(train[name]), statistics.median(total[name])
         span = f"[{min(train[name]):.2f}-{max(train[name]):.2f}]"
         tspan = f"[{min(total[name]):.2f}-{max(total[name]):.2f}]"
         print(f"{name:<15}{tm:>9.3f} {span:>14}{ttm:>9.3f} {tspan:>14}{requests[name]:>10}"
-              f"{tm / base:>14.2f}x")
+              f"{tm / base:>8.2f}x{tm - log_only:>+17.3f}")
         report[name] = {"train_ms": train[name], "total_ms": total[name],
                         "requests": requests[name]}
     sync = statistics.median(train["sync-blocking"])

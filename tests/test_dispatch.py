@@ -272,8 +272,43 @@ def test_d2_plain_handlers_of_eight_callbacks_are_all_inside_at_once() -> None:
             meeting.wait()
             met.append(batch_of(state))
 
-    make_trainer(2, callbacks=[Meet() for _ in range(8)]).fit_sync()
-    assert sorted(met) == [1] * 8 + [2] * 8
+    # One batch: a plain handler that once ran fast may later run inline (see below).
+    make_trainer(1, callbacks=[Meet() for _ in range(8)]).fit_sync()
+    assert met == [1] * 8
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: a plain handler measured fast once runs inline on the training thread "
+    "from then on, so when it later blocks, publishing waits for it (D3) and the other "
+    "callbacks' handlers of that event are not even queued until it returns (D2)",
+)
+@pytest.mark.anyio
+async def test_d2_d3_plain_handler_that_was_fast_once_still_runs_concurrently() -> None:
+    partners = 3
+    arrived = [threading.Event() for _ in range(partners)]
+    waited: list[bool] = []
+
+    class Waits(Callback):  # fast at batch 1; at batch 2 it waits for its partner's handler
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        def batch_end(self, state: Any, logger: Any) -> None:
+            if batch_of(state) == 2:
+                waited.append(arrived[self.i].wait(0.5))
+
+    class Partner(Callback):
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        async def batch_end(self, state: Any, logger: Any) -> None:
+            if batch_of(state) == 2:
+                arrived[self.i].set()
+
+    cbs: list[Callback] = [Waits(i) for i in range(partners)]
+    cbs += [Partner(i) for i in range(partners)]
+    await fit(make_trainer(2, callbacks=cbs, warn_slow_callbacks=False))
+    assert waited == [True] * partners
 
 
 # --- D3 overlap -------------------------------------------------------------------------
@@ -1001,12 +1036,21 @@ async def test_d11_cancelling_fit_stops_training_closes_and_propagates(
     witness, log = Witness(), EventLog()  # log: a plain callback, on a thread lane
     parked = anyio.Event()
 
-    class Hang(Closes):
+    class Hang(Callback):  # all async: a loop lane (plain close: see the xfail test below)
+        def __init__(self) -> None:
+            self.closed = self.post_closed = 0
+
         async def batch_end(self, state: Any, logger: Any) -> None:
             await anyio.sleep(0)
             if batch_of(state) == 2:  # the producer waits at this barrier until cancelled
                 parked.set()
                 await anyio.sleep_forever()
+
+        async def close(self, state: Any, logger: Any) -> None:
+            self.closed += 1
+
+        async def post_close(self) -> None:
+            self.post_closed += 1
 
     hang = Hang()
     trainer = make_trainer(5, callbacks=[witness, hang, log])
@@ -1023,29 +1067,28 @@ async def test_d11_cancelling_fit_stops_training_closes_and_propagates(
             await parked.wait()
             tg.cancel_scope.cancel()
     else:
-        scope: anyio.CancelScope
-        if how == "cancel-scope":
-            scope = anyio.CancelScope()
-        elif how == "fail-after":
-            scope = anyio.fail_after(math.inf)  # type: ignore[assignment]
-        else:
-            scope = anyio.move_on_after(math.inf)
+        scopes: list[anyio.CancelScope] = []
 
         async def expire() -> None:
             await parked.wait()
             if how == "cancel-scope":
-                scope.cancel()
+                scopes[0].cancel()
             else:
-                scope.deadline = anyio.current_time()
+                scopes[0].deadline = anyio.current_time()
 
         with anyio.fail_after(WATCHDOG):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(expire)
                 if how == "fail-after":
-                    with pytest.raises(TimeoutError), scope:
-                        await run_fit()
+                    with pytest.raises(TimeoutError):
+                        with anyio.fail_after(math.inf) as scope:
+                            scopes.append(scope)
+                            await run_fit()
                 else:
-                    with scope:
+                    with anyio.CancelScope() if how == "cancel-scope" else anyio.move_on_after(
+                        math.inf
+                    ) as scope:
+                        scopes.append(scope)
                         await run_fit()
                     assert scope.cancelled_caught
     assert not returned  # the cancellation propagated out of fit()

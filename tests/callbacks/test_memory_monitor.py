@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.helpers import make_trainer
+from trainbus._callback import resolve_callback
 from trainbus.callbacks import MemoryMonitor
 from trainbus.loggers import InMemoryLogger
 
@@ -50,6 +51,13 @@ def test_without_psutil_reads_proc_on_linux(monkeypatch: pytest.MonkeyPatch) -> 
     values = logs.get_timeseries("memory/rss_gb")["memory/rss_gb"]
     assert len(values) == 2
     assert values[-1] == pytest.approx(rss_gb(), rel=0.2)
+
+
+def test_handlers_are_blocking_so_no_thread_is_woken_per_batch() -> None:
+    table = resolve_callback(MemoryMonitor())
+    assert {e.value for e in table.handlers} == {"fit_start", "batch_end", "epoch_end"}
+    assert all(h.is_blocking and not h.is_async for h in table.handlers.values())
+    assert not table.has_sync
 
 
 def test_bad_interval_names_the_argument() -> None:

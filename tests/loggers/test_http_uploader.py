@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ from tests.helpers import make_trainer
 from trainbus import Callback
 from trainbus.loggers import HTTPMetricsUploader, InMemoryLogger, MetricsUploadWarning
 from trainbus.loggers._delivery import retry_after
+from trainbus.loggers._spool import Batch, Spool
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = {"backoff": 0.001, "max_backoff": 0.01, "flush_interval": 0.05}
@@ -112,7 +115,8 @@ class MetricsServer:
 
     def listen(self) -> None:
         self._server.server_activate()
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.01,), daemon=True)
+        serve = self._server.serve_forever
+        self._thread = threading.Thread(target=serve, args=(0.01,), daemon=True)
         self._thread.start()
 
     def receive(self, headers: dict[str, str], body: Any) -> Reply:
@@ -180,8 +184,9 @@ def logged_points(memory: InMemoryLogger) -> Counter[tuple[str, int]]:
 
 
 def batch_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.iterdir() if p.name.endswith(".json")
-                  and not p.name.endswith(".rejected.json"))
+    """Spool files of undelivered batches (not temporary files, not refused batches)."""
+    return sorted(p for p in directory.iterdir() if p.name.startswith("batch-")
+                  and p.name.endswith(".json") and not p.name.endswith(".rejected.json"))
 
 
 # -- delivery ------------------------------------------------------------------------------
@@ -191,7 +196,8 @@ def batch_files(directory: Path) -> list[Path]:
 async def test_flaky_server_gets_every_point_exactly_once(
     anyio_backend: str, servers: Callable[..., MetricsServer]
 ) -> None:
-    rng = random.Random(1234)
+    rng = random.Random(1234)  # its first 23 draws (there are >= 23 batches) hold a drop,
+    # a stored-then-dropped answer and 503s, so every failure path is taken in every run
 
     def flaky(n: int, request: Request) -> Reply:
         r = rng.random()
@@ -214,9 +220,11 @@ async def test_flaky_server_gets_every_point_exactly_once(
     assert server.points() == expected
     assert server.conflicts == []  # every retry of a key carried the same points
     replies = [r.reply for r in server.requests]
-    assert any(r.drop and r.accept for r in replies) and any(r.status == 503 for r in replies)
+    assert any(r.drop and r.accept for r in replies)
+    assert any(r.status == 503 for r in replies)
     stats = uploader.statistics()
-    assert stats.points_sent == 180 and stats.pending_points == 0
+    assert stats.points_sent == 180
+    assert stats.pending_points == 0
     assert len(server.requests) == stats.batches_sent + stats.retries
     assert {body["run"] for body in server.accepted.values()} == {trainer.state.run_name}
 
@@ -343,7 +351,8 @@ async def test_server_down_for_the_first_half_everything_arrives_from_the_spool(
     assert all(r.note for r in server.requests)  # each batch was on disk before its 1st try
     for name in while_down["files"]:  # what was spooled while down arrived, then was deleted
         assert any(key in name for key in server.accepted)
-    assert batch_files(spool) == [] and uploader.spooled_batches == 0
+    assert batch_files(spool) == []
+    assert uploader.spooled_batches == 0
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
@@ -380,7 +389,50 @@ async def test_without_spool_close_reports_the_points_lost(
     uploader = HTTPMetricsUploader(down.url, batch_size=100, close_timeout=0.1, **SLOW_FLUSH)
     with pytest.warns(MetricsUploadWarning, match=r"5 points in 1 batch\(es\).*lost"):
         await make_trainer(5, loggers=[uploader]).fit()
-    assert uploader.points_sent == 0 and uploader.retries >= 1
+    assert uploader.points_sent == 0
+    assert uploader.retries >= 1
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_a_spool_that_cannot_be_written_degrades_to_memory(
+    anyio_backend: str, servers: Callable[..., MetricsServer], tmp_path: Path
+) -> None:
+    server = servers()
+    spool = tmp_path / "spool"
+    uploader = HTTPMetricsUploader(server.url, batch_size=2, spool_dir=spool, **SLOW_FLUSH)
+    shutil.rmtree(spool)
+    spool.write_text("")  # a file where the directory was: reading it and 3 writes fail
+    with pytest.warns(MetricsUploadWarning, match=r"4 spool operation\(s\) failed"):
+        await make_trainer(6, loggers=[uploader]).fit()
+    assert sum(server.points().values()) == 6  # sent from memory instead
+    assert uploader.spooled_batches == 0
+
+
+def test_spool_load_recovers_complete_temporary_files_and_sets_aside_broken_ones(
+    tmp_path: Path,
+) -> None:
+    spool = Spool(tmp_path)
+    batches = [Batch(str(uuid.uuid4()), [{"name": "x", "value": float(i), "step": i,
+                                          "wall_time": 0.0}], run="r", seq=i) for i in range(4)]
+    for batch in batches:
+        spool.write(batch)
+    paths = [b.path for b in batches if b.path is not None]
+    assert len(paths) == 4
+    # killed after fsync, before the rename: complete, comes back
+    os.replace(paths[1], tmp_path / f".tmp-0a1b-{paths[1].name}")
+    # killed mid-write: truncated, dropped (never spooled, so never sent either)
+    data = paths[2].read_bytes()
+    (tmp_path / f".tmp-2c3d-{paths[2].name}").write_bytes(data[:-7])
+    paths[2].unlink()
+    paths[3].write_text("{not json")
+
+    loaded, corrupt = spool.load()
+    assert [b.key for b in loaded] == [batches[0].key, batches[1].key]
+    assert loaded[1].points == batches[1].points
+    assert loaded[1].body() == batches[1].body()
+    assert [p.name for p in corrupt] == [paths[3].name + ".corrupt"]
+    assert not list(tmp_path.glob(".tmp-*"))
 
 
 CHILD = """
@@ -416,25 +468,29 @@ async def test_spool_left_by_a_killed_process_is_delivered_by_the_next_run(
         [sys.executable, "-c", CHILD, str(tmp_path)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+    assert child.stdout is not None
+    assert child.stderr is not None
     watchdog = threading.Timer(60, child.kill)
     watchdog.start()
     try:
-        line = await anyio.to_thread.run_sync(child.stdout.readline)  # type: ignore[union-attr]
-        assert line.startswith("spooled"), (line, child.stderr.read())  # type: ignore[union-attr]
+        line = await anyio.to_thread.run_sync(child.stdout.readline)
+        assert line.startswith("spooled"), (line, child.stderr.read())
         child.send_signal(signal.SIGKILL)
         child.wait()
     finally:
         watchdog.cancel()
         child.kill()
         child.wait()
-        child.stdout.close()  # type: ignore[union-attr]
-        child.stderr.close()  # type: ignore[union-attr]
+        child.stdout.close()
+        child.stderr.close()
     assert child.returncode == -signal.SIGKILL
     left = {}
     for path in batch_files(tmp_path):
         record = json.loads(path.read_bytes())
         left[record["idempotency_key"]] = record["body"]
     assert len(left) >= 3
+    # A write the kill interrupted after fsync but before the rename is recovered too.
+    unrenamed = {p.name[-41:-5] for p in tmp_path.glob(".tmp-*")}  # <key>.json
 
     server = servers()
     uploader = HTTPMetricsUploader(server.url, batch_size=5, spool_dir=tmp_path, **FAST)
@@ -442,12 +498,15 @@ async def test_spool_left_by_a_killed_process_is_delivered_by_the_next_run(
     await make_trainer(10, loggers=[memory, uploader], run_name="next").fit()
 
     for key, body in left.items():  # delivered with the key and points written before the kill
-        assert server.accepted[key] == body and body["run"] == "killed"
-    own = [b for k, b in server.accepted.items() if k not in left]
+        assert server.accepted[key] == body
+        assert body["run"] == "killed"
+    killed = {k for k, b in server.accepted.items() if b["run"] == "killed"}
+    assert killed - set(left) <= unrenamed
+    own = [b for b in server.accepted.values() if b["run"] == "next"]
     assert Counter((p["name"], p["step"]) for b in own for p in b["points"]) == \
         logged_points(memory)
-    assert uploader.statistics().recovered_batches == len(left)
-    assert batch_files(tmp_path) == []
+    assert uploader.statistics().recovered_batches == len(killed)
+    assert list(tmp_path.iterdir()) == []
 
 
 # -- failures ------------------------------------------------------------------------------
@@ -466,13 +525,16 @@ async def test_retry_after_is_honoured(
                                    flush_interval=0.05)
     await make_trainer(1, loggers=[uploader]).fit()
     first, second = server.requests
-    assert first.key == second.key and uploader.retries == 1
+    assert first.key == second.key
+    assert uploader.retries == 1
     assert second.at - first.at >= 0.95  # backoff alone would wait 2 ms at most
 
 
 def test_retry_after_parsing() -> None:
     assert retry_after("3") == 3.0
-    assert retry_after(None) == 0.0 and retry_after("soon") == 0.0 and retry_after("-1") == 0.0
+    assert retry_after(None) == 0.0
+    assert retry_after("soon") == 0.0
+    assert retry_after("-1") == 0.0
     in_ten = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 10))
     assert 8 < retry_after(in_ten) <= 10
 
@@ -509,7 +571,8 @@ async def test_credentials_go_only_to_the_configured_host(
     await make_trainer(3, loggers=[uploader]).fit()
 
     assert all(r.headers["authorization"] == "Bearer s3cret" for r in origin.requests)
-    assert sum(target.points().values()) == 3 and uploader.points_sent == 3
+    assert sum(target.points().values()) == 3
+    assert uploader.points_sent == 3
     for request in target.requests:
         assert ("authorization" in request.headers) is keeps_credentials
         assert ("x-api-key" in request.headers) is keeps_credentials

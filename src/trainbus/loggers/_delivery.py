@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,9 +34,9 @@ __all__ = [
     "MetricsUploadWarning",
     "Signal",
     "UploaderStatistics",
+    "Unreported",
     "backoff_delay",
     "post_batch",
-    "rejected_message",
     "retry_after",
     "retryable",
     "undelivered_message",
@@ -146,22 +146,41 @@ async def post_batch(
     return await client.post(target, content=body, headers=sent)
 
 
-def rejected_message(
-    url: str, batches: int, points: int, statuses: set[int], spool: Path | None,
-    last_error: str | None,
-) -> str:
-    """The warning for batches the server refused."""
-    codes = ", ".join(str(s) for s in sorted(statuses))
-    kept = (
-        f"their bodies are kept as *.rejected.json in spool_dir={str(spool)!r}"
-        if spool is not None
-        else "they were dropped (pass spool_dir=... to keep refused batches)"
-    )
-    return (
-        f"HTTPMetricsUploader: {url} refused {batches} batch(es) ({points} points) with "
-        f"HTTP {codes}; they were not retried and {kept}. Last response: {last_error}. "
-        "Check the URL, the headers (credentials) and the wire format the server expects"
-    )
+@dataclass
+class Unreported:
+    """Refusals and failed spool reads/writes since the last ``close`` report."""
+
+    rejected_batches: int = 0
+    rejected_points: int = 0
+    statuses: set[int] = field(default_factory=set)
+    spool_failures: int = 0
+
+    def messages(self, url: str, spool: Path | None, last_error: str | None) -> list[str]:
+        """The warnings to emit (one per kind of problem); resets the counts."""
+        out = []
+        if self.rejected_batches:
+            codes = ", ".join(str(s) for s in sorted(self.statuses))
+            kept = (
+                f"their bodies are kept as *.rejected.json in spool_dir={str(spool)!r}"
+                if spool is not None
+                else "they were dropped (pass spool_dir=... to keep refused batches)"
+            )
+            out.append(
+                f"HTTPMetricsUploader: {url} refused {self.rejected_batches} batch(es) "
+                f"({self.rejected_points} points) with HTTP {codes}; they were not retried "
+                f"and {kept}. Last response: {last_error}. Check the URL, the headers "
+                "(credentials) and the wire format the server expects"
+            )
+        if self.spool_failures:
+            out.append(
+                f"HTTPMetricsUploader: {self.spool_failures} spool operation(s) failed in "
+                f"spool_dir={str(spool)!r} (last error: {last_error}); the batches concerned "
+                "were kept in memory only, and files of earlier runs may not have been "
+                "resent. Free space or fix the directory's permissions"
+            )
+        self.rejected_batches = self.rejected_points = self.spool_failures = 0
+        self.statuses.clear()
+        return out
 
 
 def undelivered_message(

@@ -46,6 +46,7 @@ class Batch:
         created_ns: ``time.time_ns()`` when the batch was sealed (orders the spool).
         seq: The seal order within the process (breaks ties in the spool's order).
         path: The spool file, once written.
+        unspoolable: Writing the spool file failed; the batch is sent from memory.
     """
 
     key: str
@@ -54,6 +55,7 @@ class Batch:
     created_ns: int = field(default_factory=time.time_ns)
     seq: int = 0
     path: Path | None = None
+    unspoolable: bool = False
     _body: bytes | None = field(default=None, repr=False)
 
     @property
@@ -97,7 +99,7 @@ class Spool:
     def write(self, batch: Batch) -> None:
         """Write ``batch`` durably and set ``batch.path``; writing it again is harmless."""
         final = self.directory / self._name(batch)
-        tmp = self.directory / f"{_TMP_PREFIX}{uuid.uuid4().hex}-{final.name}"
+        tmp = self.directory / f"{_TMP_PREFIX}{uuid.uuid4().hex}-{final.name}"  # ".tmp-<hex>-"
         record = {
             "format": _FORMAT,
             "idempotency_key": batch.key,
@@ -133,16 +135,21 @@ class Spool:
     def load(self) -> tuple[list[Batch], list[Path]]:
         """The spooled batches, oldest first, and the unreadable files (renamed ``.corrupt``).
 
-        Temporary files left by a process killed mid-write are deleted: the batch they
-        held was never spooled, so it was never sent either.
+        A temporary file left by a process killed between writing and renaming it is
+        renamed and loaded if it is complete (its batch was never sent), else deleted.
         """
+        for path in list(self.directory.iterdir()):
+            if path.name.startswith(_TMP_PREFIX):
+                final = path.with_name(path.name.split("-", 2)[2])
+                try:
+                    self._read(path, final.name)
+                    os.replace(path, final)
+                except (OSError, ValueError, KeyError, TypeError):
+                    path.unlink(missing_ok=True)
         batches: list[Batch] = []
         corrupt: list[Path] = []
         for path in sorted(self.directory.iterdir()):
             name = path.name
-            if name.startswith(_TMP_PREFIX):
-                path.unlink(missing_ok=True)
-                continue
             if not name.startswith("batch-") or not name.endswith(_SUFFIX):
                 continue
             if name.endswith(_REJECTED):
@@ -155,12 +162,12 @@ class Spool:
                 corrupt.append(target)
         return batches, corrupt
 
-    def _read(self, path: Path) -> Batch:
+    def _read(self, path: Path, name: str | None = None) -> Batch:
         record = json.loads(path.read_bytes())
         body = record["body"]
         if record.get("format") != _FORMAT or not isinstance(body["points"], list):
             raise ValueError(f"{path} is not a spool file of format {_FORMAT}")
-        _, created, seq, _ = path.name.split("-", 3)
+        _, created, seq, _ = (name or path.name).split("-", 3)
         return Batch(
             key=str(record["idempotency_key"]),
             points=body["points"],

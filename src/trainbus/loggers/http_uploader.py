@@ -1,45 +1,26 @@
 """``HTTPMetricsUploader``: batches logged metrics and POSTs them, with retries and a spool.
 
-Wire format (SPEC section 5): ``POST url`` with the JSON body ``{"run": str, "points":
-[{"name": str, "value": float, "step": int, "wall_time": float}]}`` and an
-``Idempotency-Key`` header, drawn (uuid4) when the batch is sealed and the same on every
-retry of it, also after a restart from the spool. A server that keeps the first request
-per key therefore never stores a point twice.
+Wire format (SPEC section 5): ``POST url``, JSON body ``{"run": str, "points": [{"name",
+"value", "step", "wall_time"}]}``, header ``Idempotency-Key``: a uuid4 drawn when the batch
+is sealed, the same on every retry and after a restart from the spool, so a server that
+keeps the first request per key never stores a point twice. ``docs/loggers.md`` has the
+whole contract; ``_delivery.py`` the retry and redirect rules; ``_spool.py`` the files.
 
-How it runs
------------
-Three pieces of code, all on the event loop, none on the training thread:
-
-- ``log_record`` (the destination's lane) appends one point per numeric metric to a
-  buffer and seals a batch each time the buffer holds ``batch_size`` points. It does no
-  I/O at all.
-- ``background`` (a task for the whole ``fit()``) runs two coroutines: the *stager*,
-  which seals the partial buffer every ``flush_interval`` and, with ``spool_dir``,
-  writes each sealed batch to disk in a worker thread (``anyio.to_thread``); and the
-  *sender*, which POSTs the oldest batch, retries it with backoff, and with
-  ``spool_dir`` sends only batches already on disk, so a batch is spooled before its
-  first attempt. Batches are delivered one at a time, oldest first.
-- ``close`` seals the rest, wakes a sender sleeping in backoff, waits up to
-  ``close_timeout`` for delivery and reports what is left (see below).
+How it runs, all on the event loop: ``log_record`` appends points to a buffer and seals
+a batch per ``batch_size`` points (no I/O). ``background`` runs the *stager* (seals the
+partial buffer every ``flush_interval``, writes sealed batches to the spool in a worker
+thread, times ``close``) and the *sender* (POSTs the oldest batch until a 2xx or a
+refusal; with a spool, only batches already on disk, so each is spooled before its first
+attempt). ``close`` seals the rest, waits up to ``close_timeout`` and reports.
 
 Why ``log_record`` is ``async def``: the uploader's handlers are then all coroutines, so
-its lane is a loop lane. The buffer, the outbox and the wake-up signal are only ever
-touched from the loop thread, so they need no locks and the sender can be woken with a
-plain ``anyio.Event`` (which is not thread-safe). A plain ``def log_record`` would put the
-uploader on a thread lane of its own: one more thread, a GIL hand-off per record, and a
-thread-safe hand-off (``call_soon_threadsafe`` plus a lock shared with the flush timer)
-for every batch. The only blocking work, the spool's ``fsync``, runs in a worker thread.
-The uploader handles no events, so the training thread never waits for it at a barrier.
-
-Failures
---------
-Connection errors, timeouts, 408, 429 and 5xx are retried with jittered exponential
-backoff, honouring ``Retry-After`` (policy and redirect rules: ``_delivery.py``). Other
-statuses are refusals: not retried, counted, kept as ``*.rejected.json`` in the spool,
-and reported by ``close`` in one :class:`MetricsUploadWarning`. Batches still undelivered
-when ``close_timeout`` runs out stay in the spool (with their keys) for the next uploader
-started on it; without ``spool_dir`` ``close`` warns how many points would be lost.
-See ``docs/loggers.md`` for the whole contract.
+its lane is a loop lane. The buffer, the outbox and the wake-up signal are only touched
+from the loop thread: no locks, and the sender is woken with a plain ``anyio.Event``
+(not thread-safe). A plain ``def log_record`` would give the uploader a thread of its
+own, a GIL hand-off per record, and a thread-safe hand-off (``call_soon_threadsafe`` plus
+a lock shared with the flush timer) per batch. The only blocking work, the spool's
+``fsync``, runs in a worker thread; and the uploader handles no events, so the training
+thread never waits for it at a barrier.
 """
 
 from __future__ import annotations
@@ -61,10 +42,10 @@ from trainbus._logger import LoggerDestination, LogRecord
 from trainbus.loggers._delivery import (
     MetricsUploadWarning,
     Signal,
+    Unreported,
     UploaderStatistics,
     backoff_delay,
     post_batch,
-    rejected_message,
     retry_after,
     retryable,
     undelivered_message,
@@ -111,8 +92,10 @@ def _positive(name: str, value: Any, example: str) -> float:
 class HTTPMetricsUploader(LoggerDestination):
     """Uploads logged metrics in batches over HTTP, retrying until the server has them.
 
-    Requires the ``http`` extra (``pip install 'trainbus[http]'``). See the module
-    docstring for the wire format, the retry policy and what ``close`` reports.
+    Requires the ``http`` extra (``pip install 'trainbus[http]'``). Connection errors,
+    timeouts, 408, 429 and 5xx are retried with backoff (honouring ``Retry-After``);
+    other statuses are refusals, not retried and reported by ``close``. The section
+    "HTTPMetricsUploader" of ``docs/loggers.md`` gives the whole contract.
 
     Args:
         url: The endpoint that receives ``POST`` requests (``http`` or ``https``).
@@ -196,6 +179,9 @@ class HTTPMetricsUploader(LoggerDestination):
         self.headers = dict(headers or {})
         self.run_name = run_name
         self._url = parsed
+        # Built once, here: an SSL context costs ~20 ms of GIL-holding work, which every
+        # AsyncClient would otherwise repeat at the start of each fit, beside training.
+        self._ssl_context = httpx.create_ssl_context()
         self._spool = Spool(spool_dir) if spool_dir is not None else None
         self._rng = random.Random()
         self._seq = itertools.count()
@@ -209,9 +195,8 @@ class HTTPMetricsUploader(LoggerDestination):
         self._close_deadline = math.inf
         self._state_run = "run"
         self.points_sent = self.batches_sent = self.retries = self.spooled_batches = 0
-        self._rejected = self._rejected_points = self._recovered = self._skipped = 0
-        self._reported = (0, 0)  # rejected batches and points already warned about
-        self._rejected_statuses: set[int] = set()
+        self._rejected = self._recovered = self._skipped = 0
+        self._unreported = Unreported()
         self._last_error: str | None = None
 
     # -- what training calls -----------------------------------------------------------------
@@ -241,7 +226,9 @@ class HTTPMetricsUploader(LoggerDestination):
         try:
             if self._spool is not None:
                 await self._recover(self._spool)
-            client = httpx.AsyncClient(timeout=self.timeout, follow_redirects=False)
+            client = httpx.AsyncClient(
+                verify=self._ssl_context, timeout=self.timeout, follow_redirects=False
+            )
             async with client, anyio.create_task_group() as tg:
                 tg.start_soon(self._stager, signal)
                 await self._sender(client, signal)
@@ -314,7 +301,12 @@ class HTTPMetricsUploader(LoggerDestination):
             batch.run = self.run_name if self.run_name is not None else self._state_run
 
     async def _recover(self, spool: Spool) -> None:
-        batches, corrupt = await anyio.to_thread.run_sync(spool.load)
+        try:
+            batches, corrupt = await anyio.to_thread.run_sync(spool.load)
+        except OSError as exc:  # an unreadable spool must not stop training either
+            self._unreported.spool_failures += 1
+            self._last_error = f"reading the spool: {exc}"
+            return
         fresh = [b for b in batches if b.key not in self._keys]
         for batch in reversed(fresh):  # older than anything sealed by this run
             self._outbox.appendleft(batch)
@@ -335,9 +327,15 @@ class HTTPMetricsUploader(LoggerDestination):
             if self._spool is not None and self._to_spool:
                 batch = self._to_spool[0]
                 self._prepare(batch)
-                await anyio.to_thread.run_sync(self._spool.write, batch)
+                try:
+                    await anyio.to_thread.run_sync(self._spool.write, batch)
+                except OSError as exc:  # a full disk must not stop training: send from memory
+                    batch.unspoolable = True
+                    self._unreported.spool_failures += 1
+                    self._last_error = f"writing the spool: {exc}"
+                else:
+                    self.spooled_batches += 1
                 self._to_spool.popleft()  # only now: a cancelled write is redone next time
-                self.spooled_batches += 1
                 signal.notify()
                 continue
             self._check_close(now)
@@ -360,7 +358,7 @@ class HTTPMetricsUploader(LoggerDestination):
     async def _sender(self, client: httpx.AsyncClient, signal: Signal) -> None:
         while True:
             batch = self._outbox[0] if self._outbox else None
-            if batch is None or (self._spool is not None and not batch.spooled):
+            if batch is None or (self._spool and not (batch.spooled or batch.unspoolable)):
                 await signal.wait()
                 continue
             self._prepare(batch)
@@ -377,8 +375,9 @@ class HTTPMetricsUploader(LoggerDestination):
                     await anyio.to_thread.run_sync(spool.set_aside, batch)
                     self.spooled_batches -= 1
                 self._rejected += 1
-                self._rejected_points += len(batch.points)
-                self._rejected_statuses.add(status)
+                self._unreported.rejected_batches += 1
+                self._unreported.rejected_points += len(batch.points)
+                self._unreported.statuses.add(status)
             self._outbox.remove(batch)
             self._keys.discard(batch.key)
             signal.notify()
@@ -417,13 +416,7 @@ class HTTPMetricsUploader(LoggerDestination):
 
     def _report(self) -> None:
         spool = self._spool.directory if self._spool is not None else None
-        batches = self._rejected - self._reported[0]
-        if batches:
-            points = self._rejected_points - self._reported[1]
-            self._reported = (self._rejected, self._rejected_points)
-            message = rejected_message(
-                self.url, batches, points, self._rejected_statuses, spool, self._last_error
-            )
+        for message in self._unreported.messages(self.url, spool, self._last_error):
             warnings.warn(message, MetricsUploadWarning, stacklevel=2)
         if self._outbox:
             points = sum(len(b.points) for b in self._outbox)

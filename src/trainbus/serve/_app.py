@@ -6,7 +6,8 @@ Routes::
     GET    /jobs               every job's status                              200
     GET    /jobs/{id}          status, progress and latest metrics             200 / 404
     GET    /jobs/{id}/events   server-sent events until the job closes         200 / 404
-                               (?since=N, or Last-Event-ID: replay from item N)
+                               (?since=N, or Last-Event-ID: replay from item N;
+                                ?buffer=N: this client's server-side buffer)
     DELETE /jobs/{id}          cancel (waits until its callbacks closed)       200 / 404
     GET    /healthz            liveness                                        200
 
@@ -121,6 +122,23 @@ async def cancel_job(request: Request) -> Response:
     return JSONResponse(job.to_dict())
 
 
+_MAX_CLIENT_BUFFER = 100_000
+
+
+def _buffer(request: Request) -> int | JSONResponse | None:
+    """This client's buffer: ``?buffer=N`` (1 to 100000), or the app's default."""
+    raw = request.query_params.get("buffer")
+    if raw is None:
+        return None
+    try:
+        size = int(raw)
+    except ValueError:
+        size = 0
+    if not 1 <= size <= _MAX_CLIENT_BUFFER:
+        return _error(400, f"buffer={raw!r} must be an int from 1 to {_MAX_CLIENT_BUFFER}")
+    return size
+
+
 def _since(request: Request) -> int | JSONResponse:
     """Where a stream starts: ``?since=N``, after ``Last-Event-ID``, or the kept history."""
     last = request.headers.get("last-event-id")
@@ -143,7 +161,8 @@ async def job_events(request: Request) -> Response:
     """``GET /jobs/{id}/events``: the job's stream as server-sent events, then ``end``.
 
     The stream starts with what the job's stream still keeps (from ``?since=N`` or
-    after ``Last-Event-ID``), then follows the job live.
+    after ``Last-Event-ID``), then follows the job live. ``?buffer=N`` sets how many
+    items may wait for this client before its oldest are dropped.
     """
     job = _job(request)
     if isinstance(job, Response):
@@ -151,8 +170,11 @@ async def job_events(request: Request) -> Response:
     since = _since(request)
     if isinstance(since, Response):
         return since
+    buffer = _buffer(request)
+    if isinstance(buffer, Response):
+        return buffer
     # Subscribe before the response starts, so that nothing published in between is lost.
-    sub = job.stream.subscribe(since=since)
+    sub = job.stream.subscribe(since=since, buffer_size=buffer)
     return StreamingResponse(
         _sse_body(job, sub), media_type="text/event-stream", headers=_SSE_HEADERS
     )
