@@ -453,7 +453,9 @@ async def test_d4_max_lag_lets_handlers_trail_by_k_batches_and_never_more(max_la
             self.lag[m] = progress.batches - m
 
     lagging = Lagging()
-    trainer = make_trainer(n, callbacks=[progress, lagging], max_lag=max_lag)
+    trainer = make_trainer(
+        n, callbacks=[progress, lagging], max_lag=max_lag, warn_slow_callbacks=False
+    )
     await fit(trainer)
     assert lagging.lag == {m: min(max_lag, n - m) for m in range(1, n + 1)}
 
@@ -1334,12 +1336,14 @@ async def test_statistics_after_a_run() -> None:
     await fit(trainer)
     stats = trainer.engine.statistics()
     plain, coro, dest = stats.callbacks
-    assert [c.name for c in stats.callbacks] == ["EventLog", "AsyncCount", "InMemoryLogger"]
+    names = [c.name.rsplit(".", 1)[-1] for c in stats.callbacks]  # class __qualname__s
+    assert names == ["EventLog", "AsyncCount", "InMemoryLogger"]
     assert [c.on_thread for c in stats.callbacks] == [True, False, True]
     assert plain.handled == len(log.events) == len(expected(n))
     assert 0 <= plain.inline <= plain.handled
     assert coro.handled == 2 * n
-    assert coro.slowest == "AsyncCount.batch_end" and coro.max_time >= 0.01
+    assert coro.slowest is not None and coro.slowest.endswith("AsyncCount.batch_end")
+    assert coro.max_time >= 0.01
     assert coro.total_time >= coro.max_time
     assert dest.handled == len(memory.get_timeseries("loss/train")["step"]) == n
     assert stats.events_published == len(expected(n)) and stats.batches == n
@@ -1355,7 +1359,7 @@ async def test_statistics_after_a_run() -> None:
 
 class Sluggish(Callback):
     def batch_end(self, state: Any, logger: Any) -> None:
-        time.sleep(0.02)  # far longer than a batch of TinyModel
+        time.sleep(0.1)  # far longer than a batch of TinyModel, even on a loaded machine
 
 
 @pytest.mark.xfail(
@@ -1365,7 +1369,7 @@ class Sluggish(Callback):
     "those very handlers at the barrier (and handlers still running count nothing)",
 )
 def test_slow_callback_warning_names_the_callback_and_event_once() -> None:
-    trainer = make_trainer(8, callbacks=[Sluggish()])
+    trainer = make_trainer(5, callbacks=[Sluggish()])  # checked at batches 2-4
     with pytest.warns(SlowCallbackWarning) as record:
         trainer.fit_sync()
     slow = [w for w in record if issubclass(w.category, SlowCallbackWarning)]
@@ -1374,7 +1378,7 @@ def test_slow_callback_warning_names_the_callback_and_event_once() -> None:
 
 
 def test_no_slow_callback_warning_when_disabled() -> None:
-    make_trainer(8, callbacks=[Sluggish()], warn_slow_callbacks=False).fit_sync()
+    make_trainer(5, callbacks=[Sluggish()], warn_slow_callbacks=False).fit_sync()
 
 
 @pytest.mark.anyio

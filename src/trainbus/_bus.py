@@ -428,6 +428,20 @@ class EventBus(LoopSide):
         return collect_statistics(self)
 
     def _submit_log(self, record: LogRecord) -> None:
+        """Queue ``record`` on every destination's lane (any thread).
+
+        Records the training thread logs count against ``queue_size`` like events (D12):
+        a destination that falls behind makes the training thread wait. Records logged
+        from handlers never wait (that could block the loop); they are bounded by the
+        handlers that log them.
+        """
+        producer = self.is_producer()
         for lane in self._destinations:
-            lane.pending.append((LOG, record))
+            if producer:
+                if lane.enq - lane.done >= self.queue_size:
+                    self._wait([(lane, lane.enq - self.queue_size + 1)], backpressure=True)
+                lane.pending.append((LOG, record, True))
+                lane.enq += 1
+            else:
+                lane.pending.append((LOG, record, False))
             self._wake(lane)

@@ -34,11 +34,11 @@ if TYPE_CHECKING:
     from trainbus._bus import EventBus
     from trainbus._logger import LogRecord
 
-__all__ = ["CALL", "EVENT", "LOG", "STOP", "Lane", "Slot", "finish_event", "thread_driver"]
+__all__ = ["CALL", "EVENT", "LOG", "STOP", "Lane", "Slot", "count_done", "finish_event", "thread_driver"]
 
 # Work item kinds; items are tuples whose first element is the kind.
 EVENT = 0  # (EVENT, slot, state_view, logger)
-LOG = 1  # (LOG, record)
+LOG = 1  # (LOG, record, counted): counted when the producer logged it (D12)
 CALL = 2  # (CALL, fn, is_async, on_done)     fn() or await fn(); then on_done(exc | None)
 STOP = 3  # (STOP,)
 
@@ -164,6 +164,11 @@ def finish_event(
         lane.last_batch = view._ts._batch
         if bus.trace is not None:
             bus.trace.handler(lane.name, slot.event, _perf() - elapsed, elapsed)
+    count_done(bus, lane)
+
+
+def count_done(bus: EventBus, lane: Lane) -> None:
+    """Count one finished item the producer counted in ``lane.enq``."""
     lane.done += 1
     target = lane.wait_target
     if target is not None and lane.done >= target:
@@ -209,6 +214,8 @@ def thread_driver(bus: EventBus, lane: Lane) -> None:
         elif kind == LOG:
             with lock:
                 _deliver_sync(bus, lane, item[1])
+            if item[2]:
+                count_done(bus, lane)
         elif kind == CALL:
             _, fn, is_async, on_done = item
             error: BaseException | None = None

@@ -97,7 +97,7 @@ class TrainingLoop:
         state: State,
         logger: Logger,
         config: LoopConfig,
-        publish: Callable[[Event], None],
+        publish: Callable[..., None],
     ) -> None:
         self.state = state
         self.logger = logger
@@ -127,27 +127,32 @@ class TrainingLoop:
         assert self.config.loss_fn is not None
         return self.config.loss_fn(outputs, batch[1])
 
-    def _forward_loss(self, micro: Any) -> tuple[Any, torch.Tensor]:
+    def _forward_loss(self, micro: Any, lead: tuple[Event, ...]) -> torch.Tensor:
+        """Forward and loss of one microbatch; ``lead`` events are published first.
+
+        Events with nothing computed between them are published together: they share
+        one state snapshot and wake each lane once.
+        """
         publish, state = self.publish, self.state
-        publish(E.BEFORE_FORWARD)
+        publish(*lead, E.BEFORE_FORWARD)
         with self._autocast():
             outputs = self._forward(micro)
         state.outputs = outputs
-        publish(E.AFTER_FORWARD)
-        publish(E.BEFORE_LOSS)
+        publish(E.AFTER_FORWARD, E.BEFORE_LOSS)
         with self._autocast():
             loss = self._loss(outputs, micro)
-        state.loss = DeferredScalar.start(loss)
-        publish(E.AFTER_LOSS)
-        return outputs, loss
+        # Handlers get the loss without its graph: float(state.loss) just works, and the
+        # host copy of a GPU loss starts here, on the training thread (D14).
+        state.loss = DeferredScalar.start(loss.detach())
+        publish(E.AFTER_LOSS, E.BEFORE_BACKWARD)
+        return loss
 
-    def _train_batch(self, batch: Any) -> torch.Tensor:
+    def _train_batch(self, batch: Any, lead: tuple[Event, ...]) -> torch.Tensor:
         state, publish = self.state, self.publish
         total = state.batch_num_samples
         micro_losses = []
-        for micro in split_microbatches(batch, state.grad_accum):
-            _, loss = self._forward_loss(micro)
-            publish(E.BEFORE_BACKWARD)
+        for i, micro in enumerate(split_microbatches(batch, state.grad_accum)):
+            loss = self._forward_loss(micro, lead if i == 0 else ())
             scale = batch_size_of(micro) / total if total else 1.0
             (loss * scale).backward()  # type: ignore[no-untyped-call]
             publish(E.AFTER_BACKWARD)
@@ -207,16 +212,14 @@ class TrainingLoop:
             batch = to_device(raw, device)
             state.batch = batch
             state.batch_num_samples = batch_size_of(batch)
-            publish(E.AFTER_DATALOADER)
-            publish(E.BATCH_START)
-            publish(E.BEFORE_TRAIN_BATCH)
-            loss = self._train_batch(batch)
+            loss = self._train_batch(
+                batch, (E.AFTER_DATALOADER, E.BATCH_START, E.BEFORE_TRAIN_BATCH)
+            )
             publish(E.AFTER_TRAIN_BATCH)
             state._timer.on_batch_complete(state.batch_num_samples, state.batch_num_tokens)
             if self.config.log_train_loss:  # at step n for batch n, as BATCH_END handlers
                 logger.log_metrics({"loss/train": DeferredScalar.start(loss)})
-            publish(E.BATCH_END)
-            publish(E.BATCH_CHECKPOINT)
+            publish(E.BATCH_END, E.BATCH_CHECKPOINT)
             if self._eval_due(TimeUnit.BATCH):
                 self.evaluate()
             if self._done():
@@ -243,8 +246,7 @@ class TrainingLoop:
             batch = to_device(raw, state.device)
             n = batch_size_of(batch)
             state.batch = batch
-            publish(E.EVAL_BATCH_START)
-            publish(E.EVAL_BEFORE_FORWARD)
+            publish(E.EVAL_BATCH_START, E.EVAL_BEFORE_FORWARD)
             with self._autocast():
                 outputs = self._forward(batch)
             state.outputs = outputs
