@@ -35,10 +35,10 @@ import anyio
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import workloads  # noqa: E402
+import workloads
 
-import trainbus  # noqa: E402
-from trainbus import Callback, Trainer  # noqa: E402
+import trainbus
+from trainbus import Callback, Trainer
 
 PER_BATCH = workloads.PER_BATCH_POINTS
 

@@ -22,10 +22,10 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import workloads  # noqa: E402
+import workloads
 
-from trainbus import Callback, Trainer, TraceRecorder  # noqa: E402
-from trainbus._trace import PRODUCER_ROW  # noqa: E402
+from trainbus import Callback, TraceRecorder, Trainer
+from trainbus._trace import PRODUCER_ROW
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

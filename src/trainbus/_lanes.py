@@ -34,7 +34,17 @@ if TYPE_CHECKING:
     from trainbus._bus import EventBus
     from trainbus._logger import LogRecord
 
-__all__ = ["CALL", "EVENT", "LOG", "STOP", "Lane", "Slot", "count_done", "finish_event", "thread_driver"]
+__all__ = [
+    "CALL",
+    "EVENT",
+    "LOG",
+    "STOP",
+    "Lane",
+    "Slot",
+    "count_done",
+    "finish_event",
+    "thread_driver",
+]
 
 # Work item kinds; items are tuples whose first element is the kind.
 EVENT = 0  # (EVENT, slot, state_view, logger)

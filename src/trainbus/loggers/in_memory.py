@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainbus._logger import LoggerDestination, LogLevel, LogRecord
+from trainbus._logger import LoggerDestination, LogLevel, LogRecord, _to_level
 from trainbus._time import Timestamp
 
 __all__ = ["InMemoryLogger"]
@@ -29,7 +29,7 @@ class InMemoryLogger(LoggerDestination):
     """
 
     def __init__(self, log_level: LogLevel | int | str = LogLevel.MICROBATCH) -> None:
-        self.log_level = LogLevel(log_level)
+        self.log_level = _to_level(log_level)
         self.data: dict[str, list[tuple[Timestamp, LogLevel, Any]]] = {}
         self.steps: dict[str, list[int]] = {}
         self.most_recent_values: dict[str, Any] = {}
