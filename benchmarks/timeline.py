@@ -56,7 +56,7 @@ def draw(ax: Any, recorder: TraceRecorder, title: str, first: int, show: int) ->
     batch_spans = [s for s in spans if s.row == PRODUCER_ROW and s.label.startswith("batch")]
     t_start = batch_spans[first].start
     t_end = batch_spans[min(first + show, len(batch_spans) - 1)].start
-    rows = [PRODUCER_ROW] + sorted({s.row for s in spans if s.row != PRODUCER_ROW})
+    rows = [PRODUCER_ROW, *sorted({s.row for s in spans if s.row != PRODUCER_ROW})]
     colors = {"batch": "#4c72b0", "wait": "#dd8452", "handler": "#55a868"}
     for y, row in enumerate(rows):
         for s in spans:
