@@ -42,6 +42,7 @@ __all__ = [
     "Lane",
     "Slot",
     "count_done",
+    "drain_broken",
     "finish_event",
     "thread_driver",
 ]
@@ -239,6 +240,30 @@ def thread_driver(bus: EventBus, lane: Lane) -> None:
                     error = exc
             bus.loop.call_soon(on_done, error)
         else:  # STOP
+            return
+
+
+def drain_broken(bus: EventBus, lane: Lane, error: BaseException) -> None:
+    """After an internal error in a lane thread: account items without running them.
+
+    Nobody may wait forever on a lane that can no longer run handlers: events and counted
+    records are counted as done, ``CALL`` items fail with ``error``, ``STOP`` ends it.
+    """
+    while True:
+        try:
+            item = lane.pending.popleft()
+        except IndexError:
+            lane.idle = True
+            if lane.pending:
+                continue
+            lane.tokens.get()
+            continue
+        kind = item[0]
+        if kind == EVENT or (kind == LOG and item[2]):
+            count_done(bus, lane)
+        elif kind == CALL:
+            bus.loop.call_soon(item[3], error)
+        elif kind == STOP:
             return
 
 

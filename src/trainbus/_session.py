@@ -19,7 +19,7 @@ import anyio
 from trainbus._bridge import LoopHandle
 from trainbus._callback import Handler
 from trainbus._exceptions import EngineThreadError
-from trainbus._lanes import CALL, STOP, Lane, thread_driver
+from trainbus._lanes import CALL, STOP, Lane, drain_broken, thread_driver
 from trainbus._stopped import Stopped
 
 if TYPE_CHECKING:
@@ -182,8 +182,13 @@ class LoopSide:
 
     def _thread_main(self, lane: Lane, finished: anyio.Event) -> None:
         loop = self.loop
+        bus = cast("EventBus", self)
         try:
-            thread_driver(cast("EventBus", self), lane)
+            try:
+                thread_driver(bus, lane)
+            except BaseException as exc:  # a bug of ours: fail the run rather than hang it
+                self._fail(exc, None, None)
+                drain_broken(bus, lane, exc)
         finally:
             loop.call_soon(finished.set)
 
