@@ -197,52 +197,54 @@ class EventBus(LoopSide):
         state = self.state
         subs_of = self._subs
         to_kick: list[Lane] = []
-        for event in events:
-            self._published += 1
-            subs = subs_of[event]
-            if subs:
-                key = (state._frame, state._timer._ts)
-                view_key = self._view_key
-                if key[0] is not view_key[0] or key[1] is not view_key[1]:
-                    view = state.snapshot()
-                    self._view = (view, self.logger._bind(view))
-                    self._view_key = key
-                view, logger = self._view  # type: ignore[misc]
-                for lane, slot in subs:
-                    if slot.inline_ok:
-                        if (
-                            lane.enq == lane.done
-                            and not lane.pending
-                            and lane.exec_lock.acquire(False)
-                        ):
-                            self._run_inline(lane, slot, view, logger)
+        try:  # a lane marked busy must be woken even when Stopped unwinds the burst
+            for event in events:
+                self._published += 1
+                subs = subs_of[event]
+                if subs:
+                    key = (state._frame, state._timer._ts)
+                    view_key = self._view_key
+                    if key[0] is not view_key[0] or key[1] is not view_key[1]:
+                        view = state.snapshot()
+                        self._view = (view, self.logger._bind(view))
+                        self._view_key = key
+                    view, logger = self._view  # type: ignore[misc]
+                    for lane, slot in subs:
+                        if slot.inline_ok:
+                            if (
+                                lane.enq == lane.done
+                                and not lane.pending
+                                and lane.exec_lock.acquire(False)
+                            ):
+                                self._run_inline(lane, slot, view, logger)
+                                continue
+                        elif slot.is_blocking:
+                            self._kick(to_kick)
+                            self._run_blocking(lane, slot, view, logger)
                             continue
-                    elif slot.is_blocking:
-                        self._kick(to_kick)
-                        self._run_blocking(lane, slot, view, logger)
-                        continue
-                    depth = lane.enq - lane.done
-                    if depth >= self.queue_size:
-                        self._kick(to_kick)
-                        self._wait([(lane, lane.enq - self.queue_size + 1)], backpressure=True)
                         depth = lane.enq - lane.done
-                    lane.pending.append((EVENT, slot, view, logger))
-                    lane.enq += 1
-                    if depth >= lane.peak:
-                        lane.peak = depth + 1
-                    if lane.idle:
-                        lane.idle = False
-                        to_kick.append(lane)
-            if event is Event.BATCH_END:
-                self._batch_end()
-            if event in self.barriers:
-                self._kick(to_kick)
-                self._barrier()
-            if event is Event.BATCH_END:
-                self._trace_mark = _perf()
-            if self.stopping:
-                raise Stopped
-        self._kick(to_kick)
+                        if depth >= self.queue_size:
+                            self._kick(to_kick)
+                            self._wait([(lane, lane.enq - self.queue_size + 1)], backpressure=True)
+                            depth = lane.enq - lane.done
+                        lane.pending.append((EVENT, slot, view, logger))
+                        lane.enq += 1
+                        if depth >= lane.peak:
+                            lane.peak = depth + 1
+                        if lane.idle:
+                            lane.idle = False
+                            to_kick.append(lane)
+                if event is Event.BATCH_END:
+                    self._batch_end()
+                if event in self.barriers:
+                    self._kick(to_kick)
+                    self._barrier()
+                if event is Event.BATCH_END:
+                    self._trace_mark = _perf()
+                if self.stopping:
+                    raise Stopped
+        finally:
+            self._kick(to_kick)
 
     def _kick(self, lanes: list[Lane]) -> None:
         """Wake the lanes a burst of publications made busy (each was idle)."""
