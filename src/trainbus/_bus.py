@@ -160,6 +160,7 @@ class EventBus(LoopSide):
         self._peak_depth = 0
         self._last_batch_end = 0.0
         self._slow_checks = 0
+        self._slow_wait_mark = 0.0
 
     # -- producer side ---------------------------------------------------------------------
 
@@ -363,8 +364,12 @@ class EventBus(LoopSide):
 
     def _check_slow(self) -> None:
         now = _perf()
-        batch_time = now - self._last_batch_end
+        # The batch itself: time since the last BATCH_END less what the training thread
+        # spent waiting (for these very handlers, at barriers and full queues).
+        waited = self._barrier_wait + self._backpressure_wait
+        batch_time = (now - self._last_batch_end) - (waited - self._slow_wait_mark)
         self._last_batch_end = now
+        self._slow_wait_mark = waited
         self._slow_checks += 1
         if self._slow_checks == 1:  # the first batch carries start-up costs
             for lane in self.lanes:

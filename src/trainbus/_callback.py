@@ -202,8 +202,7 @@ class HandlerTable:
     def has_sync(self) -> bool:
         """Whether any non-blocking handler is a plain function (needs a thread)."""
         every = [*self.handlers.values(), *self.extra.values()]
-        if self.close is not None:
-            every.append(self.close)
+        every += [h for h in (self.close, self.post_close) if h is not None]
         return any(not h.is_async and not h.is_blocking for h in every)
 
 

@@ -110,12 +110,20 @@ class Dispatcher:
             event.set()
 
     async def _run(self) -> None:
-        # Shielded: outer cancellation must not kill lanes before close ran on them; the
-        # bus cancels in-flight handlers itself (lane.scope).
-        with anyio.CancelScope(shield=True):
-            await self._dispatch()
+        # Each dispatcher task enters its cancel scope once, before running any handler:
+        # handlers' own cancel scopes then nest inside it, also across the hand-over. The
+        # bus cancels it (lane.scope) to cancel the handler this task owns.
+        task = _Task()
+        with anyio.CancelScope() as task.scope:
+            await self._dispatch(task)
+        lane = task.lane
+        if lane is not None:  # cancelled while owning a lane: hand the rest on
+            lane.scope = None
+            self._finish(lane, task.item, None, task.t0)
+            self.schedule(lane)
+            self.kick()
 
-    async def _dispatch(self) -> None:
+    async def _dispatch(self, task: _Task) -> None:
         ready = self.ready
         while True:
             try:
@@ -135,7 +143,7 @@ class Dispatcher:
             if suspended is not None:
                 assert self._tg is not None
                 self._tg.start_soon(self._run, name="trainbus-dispatcher")
-                await self._own(lane, *suspended)
+                await self._own(task, lane, *suspended)
                 return
 
     def _start(self, lane: Lane, item: tuple[Any, ...]) -> Coroutine[Any, Any, Any] | None:
@@ -219,30 +227,32 @@ class Dispatcher:
             else:
                 return item, coro, yielded, t0
 
-    async def _own(self, lane: Lane, item: tuple[Any, ...], coro: Coroutine[Any, Any, Any],
-                   yielded: Any, t0: float) -> None:
+    async def _own(self, task: _Task, lane: Lane, item: tuple[Any, ...],
+                   coro: Coroutine[Any, Any, Any], yielded: Any, t0: float) -> None:
         """Finish a suspended handler in this task, then drain its lane (no more eagerness)."""
         cancelled = anyio.get_cancelled_exc_class()
         awaitable: Any = _Resume(coro, yielded)
+        task.lane, lane.scope = lane, task.scope
         while True:
+            task.item, task.t0 = item, t0
             error: BaseException | None = None
-            with anyio.CancelScope() as lane.scope:
-                try:
-                    await awaitable
-                except cancelled:
-                    raise
-                except BaseException as exc:
-                    error = exc
-            lane.scope = None
+            try:
+                await awaitable
+            except cancelled:
+                raise  # to this task's scope; _run hands the lane on
+            except BaseException as exc:
+                error = exc
             self._finish(lane, item, error, t0)
             # Next item of this lane, if any.
             while True:
                 try:
                     item = lane.pending.popleft()
                 except IndexError:
+                    task.lane = lane.scope = None
                     lane.idle = True
                     if lane.pending:
                         lane.idle = False
+                        task.lane, lane.scope = lane, task.scope
                         continue
                     return
                 t0 = _perf()
@@ -256,3 +266,15 @@ class Dispatcher:
                     continue
                 awaitable = next_coro
                 break
+
+
+class _Task:
+    """What one dispatcher task is doing: its scope, and the lane item it owns."""
+
+    __slots__ = ("item", "lane", "scope", "t0")
+
+    def __init__(self) -> None:
+        self.scope = anyio.CancelScope()
+        self.lane: Lane | None = None
+        self.item: tuple[Any, ...] = ()
+        self.t0 = 0.0

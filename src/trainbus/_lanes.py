@@ -128,12 +128,8 @@ class Lane:
         self.slots = {event: Slot(h, event) for event, h in table.handlers.items()}
         self.log_slot = Slot(log_handler, None) if log_handler is not None else None
         self.is_destination = log_handler is not None
-        every = [*table.handlers.values(), *table.extra.values()]
-        if table.close is not None:
-            every.append(table.close)
-        if log_handler is not None:
-            every.append(log_handler)
-        self.on_thread = any(not h.is_async and not h.is_blocking for h in every)
+        plain_log = log_handler is not None and not log_handler.is_async
+        self.on_thread = table.has_sync or plain_log
         self.pending: deque[tuple[Any, ...]] = deque()
         self.exec_lock = threading.Lock()
         self.tokens: SimpleQueue[None] = SimpleQueue()
@@ -212,7 +208,7 @@ def thread_driver(bus: EventBus, lane: Lane) -> None:
                 t0 = _perf()
                 try:
                     if slot.is_async:
-                        bus._await_from_thread(slot.fn, view, logger)
+                        bus._await_from_thread(lane, slot.fn, view, logger)
                     else:
                         slot.fn(view, logger)
                 except BaseException as exc:
@@ -233,7 +229,7 @@ def thread_driver(bus: EventBus, lane: Lane) -> None:
             with lock:
                 try:
                     if is_async:
-                        bus._await_from_thread(fn)
+                        bus._await_from_thread(lane, fn)
                     else:
                         fn()
                 except BaseException as exc:
@@ -274,7 +270,7 @@ def _deliver_sync(bus: EventBus, lane: Lane, record: LogRecord) -> None:
     try:
         record.resolve()
         if slot.is_async:
-            bus._await_from_thread(slot.fn, record)
+            bus._await_from_thread(lane, slot.fn, record)
         else:
             slot.fn(record)
     except BaseException as exc:

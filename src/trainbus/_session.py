@@ -60,18 +60,23 @@ class LoopSide:
         def _wake(self, lane: Lane) -> None: ...
         def _submit_log(self, record: LogRecord) -> None: ...
 
-    def _await_from_thread(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``await fn(*args)`` on the loop from a lane thread and wait for it."""
+    def _await_from_thread(self, lane: Lane, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``await fn(*args)`` on the loop for ``lane``'s thread and wait for it.
+
+        The coroutine runs in its own task under a scope registered as ``lane.scope``, so
+        cancelling ``fit()`` reaches it like any handler on the loop (D11).
+        """
         done = threading.Event()
         box: list[BaseException] = []
 
         async def runner() -> None:
             try:
-                with anyio.CancelScope(shield=True):
+                with anyio.CancelScope() as lane.scope:
                     await fn(*args)
             except BaseException as exc:
                 box.append(exc)
             finally:
+                lane.scope = None
                 done.set()
 
         self._spawn_queue.append(runner)
@@ -126,8 +131,13 @@ class LoopSide:
         self._view = None
         for lane in self.lanes:
             lane.reset()
+        internal = anyio.CancelScope(shield=True)
         try:
-            async with anyio.create_task_group() as tg:
+            async with anyio.create_task_group() as outer:
+                # Every task of the bus lives in a task group under a shielded scope: a task
+                # started while the caller is being cancelled must still start (a handler
+                # hand-over, a coroutine for a lane thread), or a lane waits for it forever.
+                tg = await outer.start(self._run_internal, internal)
                 self._tg = tg
                 threads_done = {lane.index: anyio.Event() for lane in self.lanes if lane.on_thread}
                 for lane in self.lanes:
@@ -142,9 +152,8 @@ class LoopSide:
                 self._dispatcher.start(tg)
                 self._spawn_queue = deque()
                 self._spawn_wakeup = anyio.Event()
-                spawner = anyio.CancelScope(shield=True)
-                tg.start_soon(self._run_spawner, spawner, tg)
-                background = anyio.CancelScope(shield=True)
+                tg.start_soon(self._spawner, tg)
+                background = anyio.CancelScope()
                 tg.start_soon(self._run_backgrounds, background)
                 for record in self.logger._connect(self._submit_log):
                     self._submit_log(record)
@@ -155,7 +164,6 @@ class LoopSide:
                         await self.drain()
                         self.logger._connect(None)
                         background.cancel()
-                        spawner.cancel()
                         self._dispatcher.stop()
                         for lane in self.lanes:
                             if lane.on_thread:
@@ -166,13 +174,21 @@ class LoopSide:
                         for lane in self.lanes:
                             if lane.thread is not None:
                                 lane.thread.join()
+                        internal.cancel()
         finally:
             self._tg = None
             self._loop = None
 
-    async def _run_spawner(self, scope: anyio.CancelScope, tg: anyio.abc.TaskGroup) -> None:
+    async def _run_internal(
+        self,
+        scope: anyio.CancelScope,
+        *,
+        task_status: anyio.abc.TaskStatus[anyio.abc.TaskGroup] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
         with scope:
-            await self._spawner(tg)
+            async with anyio.create_task_group() as tg:
+                task_status.started(tg)
+                await anyio.sleep_forever()
 
     def cancel_in_flight(self) -> None:
         """Cancel the coroutine handlers running now (loop thread only)."""
@@ -220,6 +236,7 @@ class LoopSide:
         does not stop the others.
         """
         errors: list[BaseException] = []
+        await self.drain()  # close is a barrier: every handler of every callback is done
 
         async def call(lane: Lane, handler: Handler, *args: Any) -> None:
             try:

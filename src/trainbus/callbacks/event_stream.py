@@ -296,6 +296,7 @@ class EventStream(LoggerDestination):
         self._dropped_gone = 0  # drops of subscribers that already left
         self._disconnected = 0
         self._history: deque[StreamEvent | StreamMetrics] = deque(maxlen=history)
+        self._cycle_start = 0  # seq of the first item of the current run
         # Handlers are attached to the instance, only for the events it publishes (and
         # INIT and FIT_START, which reopen a closed stream), so the bus queues nothing else.
         for event in self.events | _REOPEN:
@@ -306,6 +307,7 @@ class EventStream(LoggerDestination):
             if self._ended and event in _REOPEN:  # a new fit() cycle, or a new trainer
                 self._ended = False
                 self._history.clear()
+                self._cycle_start = self._seq
             if publish:
                 self._publish(StreamEvent(event, state.timestamp, time.time(), self._seq))
 
@@ -349,7 +351,7 @@ class EventStream(LoggerDestination):
             raise ValueError(f"since={since!r} must be None or an item number >= 0")
         kept = [item for item in self._history if item.seq >= since]
         first = kept[0].seq if kept else self._seq
-        missed = max(0, first - since)
+        missed = max(0, first - max(since, self._cycle_start))  # earlier runs don't count
         if len(kept) > sub._size:
             missed += len(kept) - sub._size
             kept = kept[len(kept) - sub._size :]

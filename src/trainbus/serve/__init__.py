@@ -20,7 +20,7 @@ from __future__ import annotations
 try:
     import starlette  # noqa: F401
     import uvicorn  # noqa: F401
-except ImportError as exc:  # pragma: no cover - depends on the environment
+except ImportError as exc:
     raise ImportError(
         f"trainbus.serve needs Starlette and uvicorn ({exc.name} is missing); install them "
         "with: pip install 'trainbus[service]'"

@@ -29,7 +29,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--log-level", default="info", help="uvicorn log level")
     args = parser.parse_args(argv)
     app = create_app(max_running=args.max_running, stream_buffer=args.stream_buffer)
-    create_server(app, host=args.host, port=args.port, log_level=args.log_level).run()
+    server = create_server(app, host=args.host, port=args.port, log_level=args.log_level)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
+        pass
 
 
 if __name__ == "__main__":
