@@ -46,6 +46,9 @@ _YIELD_INTERVAL = 0.5e-3
 DEFAULT_INLINE_MAX = 50e-6
 #: Batches (after the first) whose handler time is compared with the batch time.
 _SLOW_CHECK_BATCHES = 3
+#: Handler time per batch under which a callback is never called slow (seconds): below
+#: it, the batch is tiny and scheduling noise dominates.
+_SLOW_MIN_BUSY = 5e-3
 
 
 _EXTRA_METHODS = (("background", object, 2, "background(self, state, logger)"),)
@@ -210,31 +213,19 @@ class EventBus(LoopSide):
                         self._view = (view, self.logger._bind(view))
                         self._view_key = key
                     view, logger = self._view  # type: ignore[misc]
+                    inline: list[tuple[Lane, Slot]] | None = None
                     for lane, slot in subs:
                         if slot.inline_ok:
-                            if (
-                                lane.enq == lane.done
-                                and not lane.pending
-                                and lane.exec_lock.acquire(False)
-                            ):
-                                self._run_inline(lane, slot, view, logger)
-                                continue
+                            if inline is None:
+                                inline = []
+                            inline.append((lane, slot))
                         elif slot.is_blocking:
                             self._kick(to_kick)
                             self._run_blocking(lane, slot, view, logger)
-                            continue
-                        depth = lane.enq - lane.done
-                        if depth >= self.queue_size:
-                            self._kick(to_kick)
-                            self._wait([(lane, lane.enq - self.queue_size + 1)], backpressure=True)
-                            depth = lane.enq - lane.done
-                        lane.pending.append((EVENT, slot, view, logger))
-                        lane.enq += 1
-                        if depth >= lane.peak:
-                            lane.peak = depth + 1
-                        if lane.idle:
-                            lane.idle = False
-                            to_kick.append(lane)
+                        else:
+                            self._enqueue(lane, slot, view, logger, to_kick)
+                    if inline is not None:
+                        self._run_inline_group(inline, view, logger, to_kick)
                 if event is Event.BATCH_END:
                     self._batch_end()
                 if event in self.barriers:
@@ -246,6 +237,45 @@ class EventBus(LoopSide):
                     raise Stopped
         finally:
             self._kick(to_kick)
+
+    def _enqueue(
+        self, lane: Lane, slot: Slot, view: State, logger: Logger, to_kick: list[Lane]
+    ) -> None:
+        depth = lane.enq - lane.done
+        if depth >= self.queue_size:
+            self._kick(to_kick)
+            self._wait([(lane, lane.enq - self.queue_size + 1)], backpressure=True)
+            depth = lane.enq - lane.done
+        lane.pending.append((EVENT, slot, view, logger))
+        lane.enq += 1
+        if depth >= lane.peak:
+            lane.peak = depth + 1
+        if lane.idle:
+            lane.idle = False
+            to_kick.append(lane)
+
+    def _run_inline_group(
+        self, group: list[tuple[Lane, Slot]], view: State, logger: Logger, to_kick: list[Lane]
+    ) -> None:
+        """Run an event's cheap plain handlers on this thread, after queuing the others.
+
+        The other lanes are woken first, so they run while these do (D2). A handler runs
+        inline only while its lane is idle (D1); one that turns out slow is moved to its
+        lane for good, and the handlers after it in this group are queued, not run here.
+        """
+        self._kick(to_kick)
+        slow = False
+        for lane, slot in group:
+            if (
+                not slow
+                and slot.inline_ok
+                and lane.enq == lane.done
+                and not lane.pending
+                and lane.exec_lock.acquire(False)
+            ):
+                slow = not self._run_inline(lane, slot, view, logger)
+            else:
+                self._enqueue(lane, slot, view, logger, to_kick)
 
     def _kick(self, lanes: list[Lane]) -> None:
         """Wake the lanes a burst of publications made busy (each was idle)."""
@@ -263,7 +293,8 @@ class EventBus(LoopSide):
         if loop_lanes:
             dispatcher.kick()
 
-    def _run_inline(self, lane: Lane, slot: Slot, view: State, logger: Logger) -> None:
+    def _run_inline(self, lane: Lane, slot: Slot, view: State, logger: Logger) -> bool:
+        """Run a handler on this thread (its lock is held); return whether it stayed cheap."""
         t0 = _perf()
         try:
             slot.fn(view, logger)
@@ -275,11 +306,13 @@ class EventBus(LoopSide):
         slot.account(elapsed)
         slot.inline_calls += 1
         lane.busy += elapsed
-        if elapsed > self.inline_max:
+        cheap = elapsed <= self.inline_max
+        if not cheap:
             slot.inline_ok = False
             slot.inline_banned = True
         if self.trace is not None:
             self.trace.handler(lane.name, slot.event, t0, elapsed)
+        return cheap
 
     def _run_blocking(self, lane: Lane, slot: Slot, view: State, logger: Logger) -> None:
         """Run a ``@blocking`` handler before returning (D9), after the lane's backlog."""
@@ -377,7 +410,7 @@ class EventBus(LoopSide):
             return
         for lane in self.lanes:
             busy, lane.busy_mark = lane.busy - lane.busy_mark, lane.busy
-            if busy > batch_time:
+            if busy > batch_time and busy > _SLOW_MIN_BUSY:
                 lane.slow_batches += 1
         if self._slow_checks > _SLOW_CHECK_BATCHES:
             for lane in self.lanes:

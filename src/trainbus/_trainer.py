@@ -13,6 +13,7 @@ import anyio
 import torch
 
 from trainbus._bridge import no_running_loop
+from trainbus._bus import DEFAULT_INLINE_MAX
 from trainbus._callback import Callback, resolve_callback
 from trainbus._engine import Engine
 from trainbus._events import Event
@@ -132,6 +133,11 @@ class Trainer:
         seed: Seeds Python's and torch's random generators.
         log_train_loss: Log ``loss/train`` after every batch when there are loggers.
         warn_slow_callbacks: Warn when a callback's handlers are slower than a batch.
+        inline_max: Seconds. A plain handler whose calls have all taken at most this
+            long runs on the training thread, skipping a thread hop (its first call runs
+            on its callback's thread, and a call over the limit moves it back there for
+            good). ``0`` keeps every plain handler off the training thread, so
+            publishing never waits for one (D3) at the cost of a thread wake-up per burst.
 
     Example:
         >>> trainer = Trainer(model, loader, "2ep", loss_fn=F.cross_entropy,
@@ -163,6 +169,7 @@ class Trainer:
         seed: int | None = None,
         log_train_loss: bool = True,
         warn_slow_callbacks: bool = True,
+        inline_max: float = DEFAULT_INLINE_MAX,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(
@@ -202,6 +209,10 @@ class Trainer:
             )
         if isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 0:
             raise ValueError(f"max_lag={max_lag!r} must be an int >= 0 (batches), e.g. 0 or 2")
+        if isinstance(inline_max, bool) or not isinstance(inline_max, int | float) or (
+            inline_max < 0
+        ):
+            raise ValueError(f"inline_max={inline_max!r} must be seconds >= 0, e.g. 50e-6 or 0")
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
             raise ValueError(
                 f"queue_size={queue_size!r} must be an int >= 1 (handler calls), e.g. 128"
@@ -254,6 +265,7 @@ class Trainer:
             max_lag=max_lag,
             queue_size=queue_size,
             warn_slow=warn_slow_callbacks,
+            inline_max=inline_max,
         )
         self._config = LoopConfig(
             loss_fn=loss_fn,
