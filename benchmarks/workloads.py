@@ -7,10 +7,10 @@ Stdlib + torch only, so each peer's venv can import it::
 Workloads (one torch thread, 200 batches of 64 generated with a fixed seed and
 kept in memory, SGD lr 0.01, cross-entropy):
 
-- ``mlp``: Linear 256->512, ReLU, Linear 512->10 (about 0.5 ms/batch of compute
-  on the 2-core benchmark machine);
+- ``mlp``: Linear 256->512, ReLU, Linear 512->10 (plain loop: 0.52 ms/batch on
+  the 2-core benchmark machine);
 - ``large``: Linear 256->2048, ReLU, Linear 2048->2048, ReLU, Linear 2048->10
-  (about 20 ms/batch there).
+  (plain loop: 22-23 ms/batch there; hidden 1920 would give 18.7 ms).
 
 Scenarios (framework-neutral; each runner maps them onto its own callbacks):
 a) none; b) 10 and c) 100 no-op callbacks on every per-batch event; d) 4
@@ -21,7 +21,8 @@ The plain loop also runs d1, the honest baseline for d (SPEC section 7): one
 
 Timing: one untimed warm-up epoch, then per repetition the wall time from the
 first batch fetch to ``fit()`` returning, divided by 200 (so the trainer's
-construction is left out, its end-of-fit work is included).
+construction and fit start are left out, reported apart as ``setup_ms``; its
+end-of-fit work is included).
 """
 
 from __future__ import annotations
@@ -185,15 +186,20 @@ class TimedBatches:
             yield batch
 
 
-def measure(fit_epoch: Callable[[TimedBatches], Any], w: Workload, reps: int) -> list[float]:
+def measure(fit_epoch: Callable[[TimedBatches], Any], w: Workload, reps: int,
+            setup_ms: list[float] | None = None) -> list[float]:
     """Warm up once, then ms per batch of ``fit_epoch(data)`` (one epoch over data) per rep.
 
-    ``fit_epoch`` may return a callable: untimed clean-up, run after the clock stops.
+    The clock runs from the first batch fetch to ``fit_epoch`` returning; the time
+    before the first fetch (trainer construction, fit start) is appended to
+    ``setup_ms`` when given. ``fit_epoch`` may return a callable: untimed clean-up,
+    run after the clock stops.
     """
     results = []
     for rep in range(reps + 1):
         data = TimedBatches(w.batches)
         gc.collect()
+        start = time.perf_counter()
         cleanup = fit_epoch(data)
         end = time.perf_counter()
         if callable(cleanup):
@@ -201,6 +207,8 @@ def measure(fit_epoch: Callable[[TimedBatches], Any], w: Workload, reps: int) ->
         assert data.t_first is not None, "the runner never iterated the data"
         if rep:
             results.append((end - data.t_first) * 1e3 / len(data))
+            if setup_ms is not None:
+                setup_ms.append((data.t_first - start) * 1e3)
     return results
 
 
@@ -230,11 +238,12 @@ def upload_url(args: argparse.Namespace) -> Iterator[str | None]:
 
 
 def report(args: argparse.Namespace, framework: str, version: str, ms: list[float],
-           calls_per_batch: int) -> dict[str, Any]:
+           calls_per_batch: int, setup_ms: list[float] | None = None) -> dict[str, Any]:
     """Print a one-line summary and write the JSON result if --json was given."""
     result = {
         "framework": framework, "version": version, "scenario": args.scenario,
         "workload": args.workload, "ms_per_batch": [round(m, 5) for m in ms],
+        "setup_ms": [round(m, 3) for m in setup_ms or []],
         "handler_calls_per_batch": calls_per_batch, "torch": torch.__version__,
     }
     print(f"{framework} {version} {args.workload}/{args.scenario}: median "

@@ -4,6 +4,7 @@ Each peer runs on its own interpreter (plain: this Python; the others: the venvs
 made by benchmarks/setup_peers.sh). A LatencyServer process (20 ms) serves the
 upload scenario. Results go to benchmarks/.out/peers.json; a table of medians,
 extra ms/batch over the plain loop and us per no-op handler call is printed.
+Run on an otherwise idle machine: each result notes the 1-min load average.
 
     python benchmarks/peers/run_all_peers.py              # full run
     python benchmarks/peers/run_all_peers.py --quick      # smoke run: 3 reps, fewer scenarios
@@ -52,21 +53,27 @@ def run_one(peer: str, workload: str, scenario: str, reps: int, url: str) -> dic
 def summarize(results: list[dict]) -> str:
     """Markdown table: median ms/batch, extra over plain, us per no-op handler call."""
     med = {(r["framework"], r["workload"], r["scenario"]): r for r in results}
-    lines = ["| workload | scenario | framework | median ms/batch | extra over plain | note |",
+    lines = ["| workload | scenario | framework | median (min) ms/batch | extra over plain | note |",
              "|---|---|---|---|---|---|"]
     for (fw, wk, sc), r in med.items():
         m = statistics.median(r["ms_per_batch"])
         plain = med.get(("plain", wk, sc))
         extra = f"{m - statistics.median(plain['ms_per_batch']):+.3f} ms" if plain else ""
         note = ""
-        base = med.get((fw, wk, "a"))
-        if sc in ("b", "c") and base and r["handler_calls_per_batch"]:
-            us = (m - statistics.median(base["ms_per_batch"])) * 1e3 / r["handler_calls_per_batch"]
-            note = f"{us:.2f} us per handler call ({r['handler_calls_per_batch']} calls/batch)"
+        base, plain_a = med.get((fw, wk, "a")), med.get(("plain", wk, "a"))
+        calls = r["handler_calls_per_batch"]
+        if sc in ("b", "c") and base and plain_a and calls:
+            own = (m - statistics.median(base["ms_per_batch"])) * 1e3 / calls
+            gross = (m - statistics.median(plain_a["ms_per_batch"])) * 1e3 / calls
+            note = (f"{own:.2f} us per handler call over its own (a), {gross:.2f} us over "
+                    f"plain (a) ({calls} calls/batch)")
+        if sc == "a" and r.get("setup_ms"):
+            note = f"setup before the first batch {statistics.median(r['setup_ms']):.0f} ms"
         d1 = med.get(("plain", wk, "d1"))
         if sc == "d" and d1:
             note = f"{m - statistics.median(d1['ms_per_batch']):+.3f} ms over plain d1 (one 5 ms sleep)"
-        lines.append(f"| {wk} | {sc} | {fw} {r['version']} | {m:.3f} | {extra} | {note} |")
+        lines.append(f"| {wk} | {sc} | {fw} {r['version']} | {m:.3f} ({min(r['ms_per_batch']):.3f}) "
+                     f"| {extra} | {note} |")
     return "\n".join(lines)
 
 

@@ -88,6 +88,7 @@ def main() -> None:
     model = Model(w)
     opt = w.optimizer()
     spec = args.spec
+    setup_ms: list[float] = []
     with wl.upload_url(args) as url:
         factory = {"noop": NoOp, "sleep": Sleeper, "upload": lambda: Uploader(url)}[spec.action]
 
@@ -102,9 +103,9 @@ def main() -> None:
             trainer.fit()
             return trainer.close  # fit() leaves the engine open; closed after the clock stops
 
-        ms = wl.measure(fit_epoch, w, args.reps)
+        ms = wl.measure(fit_epoch, w, args.reps, setup_ms)
     per_cb = len(PER_BATCH_EVENTS) if spec.action == "noop" else 1
-    wl.report(args, "composer", composer.__version__, ms, spec.n_callbacks * per_cb)
+    wl.report(args, "composer", composer.__version__, ms, spec.n_callbacks * per_cb, setup_ms)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ def main() -> None:
     w = wl.make_workload(args.workload)
     opt = w.optimizer()
     spec = args.spec
+    setup_ms: list[float] = []
     with wl.upload_url(args) as url:
 
         def fit_epoch(data: wl.TimedBatches) -> None:
@@ -58,9 +59,9 @@ def main() -> None:
                 attach(engine, spec.action, url)
             engine.run(data, max_epochs=1)
 
-        ms = wl.measure(fit_epoch, w, args.reps)
+        ms = wl.measure(fit_epoch, w, args.reps, setup_ms)
     per_cb = len(PER_BATCH_EVENTS) if spec.action == "noop" else 1
-    wl.report(args, "ignite", ignite.__version__, ms, spec.n_callbacks * per_cb)
+    wl.report(args, "ignite", ignite.__version__, ms, spec.n_callbacks * per_cb, setup_ms)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ def main() -> None:
     w = wl.make_workload(args.workload)
     module = Module(w)
     spec = args.spec
+    setup_ms: list[float] = []
     with wl.upload_url(args) as url:
         factory = {"noop": NoOp, "sleep": Sleeper, "upload": lambda: Uploader(url)}[spec.action]
 
@@ -82,9 +83,9 @@ def main() -> None:
             )
             trainer.fit(module, train_dataloaders=data)
 
-        ms = wl.measure(fit_epoch, w, args.reps)
+        ms = wl.measure(fit_epoch, w, args.reps, setup_ms)
     per_cb = len(PER_BATCH_HOOKS) if spec.action == "noop" else 1
-    wl.report(args, "lightning", pl.__version__, ms, spec.n_callbacks * per_cb)
+    wl.report(args, "lightning", pl.__version__, ms, spec.n_callbacks * per_cb, setup_ms)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ def main() -> None:
     args = wl.parse_args(__doc__, wl.PLAIN_SCENARIOS)
     w = wl.make_workload(args.workload)
     spec = args.spec
+    setup_ms: list[float] = []
     with wl.upload_url(args) as url:
         factory = {"noop": NoOp, "sleep": Sleeper, "upload": lambda: Uploader(url)}[spec.action]
         callbacks = [factory() for _ in range(spec.n_callbacks)]
@@ -56,8 +57,8 @@ def main() -> None:
         calls = sum(len(fns) for fns in hooks.values())
         opt = w.optimizer()
         ms = wl.measure(lambda data: wl.plain_fit(w, data, opt, hooks if calls else None),
-                        w, args.reps)
-    wl.report(args, "plain", torch.__version__, ms, calls)
+                        w, args.reps, setup_ms)
+    wl.report(args, "plain", torch.__version__, ms, calls, setup_ms)
 
 
 if __name__ == "__main__":
