@@ -23,6 +23,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes; without TCP_NODELAY a keep-alive client
+    # waits ~40 ms for the delayed ACK between them.
+    disable_nagle_algorithm = True
     server: _Server
 
     def do_POST(self) -> None:
