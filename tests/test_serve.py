@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import socket
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import anyio
 import httpx
 import pytest
 import torch
+import trio
 import uvicorn
 
 from tests.helpers import TinyModel, make_loader
@@ -129,6 +133,24 @@ async def serving(
         task.result()  # raises why it could not start
     try:
         yield server, f"http://127.0.0.1:{server.port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+@asynccontextmanager
+async def plain_uvicorn(app: Any) -> AsyncIterator[tuple[uvicorn.Server, str]]:
+    """Run any ASGI app under a plain ``uvicorn.Server`` on this loop."""
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    )
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # plain uvicorn has no "started" event to wait on
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    try:
+        yield server, f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     finally:
         server.should_exit = True
         await task
@@ -258,7 +280,7 @@ async def test_a_client_that_never_reads_does_not_hold_training_up() -> None:
         socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)]
     )
     app = create_app(Factory(), stream_buffer=16, stream_history=5000)
-    batches = 1500  # ~3000 items of ~250 bytes: far more than the socket buffers hold
+    batches = 800  # 1600 items of ~250 bytes; the socket buffers hold about 450
     with anyio.fail_after(DEADLINE):
         async with (
             serving(app, sockets=[listener]) as (_, url),
@@ -317,30 +339,15 @@ async def test_shutdown_with_a_streamed_job_running_cancels_it_and_leaves_nothin
 async def test_plain_uvicorn_lifespan_exit_cancels_running_jobs() -> None:
     factory = Factory()
     app = create_app(factory)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    )
     with anyio.fail_after(DEADLINE):
-        task = asyncio.create_task(server.serve())
-        while not server.started:  # plain uvicorn has no "started" event to wait on
-            await asyncio.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as c:
-            job_id = (await c.post("/jobs", json={"batches": 1_000_000})).json()["id"]
-        job = app.state.jobs.get(job_id)
-        started = anyio.Event()
-
-        async def first_batch() -> None:
+        async with plain_uvicorn(app) as (_, url):
+            async with httpx.AsyncClient(base_url=url) as c:
+                job_id = (await c.post("/jobs", json={"batches": 1_000_000})).json()["id"]
+            job = app.state.jobs.get(job_id)
             async for item in job.stream.subscribe(since=0):
                 if item.sse_event == "batch_end":
-                    started.set()
-                    return
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(first_batch)
-            await started.wait()
-        server.should_exit = True
-        await task
+                    break
+            # No client is connected: leaving plain_uvicorn() runs the lifespan shutdown.
     assert job.status == "cancelled"
     assert factory.recorders[job_id].closed == 1
     assert not trainbus_threads()
@@ -477,44 +484,61 @@ class AsyncFitStart(Callback):
         pass
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "core bug in EventBus.publish (_bus.py): when the bus stops during a publication "
-        "burst, `raise Stopped` runs before `self._kick(to_kick)`, so a loop lane marked "
-        "busy is never scheduled and close_callbacks waits forever. Here an async "
-        "fit_start is offered FIT_START after a @blocking fit_start that fails. The same "
-        "race hangs most jobs cancelled right after they were started."
-    ),
-)
-def test_job_whose_blocking_handler_fails_at_fit_start_is_failed() -> None:
-    # Run in a thread of its own: with the bug, the job's close never returns (it is
-    # shielded, so no deadline can end it) and only this thread is left hanging.
-    outcome: list[str] = []
+def in_probe_thread(main: Any, timeout: float = 5.0) -> tuple[bool, list[Any]]:
+    """Run ``anyio.run(main)`` in a daemon thread; return (finished in time, what it returned).
+
+    For scenarios that hang when a bug is present: a hang inside ``close`` is shielded, so
+    no deadline ends it, and only this thread is left behind instead of the test run.
+    """
+    outcome: list[Any] = []
 
     def scenario() -> None:
-        async def main() -> None:
-            def factory(ctx: JobContext) -> Trainer:
-                model = TinyModel()
-                return Trainer(
-                    model,
-                    make_loader(3),
-                    "1ep",
-                    callbacks=[FailBlockingAtFitStart(), AsyncFitStart()],
-                    loggers=ctx.loggers,
-                )
-
-            async with JobManager(factory) as jobs:
-                job = await jobs.start({})
-                outcome.append(await job.wait())
-
-        anyio.run(main)
+        try:
+            outcome.append(anyio.run(main))
+        except BaseException as exc:  # reported through `outcome`
+            outcome.append(repr(exc))
 
     probe = threading.Thread(target=scenario, name="hang-probe", daemon=True)
     probe.start()
-    probe.join(timeout=5)
-    assert not probe.is_alive(), "the job never finished: close_callbacks hangs"
+    probe.join(timeout=timeout)
+    return not probe.is_alive(), outcome
+
+
+def test_job_whose_blocking_handler_fails_at_fit_start_is_failed() -> None:
+    # Regression: a loop lane marked busy in a burst that Stopped unwound was never woken,
+    # so close waited for it forever (fixed in EventBus.publish).
+    async def main() -> str:
+        def factory(ctx: JobContext) -> Trainer:
+            return Trainer(
+                TinyModel(),
+                make_loader(3),
+                "1ep",
+                callbacks=[FailBlockingAtFitStart(), AsyncFitStart()],
+                loggers=ctx.loggers,
+            )
+
+        async with JobManager(factory) as jobs:
+            job = await jobs.start({})
+            return str(await job.wait())
+
+    finished, outcome = in_probe_thread(main)
+    assert finished, "the job never finished: close hangs"
     assert outcome == ["failed"]
+
+
+def test_job_cancelled_right_after_start_closes_and_is_cancelled() -> None:
+    factory = Factory()
+
+    async def main() -> tuple[str, int]:
+        async with JobManager(factory) as jobs:
+            job = await jobs.start({"batches": 1_000_000})
+            job.cancel()  # before its task has run: fit() starts already cancelled
+            status = await job.wait()
+            return str(status), factory.recorders[job.id].closed
+
+    finished, outcome = in_probe_thread(main)
+    assert finished, "the cancelled job never finished: fit() hangs"
+    assert outcome == [("cancelled", 1)]
 
 
 def test_module_entry_point_parses_arguments() -> None:
@@ -523,3 +547,116 @@ def test_module_entry_point_parses_arguments() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
     assert exc.value.code == 0
+
+
+# -- docs/service.md and examples/service/ ---------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "service"
+
+
+def load_example(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"example_service_{name}", EXAMPLES / name)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_docs_show_the_examples_verbatim() -> None:
+    doc = (ROOT / "docs" / "service.md").read_text()
+    for name in ("starlette_embed.py", "trio_embed.py"):
+        assert (EXAMPLES / name).read_text().strip() in doc, f"docs/service.md: {name} drifted"
+    app = (EXAMPLES / "app.py").read_text()
+    factory = app[app.index("def regression_job") : app.index("if __name__")].strip()
+    assert factory in doc
+
+
+@pytest.mark.asyncio
+async def test_starlette_example_trains_streams_and_cancels() -> None:
+    example = load_example("starlette_embed.py")
+    with anyio.fail_after(DEADLINE):
+        async with (
+            plain_uvicorn(example.app) as (_, url),
+            httpx.AsyncClient(base_url=url) as c,
+        ):
+            assert (await c.post("/train")).status_code == 201
+            assert (await c.post("/train")).status_code == 409
+            async with c.stream("GET", "/train/events") as response:
+                items = [item async for item in sse_items(response)]
+            assert names(items).count("batch_end") == 2 * example.BATCHES
+            assert names(items)[-2:] == ["fit_end", "end"]
+            assert items[-1][1] == {"status": "completed"}
+            # A second run, cancelled from a request while it trains.
+            assert (await c.post("/train")).status_code == 201
+            async with c.stream("GET", "/train/events") as response:
+                seen = []
+                async for name, data in sse_items(response):
+                    seen.append(name)
+                    if name == "batch_end" and seen.count("batch_end") == 1:
+                        r = await c.delete("/train")
+                        assert r.json() == {"status": "cancelled"}
+                    if name == "end":
+                        assert data == {"status": "cancelled"}
+            assert "fit_end" not in seen
+    assert not trainbus_threads()
+
+
+def test_trio_example_stops_the_run_from_a_subscriber(capsys: pytest.CaptureFixture[str]) -> None:
+    example = load_example("trio_embed.py")
+    # A target every loss meets: the watcher cancels fit() at the first logged loss.
+    assert trio.run(example.main, 5, 100.0).startswith("stopped at batch 1, loss ")
+    capsys.readouterr()
+    # A target no loss meets: the run finishes and both subscriptions end with it.
+    assert trio.run(example.main, 2, -1.0) == "finished"
+    out = capsys.readouterr().out.splitlines()
+    assert out.count("epoch_end: epoch 20") == 1
+    assert out[-2:] == ["fit_end: epoch 20", "finished"]
+    assert not trainbus_threads()
+
+
+@pytest.mark.asyncio
+async def test_service_example_app_runs_its_own_job() -> None:
+    example = load_example("app.py")
+    with anyio.fail_after(DEADLINE):
+        async with serving(example.app) as (_, url), httpx.AsyncClient(base_url=url) as c:
+            r = await c.post("/jobs", json={"epochs": 1, "batches": 4, "width": 8})
+            assert r.status_code == 201
+            items = await read_all(c, r.json()["id"])
+            assert names(items).count("batch_end") == 4
+            assert items[-1][1]["status"] == "completed"
+            r = await c.post("/jobs", json={"epochs": 0})
+            assert r.status_code == 400
+            assert "out of range" in r.json()["error"]
+
+
+# -- the module itself -------------------------------------------------------------------------
+
+
+def test_serve_all_lists_its_public_names_with_docstrings() -> None:
+    import inspect
+
+    import trainbus.serve as serve
+
+    public = {
+        name
+        for name, value in vars(serve).items()
+        if not name.startswith("_") and not isinstance(value, ModuleType) and name != "annotations"
+    }
+    assert sorted(public) == sorted(serve.__all__)
+    for name in serve.__all__:
+        obj = getattr(serve, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            assert (obj.__doc__ or "").strip(), f"trainbus.serve.{name} has no docstring"
+
+
+def test_missing_service_extra_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    loaded = [m for m in sys.modules if m.split(".")[:2] == ["trainbus", "serve"]]
+    for name in loaded:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "starlette", None)  # as if it were not installed
+    with pytest.raises(ImportError, match=r"pip install 'trainbus\[service\]'"):
+        importlib.import_module("trainbus.serve")

@@ -28,13 +28,25 @@ BENCH = Path(__file__).resolve().parents[1]
 OUT = BENCH / ".out" / "peers.json"
 PEERS = {
     "plain": Path(sys.executable),
+    "trainbus": Path(sys.executable),
     "lightning": BENCH / ".venvs/lightning/bin/python",
     "ignite": BENCH / ".venvs/ignite/bin/python",
     "composer": BENCH / ".venvs/composer/bin/python",
 }
 # workload -> scenarios; d1 (the plain loop's 5 ms-sleep baseline for d) runs on plain only.
-FULL = {"mlp": "a b c d e d1", "large": "a d e d1"}
-QUICK = {"mlp": "a b d e", "large": ""}
+# Scenarios with a dash are trainbus's own variants (async twins, @blocking, max_lag=1).
+FULL = {"mlp": "a b c d e d1 b-async c-async b-blocking d-async d-lag1 e-async",
+        "large": "a d e d1 d-async d-lag1"}
+QUICK = {"mlp": "a b d e d1 b-async d-async", "large": ""}
+
+
+def runs_on(peer: str, scenario: str) -> bool:
+    """d1 is the plain loop's baseline; dashed scenarios exist only for trainbus."""
+    if scenario == "d1":
+        return peer == "plain"
+    if "-" in scenario:
+        return peer == "trainbus"
+    return True
 
 
 def run_one(peer: str, workload: str, scenario: str, reps: int, url: str) -> dict:
@@ -57,12 +69,12 @@ def summarize(results: list[dict]) -> str:
              "|---|---|---|---|---|---|"]
     for (fw, wk, sc), r in med.items():
         m = statistics.median(r["ms_per_batch"])
-        plain = med.get(("plain", wk, sc))
+        plain = med.get(("plain", wk, sc.split("-")[0]))
         extra = f"{m - statistics.median(plain['ms_per_batch']):+.3f} ms" if plain else ""
         note = ""
         base, plain_a = med.get((fw, wk, "a")), med.get(("plain", wk, "a"))
         calls = r["handler_calls_per_batch"]
-        if sc in ("b", "c") and base and plain_a and calls:
+        if sc.split("-")[0] in ("b", "c") and base and plain_a and calls:
             own = (m - statistics.median(base["ms_per_batch"])) * 1e3 / calls
             gross = (m - statistics.median(plain_a["ms_per_batch"])) * 1e3 / calls
             note = (f"{own:.2f} us per handler call over its own (a), {gross:.2f} us over "
@@ -70,7 +82,7 @@ def summarize(results: list[dict]) -> str:
         if sc == "a" and r.get("setup_ms"):
             note = f"setup before the first batch {statistics.median(r['setup_ms']):.0f} ms"
         d1 = med.get(("plain", wk, "d1"))
-        if sc == "d" and d1:
+        if sc.startswith("d") and sc != "d1" and d1:
             note = f"{m - statistics.median(d1['ms_per_batch']):+.3f} ms over plain d1 (one 5 ms sleep)"
         lines.append(f"| {wk} | {sc} | {fw} {r['version']} | {m:.3f} ({min(r['ms_per_batch']):.3f}) "
                      f"| {extra} | {note} |")
@@ -100,7 +112,7 @@ def main() -> None:
                 if wanted and scenario not in wanted:
                     continue
                 for peer in args.peers.split(","):
-                    if scenario == "d1" and peer != "plain":
+                    if not runs_on(peer, scenario):
                         continue
                     print(f"{peer} {workload}/{scenario} x{reps}", flush=True)
                     try:

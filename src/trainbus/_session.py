@@ -137,7 +137,8 @@ class LoopSide:
                 # Every task of the bus lives in a task group under a shielded scope: a task
                 # started while the caller is being cancelled must still start (a handler
                 # hand-over, a coroutine for a lane thread), or a lane waits for it forever.
-                tg = await outer.start(self._run_internal, internal)
+                with anyio.CancelScope(shield=True):  # a cancelled caller must still unwind it
+                    tg = await outer.start(self._run_internal, internal)
                 self._tg = tg
                 threads_done = {lane.index: anyio.Event() for lane in self.lanes if lane.on_thread}
                 for lane in self.lanes:
