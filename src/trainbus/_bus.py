@@ -38,9 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["EventBus", "Stopped"]
 
 _perf = time.perf_counter
-_sleep = time.sleep
-#: The producer releases the GIL at least this often (seconds) so the loop stays responsive.
-_YIELD_INTERVAL = 0.5e-3
 
 #: Sync handlers measured at or under this many seconds run on the producer thread.
 DEFAULT_INLINE_MAX = 50e-6
@@ -154,7 +151,6 @@ class EventBus(LoopSide):
         self._view: tuple[State, Logger] | None = None
         self._marks: deque[list[int]] = deque(maxlen=max_lag + 1)
         self._published = 0
-        self._last_yield = 0.0
         self._trace_mark = 0.0
         self._batches = 0
         self._barrier_wait = 0.0
@@ -192,12 +188,6 @@ class EventBus(LoopSide):
         """
         if self.stopping:
             raise Stopped
-        now = _perf()
-        if now - self._last_yield > _YIELD_INTERVAL:
-            # A producer in pure Python would hold the GIL for a whole switch interval
-            # (5 ms) at a time, and the loop waits that long for it; hand it over now.
-            self._last_yield = now
-            _sleep(0)
         state = self.state
         subs_of = self._subs
         to_kick: list[Lane] = []

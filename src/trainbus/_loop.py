@@ -151,12 +151,17 @@ class TrainingLoop:
         state, publish = self.state, self.publish
         total = state.batch_num_samples
         micro_losses = []
-        for i, micro in enumerate(split_microbatches(batch, state.grad_accum)):
+        micros = split_microbatches(batch, state.grad_accum)
+        for i, micro in enumerate(micros):
             loss = self._forward_loss(micro, lead if i == 0 else ())
-            scale = batch_size_of(micro) / total if total else 1.0
-            (loss * scale).backward()  # type: ignore[no-untyped-call]
+            if len(micros) == 1:
+                loss.backward()  # type: ignore[no-untyped-call]
+                micro_losses.append(state.loss)  # already detached
+            else:
+                scale = batch_size_of(micro) / total if total else 1.0
+                (loss * scale).backward()  # type: ignore[no-untyped-call]
+                micro_losses.append(loss.detach() * scale)
             publish(E.AFTER_BACKWARD)
-            micro_losses.append(loss.detach() * scale)
         for opt in state.optimizers:
             opt.step()
             opt.zero_grad(set_to_none=True)
