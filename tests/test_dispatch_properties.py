@@ -249,7 +249,9 @@ def run_scenario(
         if fail_cb is None:
             assert got == expected[i], i
         elif i == fail_cb:
-            assert len(got) == fail_at + 1  # nothing after its own failure
+            # Nothing after its own failure (see test_d10_a_failed_callback_gets_no_
+            # further_handler_calls in test_dispatch.py).
+            assert len(got) == fail_at + 1
         # One handler at a time.
         for before, after in itertools.pairwise(probe.calls):
             assert before[2] < after[1], (i, before, after)

@@ -263,9 +263,13 @@ class EventBus(LoopSide):
                 and not lane.pending
                 and lane.exec_lock.acquire(False)
             ):
-                slow = not self._run_inline(lane, slot, view, logger)
-            else:
-                self._enqueue(lane, slot, view, logger, to_kick)
+                # Read after the lane's counters: a handler that failed on the lane set
+                # ``stopping`` before counting itself done. Then nothing more runs (D10).
+                if not self.stopping:
+                    slow = not self._run_inline(lane, slot, view, logger)
+                    continue
+                lane.exec_lock.release()
+            self._enqueue(lane, slot, view, logger, to_kick)
 
     def _kick(self, lanes: list[Lane]) -> None:
         """Wake the lanes a burst of publications made busy (each was idle)."""
@@ -315,6 +319,8 @@ class EventBus(LoopSide):
             return
         if lane.enq != lane.done:
             self._wait([(lane, lane.enq)], backpressure=False)
+        if self.stopping:  # its lane skips what it had queued; so does this handler
+            raise Stopped
         lane.exec_lock.acquire()
         self._run_inline(lane, slot, view, logger)
 

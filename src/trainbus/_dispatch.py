@@ -232,9 +232,12 @@ class Dispatcher:
         """Finish a suspended handler in this task, then drain its lane (no more eagerness)."""
         cancelled = anyio.get_cancelled_exc_class()
         awaitable: Any = _Resume(coro, yielded)
-        task.lane, lane.scope = lane, task.scope
+        task.lane = lane
         while True:
             task.item, task.t0 = item, t0
+            # Only event handlers are cancelled (D11); a log record or a close in flight
+            # is delivered in full.
+            lane.scope = task.scope if item[0] == EVENT else None
             error: BaseException | None = None
             try:
                 await awaitable
@@ -252,7 +255,7 @@ class Dispatcher:
                     lane.idle = True
                     if lane.pending:
                         lane.idle = False
-                        task.lane, lane.scope = lane, task.scope
+                        task.lane = lane
                         continue
                     return
                 t0 = _perf()

@@ -5,9 +5,11 @@ Hierarchy::
     TrainbusError (Exception)
     ├── EngineThreadError (TrainbusError, RuntimeError)   wrong thread: would deadlock
     ├── FitInProgressError (TrainbusError, RuntimeError)  fit() while a fit is running
-    └── CallbackSignatureError (TrainbusError, TypeError) a handler cannot be called
+    ├── CallbackSignatureError (TrainbusError, TypeError) a handler cannot be called
+    └── StreamOverflowError                               an EventStream subscriber fell behind
     TrainbusWarning (UserWarning)
-    └── SlowCallbackWarning                               handlers slower than the batch
+    ├── SlowCallbackWarning                               handlers slower than the batch
+    └── MetricsUploadWarning                              points refused or not delivered
 
 Errors raised by callbacks are never wrapped: ``fit()`` raises the callback's own
 exception, with a note naming the callback and the event.
@@ -19,7 +21,9 @@ __all__ = [
     "CallbackSignatureError",
     "EngineThreadError",
     "FitInProgressError",
+    "MetricsUploadWarning",
     "SlowCallbackWarning",
+    "StreamOverflowError",
     "TrainbusError",
     "TrainbusWarning",
 ]
@@ -47,3 +51,11 @@ class TrainbusWarning(UserWarning):
 
 class SlowCallbackWarning(TrainbusWarning):
     """A callback's handlers take longer than the batch they observe."""
+
+
+class StreamOverflowError(TrainbusError):
+    """A subscriber fell ``buffer_size`` items behind under ``on_overflow="disconnect"``."""
+
+
+class MetricsUploadWarning(TrainbusWarning):
+    """Points were refused by the server, or not delivered before ``close_timeout``."""

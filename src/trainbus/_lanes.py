@@ -208,7 +208,7 @@ def thread_driver(bus: EventBus, lane: Lane) -> None:
                 t0 = _perf()
                 try:
                     if slot.is_async:
-                        bus._await_from_thread(lane, slot.fn, view, logger)
+                        bus._await_from_thread(lane, slot.fn, view, logger, cancellable=True)
                     else:
                         slot.fn(view, logger)
                 except BaseException as exc:

@@ -60,18 +60,23 @@ class LoopSide:
         def _wake(self, lane: Lane) -> None: ...
         def _submit_log(self, record: LogRecord) -> None: ...
 
-    def _await_from_thread(self, lane: Lane, fn: Callable[..., Any], *args: Any) -> None:
+    def _await_from_thread(
+        self, lane: Lane, fn: Callable[..., Any], *args: Any, cancellable: bool = False
+    ) -> None:
         """Run ``await fn(*args)`` on the loop for ``lane``'s thread and wait for it.
 
-        The coroutine runs in its own task under a scope registered as ``lane.scope``, so
-        cancelling ``fit()`` reaches it like any handler on the loop (D11).
+        The coroutine runs in its own task. With ``cancellable`` (event handlers) its scope
+        is registered as ``lane.scope``, so cancelling ``fit()`` reaches it like any handler
+        on the loop (D11); log records and close calls are always delivered in full.
         """
         done = threading.Event()
         box: list[BaseException] = []
 
         async def runner() -> None:
             try:
-                with anyio.CancelScope() as lane.scope:
+                with anyio.CancelScope() as scope:
+                    if cancellable:  # an event handler: cancel_in_flight() may end it
+                        lane.scope = scope
                     await fn(*args)
             except BaseException as exc:
                 box.append(exc)

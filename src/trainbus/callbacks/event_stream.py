@@ -30,7 +30,7 @@ import anyio
 import anyio.lowlevel
 
 from trainbus._events import Event
-from trainbus._exceptions import TrainbusError
+from trainbus._exceptions import StreamOverflowError
 from trainbus._logger import LoggerDestination, LogRecord
 from trainbus.callbacks._stream_items import (
     StreamEvent,
@@ -79,10 +79,6 @@ _REOPEN = frozenset({Event.INIT, Event.FIT_START})
 
 OverflowPolicy = Literal["drop_oldest", "disconnect"]
 _POLICIES = ("drop_oldest", "disconnect")
-
-
-class StreamOverflowError(TrainbusError):
-    """A subscriber fell ``buffer_size`` items behind under ``on_overflow="disconnect"``."""
 
 
 class Subscription:

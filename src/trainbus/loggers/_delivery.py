@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from trainbus._exceptions import TrainbusWarning
+from trainbus._exceptions import MetricsUploadWarning
 
 if TYPE_CHECKING:
     import httpx
@@ -43,10 +43,6 @@ __all__ = [
 ]
 
 MAX_REDIRECTS = 5
-
-
-class MetricsUploadWarning(TrainbusWarning):
-    """Points were refused by the server, or not delivered before ``close_timeout``."""
 
 
 @dataclass(frozen=True, slots=True)
