@@ -13,7 +13,7 @@ Then it writes benchmarks/README.md: machine and versions, the command, tables o
 medians with min-max over repetitions, and differences and ratios against the plain loop
 measured in the same run, with the SPEC section 7 targets marked met or missed.
 
-Run:  python benchmarks/run_all.py            (about 35 minutes on 2 cores)
+Run:  python benchmarks/run_all.py            (about 25 minutes on 2 cores)
       python benchmarks/run_all.py --quick    (a smoke run, a few minutes)
 """
 

@@ -107,7 +107,7 @@ def main() -> None:
     try:
         url = server.stdout.readline().strip()
         for workload in args.workloads.split(","):
-            reps = args.reps or (3 if args.quick else 15 if workload == "mlp" else 5)
+            reps = args.reps or (3 if args.quick else 11 if workload == "mlp" else 3)
             for scenario in plan.get(workload, "").split():
                 if wanted and scenario not in wanted:
                     continue
