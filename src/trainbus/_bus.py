@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from queue import SimpleQueue
@@ -21,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from trainbus._bridge import LoopHandle
-from trainbus._callback import Handler, HandlerTable, resolve_callback
+from trainbus._callback import Handler, resolve_callback
 from trainbus._dispatch import Dispatcher
 from trainbus._events import Event
-from trainbus._exceptions import SlowCallbackWarning
 from trainbus._lanes import EVENT, LOG, Lane, Slot
-from trainbus._logger import Logger, LoggerDestination, LogRecord
+from trainbus._logger import Logger, LogRecord, resolve_log_handler
 from trainbus._session import LoopSide, _NoEvent
+from trainbus._slow import SlowCallbacks
 from trainbus._statistics import BusStatistics, collect_statistics
 from trainbus._stopped import Stopped
 
@@ -41,53 +40,7 @@ _perf = time.perf_counter
 
 #: Sync handlers measured at or under this many seconds run on the producer thread.
 DEFAULT_INLINE_MAX = 50e-6
-#: Batches (after the first) whose handler time is compared with the batch time.
-_SLOW_CHECK_BATCHES = 3
-#: Handler time per batch under which a callback is never called slow (seconds): below
-#: it, the batch is tiny and scheduling noise dominates.
-_SLOW_MIN_BUSY = 5e-3
-
-
 _EXTRA_METHODS = (("background", object, 2, "background(self, state, logger)"),)
-
-
-def _log_handler(table: HandlerTable) -> Handler | None:
-    """The callable that receives log records, for destinations."""
-    dest = table.callback
-    if not isinstance(dest, LoggerDestination):
-        return None
-    cls = type(dest)
-    if cls.log_record is not LoggerDestination.log_record:
-        method = dest.log_record
-        fn: Callable[..., Any] = method
-        is_async = anyio_iscoroutinefunction(method)
-    else:
-        metrics, hparams = dest.log_metrics, dest.log_hyperparameters
-        m_async = anyio_iscoroutinefunction(metrics)
-        h_async = anyio_iscoroutinefunction(hparams)
-        is_async = m_async or h_async
-        if is_async:
-
-            async def route(record: LogRecord) -> None:
-                if record.hyperparameters:
-                    result = hparams(record.metrics)
-                    if h_async:
-                        await result
-                else:
-                    result = metrics(record.metrics, record.step)
-                    if m_async:
-                        await result
-
-            fn = route
-        else:
-            fn = dest.log_record
-    return Handler(dest, f"{cls.__qualname__}.log_record", fn, is_async, False)
-
-
-def anyio_iscoroutinefunction(fn: Any) -> bool:
-    import inspect
-
-    return inspect.iscoroutinefunction(fn)
 
 
 class EventBus(LoopSide):
@@ -127,7 +80,7 @@ class EventBus(LoopSide):
         self.lanes: list[Lane] = []
         for i, cb in enumerate(callbacks):
             table = resolve_callback(cb, where=f"callbacks[{i}]", extra=_EXTRA_METHODS)
-            self.lanes.append(Lane(table, i, _log_handler(table)))
+            self.lanes.append(Lane(table, i, resolve_log_handler(table)))
         self._destinations = [lane for lane in self.lanes if lane.is_destination]
         self._subs: dict[Event, list[tuple[Lane, Slot]]] = {}
         for event in Event:
@@ -157,9 +110,7 @@ class EventBus(LoopSide):
         self._barrier_waits = 0
         self._backpressure_wait = 0.0
         self._peak_depth = 0
-        self._last_batch_end = 0.0
-        self._slow_checks = 0
-        self._slow_wait_mark = 0.0
+        self.slow = SlowCallbacks()
 
     # -- producer side ---------------------------------------------------------------------
 
@@ -332,8 +283,8 @@ class EventBus(LoopSide):
             self.trace.producer_span(f"batch {self._batches}", mark, now - mark)
         if self.max_lag:
             self._marks.append([lane.enq for lane in self.lanes])
-        if self.warn_slow and self._slow_checks <= _SLOW_CHECK_BATCHES:
-            self._check_slow()
+        if self.warn_slow and self.slow.checking:
+            self.slow.at_batch_end(self)
 
     def _barrier(self) -> None:
         lanes = self.lanes
@@ -390,46 +341,6 @@ class EventBus(LoopSide):
                 self._waiting.discard(lane)
                 if not self._waiting:
                     self._signal.put(True)
-
-    def _check_slow(self) -> None:
-        now = _perf()
-        # The batch itself: time since the last BATCH_END less what the training thread
-        # spent waiting (for these very handlers, at barriers and full queues).
-        waited = self._barrier_wait + self._backpressure_wait
-        batch_time = (now - self._last_batch_end) - (waited - self._slow_wait_mark)
-        self._last_batch_end = now
-        self._slow_wait_mark = waited
-        self._slow_checks += 1
-        if self._slow_checks == 1:  # the first batch carries start-up costs
-            for lane in self.lanes:
-                lane.busy_mark = lane.busy
-            return
-        for lane in self.lanes:
-            busy, lane.busy_mark = lane.busy - lane.busy_mark, lane.busy
-            if busy > batch_time and busy > _SLOW_MIN_BUSY:
-                lane.slow_batches += 1
-        if self._slow_checks > _SLOW_CHECK_BATCHES:
-            for lane in self.lanes:
-                if lane.slow_batches >= _SLOW_CHECK_BATCHES - 1:
-                    self._warn_slow(lane)
-
-    def _warn_slow(self, lane: Lane) -> None:
-        slowest = max(lane.slots.values(), key=lambda s: s.total_time, default=None)
-        where = f"{slowest.handler.qualname}" if slowest is not None else lane.name
-        event = f"Event.{slowest.event.name}" if slowest and slowest.event else "its events"
-        message = (
-            f"callback {lane.name} spends longer in its handlers than a batch takes "
-            f"(slowest: {where} on {event}); training waits for it at every barrier. "
-            "Make the handler async, move the work off the per-batch events, or raise "
-            "Trainer(max_lag=...)"
-        )
-        self.loop.call_soon(self._emit_warning, message, lane)
-
-    def _emit_warning(self, message: str, lane: Lane) -> None:
-        try:
-            warnings.warn(message, SlowCallbackWarning, stacklevel=1)
-        except Warning as exc:  # warnings turned into errors: fail like a handler would
-            self._fail(exc, None, None)
 
     # -- any thread --------------------------------------------------------------------------
 

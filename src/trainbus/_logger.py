@@ -8,20 +8,21 @@ concurrently with training and with the other destinations.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
-from trainbus._callback import Callback
+from trainbus._callback import Callback, Handler, HandlerTable
 from trainbus._scalars import copy_value, resolve_value
 
 if TYPE_CHECKING:
     from trainbus._state import State
     from trainbus._time import Timestamp
 
-__all__ = ["LogLevel", "LogRecord", "Logger", "LoggerDestination"]
+__all__ = ["LogLevel", "LogRecord", "Logger", "LoggerDestination", "resolve_log_handler"]
 
 
 class LogLevel(IntEnum):
@@ -243,3 +244,40 @@ class LoggerDestination(Callback):
         if record.hyperparameters:
             return self.log_hyperparameters(record.metrics)
         return self.log_metrics(record.metrics, record.step)
+
+
+def resolve_log_handler(table: HandlerTable) -> Handler | None:
+    """For a destination, the handler that receives its log records (else ``None``).
+
+    An overridden ``log_record`` is used as it is; otherwise records are routed to
+    ``log_metrics`` / ``log_hyperparameters``, awaited if either is ``async def``.
+    """
+    dest = table.callback
+    if not isinstance(dest, LoggerDestination):
+        return None
+    cls = type(dest)
+    if cls.log_record is not LoggerDestination.log_record:
+        method = dest.log_record
+        fn: Callable[..., Any] = method
+        is_async = inspect.iscoroutinefunction(method)
+    else:
+        metrics, hparams = dest.log_metrics, dest.log_hyperparameters
+        m_async = inspect.iscoroutinefunction(metrics)
+        h_async = inspect.iscoroutinefunction(hparams)
+        is_async = m_async or h_async
+        if is_async:
+
+            async def route(record: LogRecord) -> None:
+                if record.hyperparameters:
+                    result = hparams(record.metrics)
+                    if h_async:
+                        await result
+                else:
+                    result = metrics(record.metrics, record.step)
+                    if m_async:
+                        await result
+
+            fn = route
+        else:
+            fn = dest.log_record
+    return Handler(dest, f"{cls.__qualname__}.log_record", fn, is_async, False)

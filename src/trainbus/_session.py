@@ -20,6 +20,7 @@ from trainbus._bridge import LoopHandle
 from trainbus._callback import Handler
 from trainbus._exceptions import EngineThreadError
 from trainbus._lanes import CALL, STOP, Lane, drain_broken, thread_driver
+from trainbus._slow import SlowCallbacks
 from trainbus._stopped import Stopped
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ class LoopSide:
         _dispatcher: Dispatcher
         _signal: SimpleQueue[bool]
         _marks: deque[list[int]]
-        _slow_checks: int
+        slow: SlowCallbacks
         _view_key: tuple[Any, Any]
         _view: tuple[State, Logger] | None
         _spawn_queue: deque[Callable[[], Any]]
@@ -131,7 +132,7 @@ class LoopSide:
         self.errors = []
         self._signal = SimpleQueue()
         self._marks.clear()
-        self._slow_checks = 0
+        self.slow = SlowCallbacks()
         self._view_key = (None, None)
         self._view = None
         for lane in self.lanes:

@@ -114,7 +114,7 @@ async def test_disconnect_policy_cuts_off_slow_subscriber() -> None:
     stream = EventStream(buffer_size=3, on_overflow="disconnect")
     trainer = make_trainer(5, 1, loggers=[stream])
     slow = stream.subscribe()
-    fast = stream.subscribe()
+    fast = stream.subscribe(buffer_size=1000)  # only the never-reading one is cut off
     seen: list[Any] = []
     async with anyio.create_task_group() as tg:
         tg.start_soon(collect, fast, seen)
