@@ -74,7 +74,7 @@ def _message(lane: Lane) -> str:
         "Trainer(max_lag=...)"
     )
     if slowest is not None and not slowest.is_async:
-        advice = "make the handler async (a thread lane does not make it faster), " + advice
+        advice = "make its blocking I/O async, " + advice
     return (
         f"callback {lane.name} spends longer in its handlers than a batch takes "
         f"(slowest: {where} on {event}); training waits for it at every barrier: {advice}"
