@@ -1540,3 +1540,24 @@ async def test_log_records_reach_destinations_in_order_also_from_close() -> None
     for name in ("fwd", "end", "closed"):
         ts = memory.get_timeseries(name)
         assert (ts[name], ts["step"]) == series(name)
+
+
+@pytest.mark.anyio
+async def test_d4_barriers_do_not_wait_for_log_records() -> None:
+    """A destination still busy with the loss record of batch 1 does not hold BATCH_END."""
+    released = anyio.Event()
+    outcome: list[bool] = []
+
+    class Stuck(LoggerDestination):
+        async def log_record(self, record: Any) -> None:
+            if not outcome:  # the first record waits until training has ended
+                with anyio.move_on_after(5) as scope:
+                    await released.wait()
+                outcome.append(not scope.cancelled_caught)
+
+    class Ends(Callback):
+        async def fit_end(self, state: Any, logger: Any) -> None:
+            released.set()
+
+    await fit(make_trainer(4, callbacks=[Ends()], loggers=[Stuck()]))
+    assert outcome == [True], "a barrier waited for the destination's log record"

@@ -306,15 +306,22 @@ class EventBus(LoopSide):
         if self.stopping:
             raise Stopped
 
-    def _wait(self, targets: list[tuple[Lane, int]], *, backpressure: bool) -> None:
-        """Block the producer until each lane's ``done`` reaches its target."""
+    def _wait(
+        self, targets: list[tuple[Lane, int]], *, backpressure: bool, logs: bool = False
+    ) -> None:
+        """Block the producer until each lane's ``done`` (or ``log_done``) reaches its target."""
         with self._lock:
             for lane, target in targets:
-                lane.wait_target = target
-                if lane.done < target:
+                if logs:
+                    lane.log_wait_target = target
+                    behind = lane.log_done < target
+                else:
+                    lane.wait_target = target
+                    behind = lane.done < target
+                if behind:
                     self._waiting.add(lane)
                 else:
-                    lane.wait_target = None
+                    lane.wait_target = lane.log_wait_target = None
             if not self._waiting:
                 return
         t0 = _perf()
@@ -322,7 +329,7 @@ class EventBus(LoopSide):
         elapsed = _perf() - t0
         with self._lock:
             for lane, _ in targets:
-                lane.wait_target = None
+                lane.wait_target = lane.log_wait_target = None
             self._waiting.clear()
         if backpressure:
             self._backpressure_wait += elapsed
@@ -377,18 +384,21 @@ class EventBus(LoopSide):
     def _submit_log(self, record: LogRecord) -> None:
         """Queue ``record`` on every destination's lane (any thread).
 
-        Records the training thread logs count against ``queue_size`` like events (D12):
-        a destination that falls behind makes the training thread wait. Records logged
+        Records the training thread logs are bounded by ``queue_size`` per destination
+        (D12): a destination that falls that far behind makes the training thread wait.
+        They are not part of barriers, which wait for event handlers only. Records logged
         from handlers never wait (that could block the loop); they are bounded by the
         handlers that log them.
         """
         producer = self.is_producer()
         for lane in self._destinations:
             if producer:
-                if lane.enq - lane.done >= self.queue_size:
-                    self._wait([(lane, lane.enq - self.queue_size + 1)], backpressure=True)
+                if lane.log_enq - lane.log_done >= self.queue_size:
+                    self._wait(
+                        [(lane, lane.log_enq - self.queue_size + 1)], backpressure=True, logs=True
+                    )
                 lane.pending.append((LOG, record, True))
-                lane.enq += 1
+                lane.log_enq += 1
             else:
                 lane.pending.append((LOG, record, False))
             self._wake(lane)

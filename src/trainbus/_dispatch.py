@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from trainbus._lanes import CALL, EVENT, Lane, count_done, finish_event
+from trainbus._lanes import CALL, EVENT, Lane, count_log_done, finish_event
 from trainbus._scalars import all_ready
 
 if TYPE_CHECKING:
@@ -197,7 +197,7 @@ class Dispatcher:
                 bus._fail(error, slot.handler, None)
             slot.account(elapsed)
             if item[2]:
-                count_done(bus, lane)
+                count_log_done(bus, lane)
 
     def _drain_eagerly(
         self, lane: Lane

@@ -42,6 +42,7 @@ __all__ = [
     "Lane",
     "Slot",
     "count_done",
+    "count_log_done",
     "drain_broken",
     "finish_event",
     "thread_driver",
@@ -49,7 +50,7 @@ __all__ = [
 
 # Work item kinds; items are tuples whose first element is the kind.
 EVENT = 0  # (EVENT, slot, state_view, logger)
-LOG = 1  # (LOG, record, counted): counted when the producer logged it (D12)
+LOG = 1  # (LOG, record, counted): counted in log_enq when the producer logged it (D12)
 CALL = 2  # (CALL, fn, is_async, on_done)     fn() or await fn(); then on_done(exc | None)
 STOP = 3  # (STOP,)
 
@@ -106,7 +107,10 @@ class Lane:
         "index",
         "is_destination",
         "last_batch",
+        "log_done",
+        "log_enq",
         "log_slot",
+        "log_wait_target",
         "name",
         "on_thread",
         "peak",
@@ -143,6 +147,9 @@ class Lane:
         self.idle = True
         self.stopped = False
         self.wait_target: int | None = None
+        self.log_enq = 0  # records the producer logged (D12); not part of barriers
+        self.log_done = 0
+        self.log_wait_target: int | None = None
         self.scope: anyio.CancelScope | None = None
         self.thread: threading.Thread | None = None
         self.peak = 0
@@ -172,6 +179,14 @@ def finish_event(
         if bus.trace is not None:
             bus.trace.handler(lane.name, slot.event, _perf() - elapsed, elapsed)
     count_done(bus, lane)
+
+
+def count_log_done(bus: EventBus, lane: Lane) -> None:
+    """Count one delivered record the producer counted in ``lane.log_enq``."""
+    lane.log_done += 1
+    target = lane.log_wait_target
+    if target is not None and lane.log_done >= target:
+        bus._reached(lane)
 
 
 def count_done(bus: EventBus, lane: Lane) -> None:
@@ -222,7 +237,7 @@ def thread_driver(bus: EventBus, lane: Lane) -> None:
             with lock:
                 _deliver_sync(bus, lane, item[1])
             if item[2]:
-                count_done(bus, lane)
+                count_log_done(bus, lane)
         elif kind == CALL:
             _, fn, is_async, on_done = item
             error: BaseException | None = None
@@ -255,8 +270,10 @@ def drain_broken(bus: EventBus, lane: Lane, error: BaseException) -> None:
             lane.tokens.get()
             continue
         kind = item[0]
-        if kind == EVENT or (kind == LOG and item[2]):
+        if kind == EVENT:
             count_done(bus, lane)
+        elif kind == LOG and item[2]:
+            count_log_done(bus, lane)
         elif kind == CALL:
             bus.loop.call_soon(item[3], error)
         elif kind == STOP:
