@@ -26,6 +26,8 @@ from trainbus._exceptions import FitInProgressError as FitInProgressError
 from trainbus._exceptions import SlowCallbackWarning as SlowCallbackWarning
 from trainbus._exceptions import TrainbusError as TrainbusError
 from trainbus._exceptions import TrainbusWarning as TrainbusWarning
+from trainbus._filters import every as every
+from trainbus._filters import once as once
 from trainbus._logger import Logger as Logger
 from trainbus._logger import LoggerDestination as LoggerDestination
 from trainbus._logger import LogLevel as LogLevel
@@ -68,4 +70,6 @@ __all__ = (
     "TrainbusError",
     "TrainbusWarning",
     "blocking",
+    "every",
+    "once",
 )

@@ -156,6 +156,9 @@ class EventBus(LoopSide):
                     view, logger = self._view  # type: ignore[misc]
                     inline: list[tuple[Lane, Slot]] | None = None
                     for lane, slot in subs:
+                        when = slot.when
+                        if when is not None and not self._due(slot, when, key[1]):
+                            continue
                         if slot.inline_ok:
                             if inline is None:
                                 inline = []
@@ -178,6 +181,15 @@ class EventBus(LoopSide):
                     raise Stopped
         finally:
             self._kick(to_kick)
+
+    @staticmethod
+    def _due(slot: Slot, when: Callable[[Any], bool], ts: Any) -> bool:
+        """Whether a filtered handler runs for this event (``@once``: only the first time)."""
+        if not when(ts):
+            return False
+        if getattr(when, "exact", False):
+            slot.when = _never
+        return True
 
     def _enqueue(
         self, lane: Lane, slot: Slot, view: State, logger: Logger, to_kick: list[Lane]
@@ -402,3 +414,8 @@ class EventBus(LoopSide):
             else:
                 lane.pending.append((LOG, record, False))
             self._wake(lane)
+
+
+def _never(ts: Any) -> bool:
+    """The filter of a ``@once`` handler that already ran."""
+    return False

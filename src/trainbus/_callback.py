@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from trainbus._events import Event
 from trainbus._exceptions import CallbackSignatureError
+from trainbus._filters import FILTER_ATTR
 from trainbus._serializable import Serializable
 
 if TYPE_CHECKING:
@@ -167,6 +168,8 @@ class Handler:
         fn: The callable; event handlers take ``(state, logger)``.
         is_async: Whether ``fn`` returns a coroutine to await.
         is_blocking: Whether the training thread waits for it (``@blocking``).
+        when: The event filter (``@every``/``@once``): called with the event's timestamp,
+            the handler runs only when it returns true.
     """
 
     callback: Callback
@@ -174,6 +177,7 @@ class Handler:
     fn: Callable[..., Any]
     is_async: bool
     is_blocking: bool
+    when: Callable[[Any], bool] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +250,7 @@ def _make_handler(callback: Callback, name: str, fn: Callable[..., Any]) -> Hand
         fn=fn,
         is_async=_is_async(method),
         is_blocking=bool(getattr(method, _BLOCKING_ATTR, False)),
+        when=getattr(method, FILTER_ATTR, None),
     )
 
 

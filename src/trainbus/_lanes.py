@@ -72,6 +72,7 @@ class Slot:
         "is_blocking",
         "max_time",
         "total_time",
+        "when",
     )
 
     def __init__(self, handler: Handler, event: Event | None) -> None:
@@ -80,6 +81,7 @@ class Slot:
         self.fn = handler.fn
         self.is_async = handler.is_async
         self.is_blocking = handler.is_blocking
+        self.when = handler.when
         self.calls = 0
         self.inline_calls = 0
         self.total_time = 0.0
