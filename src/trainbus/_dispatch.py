@@ -203,15 +203,9 @@ class Dispatcher:
         self, lane: Lane
     ) -> tuple[tuple[Any, ...], Coroutine[Any, Any, Any], Any, float] | None:
         """Run ``lane``'s items in this task until it is empty or a handler suspends."""
-        pending = lane.pending
         while True:
-            try:
-                item = pending.popleft()
-            except IndexError:
-                lane.idle = True
-                if pending:
-                    lane.idle = False
-                    continue
+            item = lane.take()
+            if item is None:
                 return None
             t0 = _perf()
             try:
@@ -248,16 +242,11 @@ class Dispatcher:
             self._finish(lane, item, error, t0)
             # Next item of this lane, if any.
             while True:
-                try:
-                    item = lane.pending.popleft()
-                except IndexError:
+                next_item = lane.take()
+                if next_item is None:
                     task.lane = lane.scope = None
-                    lane.idle = True
-                    if lane.pending:
-                        lane.idle = False
-                        task.lane = lane
-                        continue
                     return
+                item = next_item
                 t0 = _perf()
                 try:
                     next_coro = self._start(lane, item)

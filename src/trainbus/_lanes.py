@@ -160,6 +160,22 @@ class Lane:
         self.slow_batches = 0
         self.last_batch = 0
 
+    def take(self) -> tuple[Any, ...] | None:
+        """The next item, or ``None`` after marking the lane idle.
+
+        The queue is checked again after ``idle`` is set, so an item appended by a thread
+        that saw the lane busy is never left behind (a spare wake-up costs one empty pass).
+        """
+        pending = self.pending
+        while True:
+            try:
+                return pending.popleft()
+            except IndexError:
+                self.idle = True
+                if not pending:
+                    return None
+                self.idle = False
+
     def statistics_slots(self) -> list[Slot]:
         slots = list(self.slots.values())
         if self.log_slot is not None:
@@ -201,18 +217,12 @@ def count_done(bus: EventBus, lane: Lane) -> None:
 
 def thread_driver(bus: EventBus, lane: Lane) -> None:
     """Body of a thread lane: run items until a STOP item."""
-    pending = lane.pending
     tokens = lane.tokens
     lock = lane.exec_lock
     inline_max = bus.inline_max
     while True:
-        try:
-            item = pending.popleft()
-        except IndexError:
-            lane.idle = True
-            if pending:
-                lane.idle = False
-                continue
+        item = lane.take()
+        if item is None:
             tokens.get()
             continue
         kind = item[0]
@@ -263,12 +273,8 @@ def drain_broken(bus: EventBus, lane: Lane, error: BaseException) -> None:
     records are counted as done, ``CALL`` items fail with ``error``, ``STOP`` ends it.
     """
     while True:
-        try:
-            item = lane.pending.popleft()
-        except IndexError:
-            lane.idle = True
-            if lane.pending:
-                continue
+        item = lane.take()
+        if item is None:
             lane.tokens.get()
             continue
         kind = item[0]
