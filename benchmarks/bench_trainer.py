@@ -35,33 +35,17 @@ import anyio
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 import workloads
+from run_trainbus import noop_class
 
-import trainbus
 from trainbus import Callback, Trainer
 
 PER_BATCH = workloads.PER_BATCH_POINTS
 
 
 def _noop_class(kind: str) -> type[Callback]:
-    def sync_handler(self: Any, state: Any, logger: Any) -> None:
-        return None
-
-    async def async_handler(self: Any, state: Any, logger: Any) -> None:
-        return None
-
-    methods: dict[str, Any] = {}
-    for name in PER_BATCH:
-        if kind == "sync":
-            methods[name] = sync_handler
-        elif kind == "async":
-            methods[name] = async_handler
-        else:
-            def blocking_handler(self: Any, state: Any, logger: Any) -> None:
-                return None
-
-            methods[name] = trainbus.blocking(blocking_handler)
-    return type(f"Noop{kind.title()}", (Callback,), methods)
+    return noop_class({"sync": "noop", "async": "noop-async", "blocking": "noop-blocking"}[kind])
 
 
 class SleepSync(Callback):
@@ -130,7 +114,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(1)
     w = workloads.make_workload("mlp")
     table = scenarios(w)
-    names = [n for n in table if not args.only or n in args.only.split(",") or n.startswith("plain")]
+    wanted = set(args.only.split(",")) if args.only else set(table)
+    wanted |= {table[n][1] for n in list(wanted)}  # and the baselines they are compared with
+    names = [n for n in table if n in wanted or n.startswith("plain")]
     for name in names:  # warm-up
         table[name][0](workloads.TimedBatches(w.batches))
     results: dict[str, list[float]] = {n: [] for n in names}
