@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from trainbus._time import Time, Timer, Timestamp, TimeUnit, ensure_time
+from trainbus._time import Time, TimeUnit, ensure_time
+from trainbus._timer import Timer, Timestamp
 
 UNITS_LISTED = "ep, ba, sp, tok, dur"
 

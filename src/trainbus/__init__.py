@@ -37,9 +37,9 @@ from trainbus._state import State as State
 from trainbus._statistics import BusStatistics as BusStatistics
 from trainbus._statistics import CallbackStatistics as CallbackStatistics
 from trainbus._time import Time as Time
-from trainbus._time import Timer as Timer
-from trainbus._time import Timestamp as Timestamp
 from trainbus._time import TimeUnit as TimeUnit
+from trainbus._timer import Timer as Timer
+from trainbus._timer import Timestamp as Timestamp
 from trainbus._trace import TraceRecorder as TraceRecorder
 from trainbus._trainer import Trainer as Trainer
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from trainbus._time import Time, Timestamp, TimeUnit, ensure_time
+from trainbus._time import Time, TimeUnit, ensure_time
+from trainbus._timer import Timestamp
 
 __all__ = ["every", "once"]
 

@@ -20,7 +20,7 @@ from trainbus._scalars import copy_value, resolve_value
 
 if TYPE_CHECKING:
     from trainbus._state import State
-    from trainbus._time import Timestamp
+    from trainbus._timer import Timestamp
 
 __all__ = ["LogLevel", "LogRecord", "Logger", "LoggerDestination", "resolve_log_handler"]
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainbus._serializable import Serializable
-from trainbus._time import Time, Timer, Timestamp, TimeUnit, ensure_time
+from trainbus._time import Time, TimeUnit, ensure_time
+from trainbus._timer import Timer, Timestamp
 
 if TYPE_CHECKING:
     from trainbus._callback import Callback

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from trainbus._events import Event
-from trainbus._time import Timestamp
+from trainbus._timer import Timestamp
 
 __all__ = [
     "StreamEvent",

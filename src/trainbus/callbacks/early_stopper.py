@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trainbus._callback import Callback, blocking
-from trainbus._time import Time, Timestamp, TimeUnit, ensure_time
+from trainbus._time import Time, TimeUnit, ensure_time
+from trainbus._timer import Timestamp
 from trainbus.callbacks._monitor import Comparison, read_metric, resolve_comparison
 
 if TYPE_CHECKING:

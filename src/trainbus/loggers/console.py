@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 import torch
 
 from trainbus._logger import LoggerDestination, LogRecord
-from trainbus._time import Time, Timestamp, TimeUnit, ensure_time
+from trainbus._time import Time, TimeUnit, ensure_time
+from trainbus._timer import Timestamp
 
 if TYPE_CHECKING:
     from trainbus._logger import Logger

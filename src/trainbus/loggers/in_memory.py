@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainbus._logger import LoggerDestination, LogLevel, LogRecord, _to_level
-from trainbus._time import Timestamp
+from trainbus._timer import Timestamp
 
 __all__ = ["InMemoryLogger"]
 
