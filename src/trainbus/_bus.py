@@ -98,7 +98,6 @@ class EventBus(LoopSide):
         self._tg: anyio.abc.TaskGroup | None = None
         self._producer_ident: int | None = None
         self.stopping = False
-        self.cancelled = False
         self.errors: list[BaseException] = []
         self._view_key: tuple[Any, Any] = (None, None)
         self._view: tuple[State, Logger] | None = None
@@ -383,9 +382,8 @@ class EventBus(LoopSide):
             self.errors.append(exc)
         self.stop()
 
-    def stop(self, *, cancelled: bool = False) -> None:
+    def stop(self) -> None:
         """Stop the producer at its next event or wait. Safe from any thread."""
-        self.cancelled = self.cancelled or cancelled
         self.stopping = True
         self._signal.put(False)
 

@@ -40,7 +40,6 @@ class LoopSide:
         state: State
         logger: Logger
         stopping: bool
-        cancelled: bool
         errors: list[BaseException]
         _loop: LoopHandle | None
         _tg: anyio.abc.TaskGroup | None
@@ -56,7 +55,7 @@ class LoopSide:
 
         @property
         def loop(self) -> LoopHandle: ...
-        def stop(self, *, cancelled: bool = False) -> None: ...
+        def stop(self) -> None: ...
         def _fail(self, exc: BaseException, handler: Handler | None, event: Any) -> None: ...
         def _wake(self, lane: Lane) -> None: ...
         def _submit_log(self, record: LogRecord) -> None: ...
@@ -128,7 +127,6 @@ class LoopSide:
             raise EngineThreadError("the bus already has a running session")
         self._loop = LoopHandle()
         self.stopping = False
-        self.cancelled = False
         self.errors = []
         self._signal = SimpleQueue()
         self._marks.clear()
@@ -293,7 +291,7 @@ class LoopSide:
         try:
             await finished.wait()
         except BaseException:
-            self.stop(cancelled=True)
+            self.stop()
             self.cancel_in_flight()
             with anyio.CancelScope(shield=True):
                 await finished.wait()
