@@ -102,6 +102,7 @@ class Lane:
     __slots__ = (
         "busy",
         "busy_mark",
+        "deferred",
         "done",
         "enq",
         "exec_lock",
@@ -147,6 +148,7 @@ class Lane:
         self.enq = 0
         self.done = 0
         self.idle = True
+        self.deferred = False  # holds items queued without a wake-up (run at the next barrier)
         self.stopped = False
         self.wait_target: int | None = None
         self.log_enq = 0  # records the producer logged (D12); not part of barriers
@@ -216,54 +218,61 @@ def count_done(bus: EventBus, lane: Lane) -> None:
 
 
 def thread_driver(bus: EventBus, lane: Lane) -> None:
-    """Body of a thread lane: run items until a STOP item."""
+    """Body of a thread lane: run items until a STOP item.
+
+    The lane's lock is held while taking an item and running it, never while sleeping: the
+    training thread, holding the same lock while the lane is idle, may run the lane's cheap
+    items itself without either of them running two items at once or out of order.
+    """
     tokens = lane.tokens
     lock = lane.exec_lock
-    inline_max = bus.inline_max
     while True:
-        item = lane.take()
+        with lock:
+            item = lane.take()
+            if item is not None:
+                kind = item[0]
+                if kind == STOP:
+                    return
+                _run_thread_item(bus, lane, item, kind)
         if item is None:
             tokens.get()
-            continue
-        kind = item[0]
-        if kind == EVENT:
-            _, slot, view, logger = item
-            if bus.stopping:
-                finish_event(bus, lane, slot, view, 0.0, skipped=True)
-                continue
-            with lock:
-                t0 = _perf()
-                try:
-                    if slot.is_async:
-                        bus._await_from_thread(lane, slot.fn, view, logger, cancellable=True)
-                    else:
-                        slot.fn(view, logger)
-                except BaseException as exc:
-                    bus._fail(exc, slot.handler, slot.event)
-                elapsed = _perf() - t0
-            if inline_max and not slot.is_async and not slot.inline_banned:
-                slot.inline_ok = elapsed <= inline_max
-                slot.inline_banned = not slot.inline_ok
-            finish_event(bus, lane, slot, view, elapsed)
-        elif kind == LOG:
-            with lock:
-                _deliver_sync(bus, lane, item[1])
-            if item[2]:
-                count_log_done(bus, lane)
-        elif kind == CALL:
-            _, fn, is_async, on_done = item
-            error: BaseException | None = None
-            with lock:
-                try:
-                    if is_async:
-                        bus._await_from_thread(lane, fn)
-                    else:
-                        fn()
-                except BaseException as exc:
-                    error = exc
-            bus.loop.call_soon(on_done, error)
-        else:  # STOP
+
+
+def _run_thread_item(bus: EventBus, lane: Lane, item: tuple[Any, ...], kind: int) -> None:
+    if kind == EVENT:
+        _, slot, view, logger = item
+        if bus.stopping:
+            finish_event(bus, lane, slot, view, 0.0, skipped=True)
             return
+        t0 = _perf()
+        try:
+            if slot.is_async:
+                bus._await_from_thread(lane, slot.fn, view, logger, cancellable=True)
+            else:
+                slot.fn(view, logger)
+        except BaseException as exc:
+            bus._fail(exc, slot.handler, slot.event)
+        elapsed = _perf() - t0
+        inline_max = bus.inline_max
+        if inline_max and not slot.is_async and not slot.inline_banned:
+            slot.inline_ok = elapsed <= inline_max
+            slot.inline_banned = not slot.inline_ok
+        finish_event(bus, lane, slot, view, elapsed)
+    elif kind == LOG:
+        _deliver_sync(bus, lane, item[1])
+        if item[2]:
+            count_log_done(bus, lane)
+    else:  # CALL
+        _, fn, is_async, on_done = item
+        error: BaseException | None = None
+        try:
+            if is_async:
+                bus._await_from_thread(lane, fn)
+            else:
+                fn()
+        except BaseException as exc:
+            error = exc
+        bus.loop.call_soon(on_done, error)
 
 
 def drain_broken(bus: EventBus, lane: Lane, error: BaseException) -> None:
