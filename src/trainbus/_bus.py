@@ -23,7 +23,7 @@ from trainbus._bridge import LoopHandle
 from trainbus._callback import Handler, resolve_callback
 from trainbus._dispatch import Dispatcher
 from trainbus._events import Event
-from trainbus._lanes import EVENT, LOG, Lane, Slot
+from trainbus._lanes import EVENT, LOG, Lane, Slot, finish_event
 from trainbus._logger import Logger, LogRecord, resolve_log_handler
 from trainbus._session import LoopSide, _NoEvent
 from trainbus._slow import SlowCallbacks
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 __all__ = ["EventBus", "Stopped"]
 
 _perf = time.perf_counter
+#: Seconds a cheap plain handler may wait, unwoken, for the next barrier (see ``_defer``).
+_DEFER_MAX = 1e-3
 
 #: Sync handlers measured at or under this many seconds run on the producer thread.
 DEFAULT_INLINE_MAX = 50e-6
@@ -92,6 +94,8 @@ class EventBus(LoopSide):
         self._signal: SimpleQueue[bool] = SimpleQueue()
         self._waiting: set[Lane] = set()
         self._dispatcher = Dispatcher(self)
+        self._deferred: list[Lane] = []
+        self._deferred_since = 0.0
         self._spawn_queue: deque[Callable[[], Any]] = deque()
         self._spawn_wakeup: anyio.Event | _NoEvent = _NoEvent()
         self._loop: LoopHandle | None = None
@@ -138,6 +142,8 @@ class EventBus(LoopSide):
         """
         if self.stopping:
             raise Stopped
+        if self._deferred and _perf() - self._deferred_since > _DEFER_MAX:
+            self._flush_deferred(run=False)
         state = self.state
         subs_of = self._subs
         to_kick: list[Lane] = []
@@ -145,6 +151,10 @@ class EventBus(LoopSide):
             for event in events:
                 self._published += 1
                 subs = subs_of[event]
+                barrier = event in self.barriers
+                if barrier and self._deferred:
+                    self._kick(to_kick)
+                    self._flush_deferred(run=True)
                 if subs:
                     key = (state._frame, state._timer._ts)
                     view_key = self._view_key
@@ -159,6 +169,9 @@ class EventBus(LoopSide):
                         if when is not None and not self._due(slot, when, key[1]):
                             continue
                         if slot.inline_ok:
+                            if not barrier:  # D3: queued, run at the barrier or on its thread
+                                self._defer(lane, slot, view, logger, to_kick)
+                                continue
                             if inline is None:
                                 inline = []
                             inline.append((lane, slot))
@@ -171,7 +184,7 @@ class EventBus(LoopSide):
                         self._run_inline_group(inline, view, logger, to_kick)
                 if event is Event.BATCH_END:
                     self._batch_end()
-                if event in self.barriers:
+                if barrier:
                     self._kick(to_kick)
                     self._barrier()
                 if event is Event.BATCH_END:
@@ -205,6 +218,79 @@ class EventBus(LoopSide):
         if lane.idle:
             lane.idle = False
             to_kick.append(lane)
+
+    def _defer(
+        self, lane: Lane, slot: Slot, view: State, logger: Logger, to_kick: list[Lane]
+    ) -> None:
+        """Queue a cheap plain handler without waking its idle thread.
+
+        Publishing never waits for a plain handler (D3). The handler runs when the training
+        thread reaches the next barrier event (it waits there anyway, and runs the queued
+        cheap handlers itself, saving a thread wake-up each), or on its thread if the lane is
+        woken for another reason, or after ``_DEFER_MAX`` seconds.
+        """
+        if not lane.idle or lane.enq - lane.done >= self.queue_size:
+            self._enqueue(lane, slot, view, logger, to_kick)
+            return
+        lane.pending.append((EVENT, slot, view, logger))
+        lane.enq += 1
+        if lane.enq - lane.done > lane.peak:
+            lane.peak = lane.enq - lane.done
+        if not lane.deferred:
+            lane.deferred = True
+            if not self._deferred:
+                self._deferred_since = _perf()
+            self._deferred.append(lane)
+
+    def _flush_deferred(self, *, run: bool) -> None:
+        """Run (at a barrier) or wake the lanes holding deferred handlers."""
+        lanes, self._deferred = self._deferred, []
+        slow = False
+        for lane in lanes:
+            lane.deferred = False
+            if run and not slow and lane.idle and lane.exec_lock.acquire(False):
+                slow = not self._run_deferred(lane)
+            else:
+                self._wake(lane)
+
+    def _run_deferred(self, lane: Lane) -> bool:
+        """Run an idle lane's queued cheap handlers here (its lock is held).
+
+        Returns whether they all stayed cheap; a slow one is moved to its thread for good,
+        and the rest of the lane is left to the thread.
+        """
+        lane.idle = False  # appenders must not wake the thread while this runs its items
+        cheap = True
+        pending = lane.pending
+        try:
+            while cheap and pending:
+                item = pending[0]
+                if item[0] != EVENT or not item[1].inline_ok:
+                    break
+                pending.popleft()
+                _, slot, view, logger = item
+                if self.stopping:
+                    finish_event(self, lane, slot, view, 0.0, skipped=True)
+                    continue
+                t0 = _perf()
+                try:
+                    slot.fn(view, logger)
+                except BaseException as exc:
+                    self._fail(exc, slot.handler, slot.event)
+                elapsed = _perf() - t0
+                slot.inline_calls += 1
+                if elapsed > self.inline_max:
+                    slot.inline_ok = False
+                    slot.inline_banned = True
+                    cheap = False
+                finish_event(self, lane, slot, view, elapsed)
+        finally:
+            lane.idle = True
+            if pending:
+                lane.idle = False
+                lane.tokens.put(None)
+            lane.exec_lock.release()
+        return cheap
 
     def _run_inline_group(
         self, group: list[tuple[Lane, Slot]], view: State, logger: Logger, to_kick: list[Lane]
@@ -321,6 +407,8 @@ class EventBus(LoopSide):
         self, targets: list[tuple[Lane, int]], *, backpressure: bool, logs: bool = False
     ) -> None:
         """Block the producer until each lane's ``done`` (or ``log_done``) reaches its target."""
+        if self._deferred:  # what the wait is for may sit unwoken in a lane
+            self._flush_deferred(run=False)
         with self._lock:
             for lane, target in targets:
                 if logs:

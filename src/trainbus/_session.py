@@ -45,6 +45,7 @@ class LoopSide:
         _tg: anyio.abc.TaskGroup | None
         _producer_ident: int | None
         _dispatcher: Dispatcher
+        _deferred: list[Lane]
         _signal: SimpleQueue[bool]
         _marks: deque[list[int]]
         slow: SlowCallbacks
@@ -133,6 +134,7 @@ class LoopSide:
         self.slow = SlowCallbacks()
         self._view_key = (None, None)
         self._view = None
+        self._deferred = []
         for lane in self.lanes:
             lane.reset()
         internal = anyio.CancelScope(shield=True)
