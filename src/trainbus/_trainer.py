@@ -134,10 +134,10 @@ class Trainer:
         log_train_loss: Log ``loss/train`` after every batch when there are loggers.
         warn_slow_callbacks: Warn when a callback's handlers are slower than a batch.
         inline_max: Seconds. A plain handler whose calls have all taken at most this
-            long runs on the training thread, skipping a thread hop (its first call runs
-            on its callback's thread, and a call over the limit moves it back there for
-            good). ``0`` keeps every plain handler off the training thread, so
-            publishing never waits for one (D3) at the cost of a thread wake-up per burst.
+            long is queued without waking its thread, and the training thread runs it at
+            the next barrier event (where it waits anyway), skipping a thread wake-up. Its
+            first call runs on its callback's thread; a call over the limit moves it back
+            there for good. ``0`` sends every plain handler to its thread.
 
     Example:
         >>> trainer = Trainer(model, loader, "2ep", loss_fn=F.cross_entropy,
