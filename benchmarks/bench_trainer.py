@@ -31,13 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import anyio
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 import workloads
-from run_trainbus import noop_class
+from run_trainbus import SleepAsync, SleepSync, noop_class
 
 from trainbus import Callback, Trainer
 
@@ -46,16 +45,6 @@ PER_BATCH = workloads.PER_BATCH_POINTS
 
 def _noop_class(kind: str) -> type[Callback]:
     return noop_class({"sync": "noop", "async": "noop-async", "blocking": "noop-blocking"}[kind])
-
-
-class SleepSync(Callback):
-    def batch_end(self, state: Any, logger: Any) -> None:
-        time.sleep(0.005)
-
-
-class SleepAsync(Callback):
-    async def batch_end(self, state: Any, logger: Any) -> None:
-        await anyio.sleep(0.005)
 
 
 def trainbus_runner(w: workloads.Workload, make_callbacks: Callable[[], list[Callback]],

@@ -9,12 +9,21 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainbus._callback import Callback, blocking
 from trainbus._scalars import DeferredScalar
 
 if TYPE_CHECKING:
+    from trainbus._logger import Logger
     from trainbus._state import State
 
-__all__ = ["Comparison", "default_comparison", "read_metric", "resolve_comparison", "to_float"]
+__all__ = [
+    "Comparison",
+    "MetricCheck",
+    "default_comparison",
+    "read_metric",
+    "resolve_comparison",
+    "to_float",
+]
 
 Comparison = Callable[[float, float], Any]
 
@@ -92,3 +101,25 @@ def read_metric(state: State, label: str, monitor: str, owner: str) -> float:
         f"state.current_metrics has {available}. Use dataloader_label='eval' with one of "
         "the eval metrics, or monitor='loss' with dataloader_label='train'"
     )
+
+
+class MetricCheck(Callback):
+    """Base of the stoppers: ``_check`` in lockstep at ``EVAL_END`` (eval metrics) or at
+    ``BATCH_END`` (``dataloader_label="train"``), so a stop lands at the right batch."""
+
+    dataloader_label: str
+
+    def _check(self, state: State) -> None:
+        raise NotImplementedError
+
+    @blocking
+    def eval_end(self, state: State, logger: Logger) -> None:
+        """Check an evaluation metric."""
+        if self.dataloader_label != "train":
+            self._check(state)
+
+    @blocking
+    def batch_end(self, state: State, logger: Logger) -> None:
+        """Check a training metric."""
+        if self.dataloader_label == "train":
+            self._check(state)

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trainbus._callback import Callback, blocking
 from trainbus._time import Time, TimeUnit, ensure_time
 from trainbus._timer import Timestamp
-from trainbus.callbacks._monitor import Comparison, read_metric, resolve_comparison
+from trainbus.callbacks._monitor import Comparison, MetricCheck, read_metric, resolve_comparison
 
 if TYPE_CHECKING:
-    from trainbus._logger import Logger
     from trainbus._state import State
 
 __all__ = ["EarlyStopper"]
 
 
-class EarlyStopper(Callback):
+class EarlyStopper(MetricCheck):
     """Stops training when ``monitor`` has not improved for longer than ``patience``.
 
     The metric is read from ``state.current_metrics[dataloader_label][monitor]`` (a
@@ -112,18 +110,6 @@ class EarlyStopper(Callback):
             patience = int(patience.value)
         if waited > patience:
             state.stop_training()
-
-    @blocking
-    def eval_end(self, state: State, logger: Logger) -> None:
-        """Check an evaluation metric."""
-        if self.dataloader_label != "train":
-            self._check(state)
-
-    @blocking
-    def batch_end(self, state: State, logger: Logger) -> None:
-        """Check a training metric."""
-        if self.dataloader_label == "train":
-            self._check(state)
 
     def state_dict(self) -> dict[str, Any]:
         """The best value, when it occurred, and the checks since."""

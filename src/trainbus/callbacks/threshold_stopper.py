@@ -5,17 +5,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from trainbus._callback import Callback, blocking
-from trainbus.callbacks._monitor import Comparison, read_metric, resolve_comparison
+from trainbus.callbacks._monitor import Comparison, MetricCheck, read_metric, resolve_comparison
 
 if TYPE_CHECKING:
-    from trainbus._logger import Logger
     from trainbus._state import State
 
 __all__ = ["ThresholdStopper"]
 
 
-class ThresholdStopper(Callback):
+class ThresholdStopper(MetricCheck):
     """Stops training as soon as ``comp(monitor, threshold)`` holds.
 
     The metric is read from ``state.current_metrics[dataloader_label][monitor]`` at
@@ -69,15 +67,3 @@ class ThresholdStopper(Callback):
         value = read_metric(state, self.dataloader_label, self.monitor, "ThresholdStopper")
         if self.comp(value, self.threshold):
             state.stop_training()
-
-    @blocking
-    def eval_end(self, state: State, logger: Logger) -> None:
-        """Check an evaluation metric."""
-        if self.dataloader_label != "train":
-            self._check(state)
-
-    @blocking
-    def batch_end(self, state: State, logger: Logger) -> None:
-        """Check a training metric."""
-        if self.dataloader_label == "train":
-            self._check(state)
