@@ -16,6 +16,9 @@ Example:
 
 from __future__ import annotations
 
+from trainbus._bus import BusStatistics as BusStatistics
+from trainbus._bus import CallbackStatistics as CallbackStatistics
+from trainbus._bus import TraceRecorder as TraceRecorder
 from trainbus._callback import Callback as Callback
 from trainbus._callback import blocking as blocking
 from trainbus._engine import Engine as Engine
@@ -34,13 +37,10 @@ from trainbus._logger import LogLevel as LogLevel
 from trainbus._logger import LogRecord as LogRecord
 from trainbus._serializable import Serializable as Serializable
 from trainbus._state import State as State
-from trainbus._statistics import BusStatistics as BusStatistics
-from trainbus._statistics import CallbackStatistics as CallbackStatistics
 from trainbus._time import Time as Time
 from trainbus._time import TimeUnit as TimeUnit
 from trainbus._timer import Timer as Timer
 from trainbus._timer import Timestamp as Timestamp
-from trainbus._trace import TraceRecorder as TraceRecorder
 from trainbus._trainer import Trainer as Trainer
 
 __version__ = "0.1.0.dev0"

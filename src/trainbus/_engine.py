@@ -1,31 +1,41 @@
-"""The engine: the user-facing bridge between plain code, the training thread and the loop.
+"""The engine: the user-facing entry points of the bus.
 
 ``Engine.run_event`` is Composer's entry point. Called on the training thread during
 ``fit()`` it publishes; called from plain synchronous code with no loop running (the
-seed's doctests) it starts a loop, runs the handlers and returns when they are done;
-called from an event loop's thread it refuses, because waiting there for handlers that
-need that same loop would deadlock.
+seed's doctests, callback unit tests) it runs the event's handlers and returns when they
+are done, on a standing session that ``engine.close()`` ends; called from an event loop's
+thread it refuses, because waiting there for handlers that need that same loop would
+deadlock.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
 
-from trainbus._bridge import no_running_loop
-from trainbus._bus import DEFAULT_INLINE_MAX, EventBus
+from trainbus._bus import (
+    DEFAULT_CLOSE_TIMEOUT,
+    DEFAULT_INLINE_MAX,
+    BusOptions,
+    BusStatistics,
+    EventBus,
+    LoopThread,
+    Stopped,
+    TraceRecorder,
+    no_running_loop,
+)
 from trainbus._events import Event
 from trainbus._exceptions import EngineThreadError, FitInProgressError
-from trainbus._statistics import BusStatistics
-from trainbus._trace import TraceRecorder
 
 if TYPE_CHECKING:
+    from trainbus._bus._session import Session
     from trainbus._logger import Logger
     from trainbus._state import State
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "raise_errors"]
 
 
 def raise_errors(errors: Sequence[BaseException], what: str = "handlers") -> None:
@@ -52,6 +62,11 @@ class Engine:
         inline_max: Seconds; plain handlers measured this fast run on the training thread
             (0 turns this off, so every plain handler runs on its callback's thread).
         warn_slow: Whether to warn when a callback is slower than the batches.
+        close_timeout: Seconds each callback's ``close`` and ``post_close`` may take (and
+            a cancelled ``fit()`` waits for a stuck handler) before it is abandoned.
+
+    Raises:
+        TypeError, ValueError: An option is invalid (the message names it and the fix).
 
     Example:
         >>> trainer.engine.run_event(Event.EPOCH_START)   # from plain code: runs handlers
@@ -70,25 +85,27 @@ class Engine:
         queue_size: int = 128,
         inline_max: float = DEFAULT_INLINE_MAX,
         warn_slow: bool = True,
+        close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
     ) -> None:
-        self.state = state
-        self.logger = logger
-        self._bus = EventBus(
-            state,
-            logger,
-            callbacks,
-            barriers=[Event(b) for b in barriers],
+        options = BusOptions.validated(
+            barriers=barriers,
             max_lag=max_lag,
             queue_size=queue_size,
             inline_max=inline_max,
             warn_slow=warn_slow,
+            close_timeout=close_timeout,
         )
+        self.state = state
+        self.logger = logger
+        self._bus = EventBus(state, logger, callbacks, options)
         self._running = False
         self._closed = True
+        self._standing: _Standing | None = None
+        self._plain = threading.Lock()
 
     @property
     def running(self) -> bool:
-        """Whether a ``fit()`` (or another engine call) is running handlers now."""
+        """Whether a ``fit()`` (or another async engine call) is running handlers now."""
         return self._running
 
     @property
@@ -101,6 +118,9 @@ class Engine:
     def run_event(self, event: Event | str) -> None:
         """Publish ``event`` (training thread), or run its handlers (plain code).
 
+        From plain code the handlers run on a standing session, kept between calls (a
+        call costs microseconds); :meth:`close` ends it.
+
         Raises:
             EngineThreadError: Called on an event loop's thread, where waiting for the
                 handlers would deadlock (use ``await engine.arun_event(event)``), or
@@ -111,6 +131,20 @@ class Engine:
         if bus.is_producer():
             bus.publish(event)
             return
+        self._refuse_blocking_call("run_event", f"await engine.arun_event(Event.{event.name})")
+        with self._plain:
+            standing = self._standing
+            if standing is None:
+                standing = self._standing = _Standing(bus)
+            self._closed = False
+            errors = standing.run_now(event)
+            if errors:
+                self._standing = None
+                standing.end(close=None)
+        raise_errors(errors)
+
+    def _run_once(self, event: Event) -> None:
+        """Run ``event``'s handlers from plain code on a session of its own (no standing)."""
         self._refuse_blocking_call("run_event", f"await engine.arun_event(Event.{event.name})")
         anyio.run(self.arun_event, event)
 
@@ -157,28 +191,35 @@ class Engine:
                 "another, or create a second Trainer"
             )
         self._running = True
-        bus = self._bus
         failure: BaseException | None = None
         close_errors: list[BaseException] = []
+        errors: list[BaseException] = []
         try:
-            async with bus.session():
+            await self._end_standing()
+            async with self._bus.session() as session:
                 self._closed = False
                 try:
-                    await bus.run_producer(produce)
+                    await session.run_producer(produce)
                 except BaseException as exc:
                     failure = exc
                 if close:
                     with anyio.CancelScope(shield=True):
-                        close_errors = await bus.close_callbacks()
+                        close_errors = await session.close_callbacks()
                     self._closed = True
+            errors = list(session.gate.errors)
         finally:
             self._running = False
         if failure is not None and isinstance(failure, anyio.get_cancelled_exc_class()):
             raise failure
-        errors = list(bus.errors)
         if failure is not None:
             errors.append(failure)
         raise_errors(errors + close_errors)
+
+    async def _end_standing(self) -> None:
+        standing, self._standing = self._standing, None
+        if standing is not None:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(standing.end, None)
 
     def close(self) -> None:
         """Run every callback's ``close``, then ``post_close``; a no-op if closed.
@@ -188,6 +229,14 @@ class Engine:
         if self._closed:
             return
         self._refuse_blocking_call("close", "await engine.aclose()")
+        with self._plain:
+            standing, self._standing = self._standing, None
+            if standing is not None:
+                errors: list[BaseException] = []
+                standing.end(close=errors)
+                self._closed = True
+                raise_errors(errors, "close handlers")
+                return
         anyio.run(self.aclose)
 
     async def aclose(self) -> None:
@@ -198,8 +247,9 @@ class Engine:
             raise FitInProgressError("cannot close the engine while fit() is running")
         self._running = True
         try:
-            async with self._bus.session():
-                errors = await self._bus.close_callbacks()
+            await self._end_standing()
+            async with self._bus.session() as session:
+                errors = await session.close_callbacks()
                 self._closed = True
         finally:
             self._running = False
@@ -220,3 +270,58 @@ class Engine:
     def stop(self) -> None:
         """Stop the training thread at its next event (any thread)."""
         self._bus.stop()
+
+
+class _Standing:
+    """A session held open on a loop thread of its own, for calls from plain code."""
+
+    def __init__(self, bus: EventBus) -> None:
+        self._thread = LoopThread("trainbus-engine-loop")
+        self._opened = threading.Event()
+        self._end: anyio.Event | None = None
+        self._closed = threading.Event()
+        self._failure: BaseException | None = None
+        self.session: Session | None = None
+        self._thread.start_soon(self._hold, bus)
+        self._opened.wait()
+        if self._failure is not None:
+            self._thread.stop()
+            raise self._failure
+
+    async def _hold(self, bus: EventBus) -> None:
+        try:
+            self._end = anyio.Event()
+            async with bus.session() as session:
+                self.session = session
+                self._opened.set()
+                await self._end.wait()
+        except BaseException as exc:
+            self._failure = exc
+        finally:
+            self._opened.set()
+            self._closed.set()
+
+    def run_now(self, event: Event) -> list[BaseException]:
+        """Run ``event``'s handlers from this thread; return the handlers' errors."""
+        session = self.session
+        assert session is not None
+        producer = session.producer
+        producer.ident = threading.get_ident()
+        try:
+            producer.run_now(event)
+        except Stopped:  # a handler failed: its error is in the gate
+            pass
+        finally:
+            producer.ident = None
+        return list(session.gate.errors)
+
+    def end(self, close: list[BaseException] | None) -> None:
+        """End the session (after every ``close``/``post_close`` if ``close`` is a list)."""
+        session = self.session
+        if session is not None and close is not None:
+            close.extend(self._thread.call(session.close_callbacks))
+        end = self._end
+        if end is not None and self._thread.loop is not None:
+            self._thread.loop.call_soon(end.set)
+        self._closed.wait()
+        self._thread.stop()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 __all__ = [
     "CallbackSignatureError",
+    "CallbackTimeoutWarning",
     "EngineThreadError",
     "FitInProgressError",
     "MetricsUploadWarning",
@@ -59,3 +60,7 @@ class StreamOverflowError(TrainbusError):
 
 class MetricsUploadWarning(TrainbusWarning):
     """Points were refused by the server, or not delivered before ``close_timeout``."""
+
+
+class CallbackTimeoutWarning(TrainbusWarning):
+    """A callback missed its ``close_timeout`` and was abandoned, or keeps training waiting."""

@@ -12,8 +12,7 @@ from typing import Any, Literal
 import anyio
 import torch
 
-from trainbus._bridge import no_running_loop
-from trainbus._bus import DEFAULT_INLINE_MAX
+from trainbus._bus import DEFAULT_INLINE_MAX, no_running_loop
 from trainbus._callback import Callback, resolve_callback
 from trainbus._engine import Engine
 from trainbus._events import Event
@@ -275,7 +274,7 @@ class Trainer:
         )
         self._init_delivered = False
         if no_running_loop():  # as Composer does: INIT handlers run in the constructor
-            self.engine.run_event(Event.INIT)
+            self.engine._run_once(Event.INIT)
             self._init_delivered = True
 
     async def fit(self, *, duration: Time[Any] | str | int | None = None) -> None:

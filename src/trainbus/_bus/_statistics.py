@@ -6,9 +6,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainbus._bus import EventBus
+    from collections.abc import Sequence
 
-__all__ = ["BusStatistics", "CallbackStatistics", "collect_statistics"]
+    from trainbus._bus._lane import Lane
+    from trainbus._bus._slot import Member
+    from trainbus._bus._trace import TraceRecorder
+
+__all__ = ["BusStatistics", "CallbackStatistics", "Counters", "collect_statistics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,43 +77,84 @@ class BusStatistics:
         return sum(c.total_time for c in self.callbacks)
 
 
-def collect_statistics(bus: EventBus) -> BusStatistics:
-    """Read ``bus``'s counters into a :class:`BusStatistics` (any thread; approximate)."""
+class Counters:
+    """What the producer counts over the engine's lifetime (training thread writes).
+
+    Attributes:
+        published: Events published.
+        batches: ``BATCH_END`` events published.
+        barrier_waits: Waits at barriers (and for ``@blocking`` handlers' lanes).
+        barrier_wait: Seconds spent in those.
+        backpressure_wait: Seconds spent waiting for full queues (D12).
+        trace: The timeline recorder, while one records.
+    """
+
+    __slots__ = ("backpressure_wait", "barrier_wait", "barrier_waits", "batches", "published",
+                 "trace")
+
+    def __init__(self) -> None:
+        self.published = 0
+        self.batches = 0
+        self.barrier_waits = 0
+        self.barrier_wait = 0.0
+        self.backpressure_wait = 0.0
+        self.trace: TraceRecorder | None = None
+
+    def waited(self, kind: str, start: float, elapsed: float) -> None:
+        """Count one wait of the producer."""
+        if kind in ("backpressure", "records"):
+            self.backpressure_wait += elapsed
+            kind = "backpressure"
+        else:
+            self.barrier_wait += elapsed
+            self.barrier_waits += 1
+            kind = "barrier"
+        if self.trace is not None:
+            self.trace.producer_wait(kind, start, elapsed)
+
+
+def collect_statistics(
+    members: Sequence[Member], lanes: Sequence[Lane] | None, counters: Counters, now_batch: int
+) -> BusStatistics:
+    """Read the counters into a :class:`BusStatistics` (any thread; approximate).
+
+    ``lanes`` are the running (or last) session's lanes, if there was one.
+    """
     per_callback = []
     depth = peak = lag_events = 0
     lag_batches = 0
-    now_batch = bus.state._timer.snapshot()._batch
-    for lane in bus.lanes:
-        slots = lane.statistics_slots()
-        pending = lane.enq - lane.done
+    for member in members:
+        lane = lanes[member.index] if lanes else None
+        slots = member.all_slots()
+        pending = lane.enq - lane.done if lane is not None else 0
         slowest = max(slots, key=lambda s: s.max_time, default=None)
         per_callback.append(
             CallbackStatistics(
-                name=lane.name,
+                name=member.name,
                 handled=sum(s.calls for s in slots),
                 inline=sum(s.inline_calls for s in slots),
                 total_time=sum(s.total_time for s in slots),
                 max_time=max((s.max_time for s in slots), default=0.0),
                 slowest=slowest.handler.qualname if slowest and slowest.calls else None,
                 pending=pending,
-                peak_pending=lane.peak,
-                on_thread=lane.on_thread,
+                peak_pending=member.peak,
+                on_thread=member.on_thread,
             )
         )
         depth += pending
-        peak = max(peak, lane.peak)
+        peak = max(peak, member.peak)
         lag_events = max(lag_events, pending)
-        if pending:
+        if pending and lane is not None:
             lag_batches = max(lag_batches, now_batch - lane.last_batch)
     return BusStatistics(
         callbacks=tuple(per_callback),
-        events_published=bus._published,
-        batches=bus._batches,
+        events_published=counters.published,
+        batches=counters.batches,
         queue_depth=depth,
         peak_queue_depth=peak,
         lag_events=lag_events,
         lag_batches=lag_batches,
-        barrier_waits=bus._barrier_waits,
-        barrier_wait_time=bus._barrier_wait,
-        backpressure_wait_time=bus._backpressure_wait,
+        barrier_waits=counters.barrier_waits,
+        barrier_wait_time=counters.barrier_wait,
+        backpressure_wait_time=counters.backpressure_wait,
     )

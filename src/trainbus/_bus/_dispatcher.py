@@ -10,7 +10,8 @@ handler stays in the task that started it (anyio and trio cancel scopes and
 ``current_task()`` see one task throughout), then drains the rest of its lane and ends.
 
 The dispatcher sleeps when no lane is ready; producers wake it at most once per burst,
-and only when it is asleep.
+and only when it is asleep. A lane is handed to the dispatcher (``ready``) only when it
+moves to ``ACTIVE`` (``_lane.py``), so two tasks never drain one lane.
 """
 
 from __future__ import annotations
@@ -22,11 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from trainbus._lanes import CALL, EVENT, Lane, count_log_done, finish_event
+from trainbus._bus._items import CallItem, EventItem, LogItem, WorkItem
+from trainbus._bus._running import finish_event, skip_event
 from trainbus._scalars import all_ready
 
 if TYPE_CHECKING:
-    from trainbus._bus import EventBus
+    from trainbus._bus._bridge import LoopHandle
+    from trainbus._bus._gate import Gate
+    from trainbus._bus._lane import Lane
+    from trainbus._bus._statistics import Counters
+    from trainbus._logger import LogRecord
 
 __all__ = ["Dispatcher"]
 
@@ -65,8 +71,12 @@ class _Resume:
 class Dispatcher:
     """Runs the items of loop lanes on the event loop (see the module docstring)."""
 
-    def __init__(self, bus: EventBus) -> None:
-        self.bus = bus
+    def __init__(self, gate: Gate, counters: Counters, loop: LoopHandle) -> None:
+        self.gate = gate
+        self.counters = counters
+        self.loop = loop
+        # Invariant: a lane is in ``ready`` at most once, and only while ACTIVE and not yet
+        # owned by a task: it is appended by whoever moved it to ACTIVE (``Lane.wake``).
         self.ready: deque[Lane] = deque()
         self.asleep = False
         self.wake_scheduled = False
@@ -77,14 +87,19 @@ class Dispatcher:
     # -- any thread ------------------------------------------------------------------------
 
     def schedule(self, lane: Lane) -> None:
-        """Queue an idle lane that has work; the caller cleared ``lane.idle``."""
+        """Queue a lane that just became ACTIVE; then :meth:`kick` (any thread)."""
         self.ready.append(lane)
+
+    def wake_lane(self, lane: Lane) -> None:
+        """A loop lane's ``wake_driver``: schedule it and wake the dispatcher."""
+        self.ready.append(lane)
+        self.kick()
 
     def kick(self) -> None:
         """Wake the dispatcher if it sleeps; call after one or more ``schedule``."""
         if self.asleep and not self.wake_scheduled:
             self.wake_scheduled = True
-            self.bus.loop.call_soon(self._on_wake)
+            self.loop.call_soon(self._on_wake)
 
     def _on_wake(self) -> None:
         self.wake_scheduled = False
@@ -119,6 +134,7 @@ class Dispatcher:
         lane = task.lane
         if lane is not None:  # cancelled while owning a lane: hand the rest on
             lane.scope = None
+            assert task.item is not None
             self._finish(lane, task.item, None, task.t0)
             self.schedule(lane)
             self.kick()
@@ -146,31 +162,32 @@ class Dispatcher:
                 await self._own(task, lane, *suspended)
                 return
 
-    def _start(self, lane: Lane, item: tuple[Any, ...]) -> Coroutine[Any, Any, Any] | None:
-        """Begin ``item``: finish it if it is synchronous, else return its coroutine."""
-        bus = self.bus
-        kind = item[0]
-        if kind == EVENT:
-            slot = item[1]
-            if bus.stopping:
-                finish_event(bus, lane, slot, item[2], 0.0, skipped=True)
-                return None
-            result = slot.fn(item[2], item[3])
+    def _start(self, lane: Lane, item: WorkItem) -> Coroutine[Any, Any, Any] | None:
+        """Begin ``item``: run it if it is synchronous, else return its coroutine.
+
+        Returns ``None`` for a synchronous item, which the caller then finishes; raises
+        :class:`_Skipped` for an event item of a stopping session, which ``_finish`` counts.
+        """
+        if isinstance(item, EventItem):
+            slot = lane.slots[item.event]
+            if self.gate.stopping:
+                raise _Skipped
+            result = slot.fn(item.view, item.logger)
             return result if slot.is_async else None
-        if kind == CALL:
-            result = item[1]()
-            return result if item[2] else None
-        # LOG
-        record = item[1]
+        if isinstance(item, CallItem):
+            result = item.fn()
+            return result if item.is_async else None
+        assert isinstance(item, LogItem), "loop lanes never get STOP"
+        record = item.record
         if not all_ready(record.metrics):
             return self._deliver_when_ready(lane, record)
         record.resolve()
-        slot = lane.log_slot
-        assert slot is not None
-        result = slot.fn(record)
-        return result if slot.is_async else None
+        log_slot = lane.log_slot
+        assert log_slot is not None
+        result = log_slot.fn(record)
+        return result if log_slot.is_async else None
 
-    async def _deliver_when_ready(self, lane: Lane, record: Any) -> None:
+    async def _deliver_when_ready(self, lane: Lane, record: LogRecord) -> None:
         await anyio.to_thread.run_sync(record.resolve)
         slot = lane.log_slot
         assert slot is not None
@@ -178,30 +195,31 @@ class Dispatcher:
         if slot.is_async:
             await result
 
-    def _finish(self, lane: Lane, item: tuple[Any, ...], error: BaseException | None,
+    def _finish(self, lane: Lane, item: WorkItem, error: BaseException | None,
                 t0: float) -> None:
+        if isinstance(error, _Skipped):
+            skip_event(lane)
+            return
         elapsed = _perf() - t0
-        bus = self.bus
-        kind = item[0]
-        if kind == EVENT:
-            slot = item[1]
+        if isinstance(item, EventItem):
+            slot = lane.slots[item.event]
             if error is not None:
-                bus._fail(error, slot.handler, slot.event)
-            finish_event(bus, lane, slot, item[2], elapsed)
-        elif kind == CALL:
-            item[3](error)
-        else:
-            slot = lane.log_slot
-            assert slot is not None
+                self.gate.fail(error, slot.handler, slot.event)
+            finish_event(lane, slot, item, elapsed, self.counters)
+        elif isinstance(item, CallItem):
+            item.on_done(error)
+        elif isinstance(item, LogItem):
+            log_slot = lane.log_slot
+            assert log_slot is not None
             if error is not None:
-                bus._fail(error, slot.handler, None)
-            slot.account(elapsed)
-            if item[2]:
-                count_log_done(bus, lane)
+                self.gate.fail(error, log_slot.handler, None)
+            log_slot.account(elapsed)
+            if item.counted:
+                lane.count_log_done()
 
     def _drain_eagerly(
         self, lane: Lane
-    ) -> tuple[tuple[Any, ...], Coroutine[Any, Any, Any], Any, float] | None:
+    ) -> tuple[WorkItem, Coroutine[Any, Any, Any], Any, float] | None:
         """Run ``lane``'s items in this task until it is empty or a handler suspends."""
         while True:
             item = lane.take()
@@ -221,7 +239,7 @@ class Dispatcher:
             else:
                 return item, coro, yielded, t0
 
-    async def _own(self, task: _Task, lane: Lane, item: tuple[Any, ...],
+    async def _own(self, task: _Task, lane: Lane, item: WorkItem,
                    coro: Coroutine[Any, Any, Any], yielded: Any, t0: float) -> None:
         """Finish a suspended handler in this task, then drain its lane (no more eagerness)."""
         cancelled = anyio.get_cancelled_exc_class()
@@ -231,7 +249,7 @@ class Dispatcher:
             task.item, task.t0 = item, t0
             # Only event handlers are cancelled (D11); a log record or a close in flight
             # is delivered in full.
-            lane.scope = task.scope if item[0] == EVENT else None
+            lane.scope = task.scope if isinstance(item, EventItem) else None
             error: BaseException | None = None
             try:
                 await awaitable
@@ -268,5 +286,9 @@ class _Task:
     def __init__(self) -> None:
         self.scope = anyio.CancelScope()
         self.lane: Lane | None = None
-        self.item: tuple[Any, ...] = ()
+        self.item: WorkItem | None = None
         self.t0 = 0.0
+
+
+class _Skipped(Exception):
+    """Raised by ``_start`` for an event item the stopping session skips (D10)."""

@@ -1,0 +1,29 @@
+"""The event bus: the training thread publishes, lanes run handlers, barriers join them.
+
+Only this package knows there are two threads. See ``_bus.py`` for the map of its modules
+and ``docs/concurrency.md`` for the model it implements.
+"""
+
+from __future__ import annotations
+
+from trainbus._bus._bridge import LoopThread, no_running_loop
+from trainbus._bus._bus import EventBus
+from trainbus._bus._options import DEFAULT_CLOSE_TIMEOUT, DEFAULT_INLINE_MAX, BusOptions
+from trainbus._bus._statistics import BusStatistics, CallbackStatistics
+from trainbus._bus._stopped import Stopped
+from trainbus._bus._trace import PRODUCER_ROW, TraceRecorder, TraceSpan
+
+__all__ = [
+    "DEFAULT_CLOSE_TIMEOUT",
+    "DEFAULT_INLINE_MAX",
+    "PRODUCER_ROW",
+    "BusOptions",
+    "BusStatistics",
+    "CallbackStatistics",
+    "EventBus",
+    "LoopThread",
+    "Stopped",
+    "TraceRecorder",
+    "TraceSpan",
+    "no_running_loop",
+]

@@ -1,0 +1,189 @@
+"""The inline fast path: cheap plain handlers run without a thread hop. One policy, here.
+
+Waking a lane's thread costs 10-20 us of GIL hand-offs, far more than a handler that
+appends to a list. So:
+
+- **Eligibility.** A plain, non-``@blocking`` handler is *cheap* (``slot.inline_ok``) once
+  its calls, wherever they ran, took at most ``inline_max`` seconds; one slower call bans it
+  from the fast path for good (:func:`learn`). Async handlers never take it.
+- **Non-barrier events: deferred.** A cheap handler's item is queued on its idle lane
+  *without* waking the lane (:meth:`InlinePath.defer`); publishing never waits for it (D3).
+- **Barrier events: run here.** At a barrier that waits for the lane (every slot of the
+  lane has lag 0), the training thread, which is about to wait anyway, claims each idle lane
+  holding deferred items and runs them itself (:meth:`InlinePath.flush`), after waking every
+  other lane (D2); the barrier event's own cheap handlers likewise
+  (:meth:`InlinePath.run_here`). A barrier that does not wait for a lane (it may trail)
+  never runs that lane's handlers on the training thread: it wakes the lane instead.
+- **Nobody waits long.** Deferred items go to their lane's thread once a wait needs them, a
+  publication finds them older than ``DEFER_MAX``, or the timer thread finds them older than
+  that (events may stop coming): a deferred handler runs within a few milliseconds.
+
+A lane runs its items one at a time, in order (D1), whoever runs them: the training thread
+runs a lane's items only while it holds the lane ``CLAIMED`` (``_lane.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from trainbus._bus._items import EventItem
+from trainbus._bus._running import call_plain, finish_event, skip_event
+
+if TYPE_CHECKING:
+    from trainbus._bus._gate import Gate
+    from trainbus._bus._lane import Lane
+    from trainbus._bus._slot import Slot
+    from trainbus._bus._statistics import Counters
+
+__all__ = ["DEFER_MAX", "InlinePath", "learn"]
+
+_perf = time.perf_counter
+#: Seconds a deferred item may wait, unwoken, for the next barrier.
+DEFER_MAX = 1e-3
+#: How often the timer thread looks at deferred items while there are any.
+_TIMER_PERIOD = 2e-3
+
+
+def learn(slot: Slot, elapsed: float, inline_max: float) -> None:
+    """Update a plain handler's eligibility after a call that took ``elapsed`` seconds."""
+    if slot.inline_banned or not inline_max or slot.is_async or slot.is_blocking:
+        return
+    if elapsed > inline_max:
+        slot.inline_ok = False
+        slot.inline_banned = True
+    else:
+        slot.inline_ok = True
+
+
+class InlinePath:
+    """The fast path's per-session state: lanes holding deferred items, and the timer."""
+
+    def __init__(self, gate: Gate, counters: Counters, inline_max: float) -> None:
+        self.gate = gate
+        self.counters = counters
+        self.inline_max = inline_max
+        # Invariant: ``lanes`` and ``since`` change under ``_lock`` only. A lane is listed at
+        # most once: its ``deferred`` flag is set before it is listed, cleared once unlisted.
+        self.lanes: list[Lane] = []
+        self.since = 0.0
+        self._lock = threading.Lock()
+        self._armed = threading.Event()
+        self._timer_on = False
+        self._closed = False
+        self._timer: threading.Thread | None = None
+
+    # -- producer --------------------------------------------------------------------------
+
+    def defer(self, lane: Lane) -> None:
+        """List ``lane``, which now holds items queued without a wake-up."""
+        lane.deferred = True
+        with self._lock:
+            if not self.lanes:
+                self.since = _perf()
+            self.lanes.append(lane)
+            if not self._timer_on and not self._closed:
+                self._timer_on = True
+                if self._timer is None:
+                    self._timer = threading.Thread(
+                        target=self._timer_main, name="trainbus-defer-timer", daemon=True
+                    )
+                    self._timer.start()
+                self._armed.set()
+
+    def overdue(self) -> bool:
+        """Whether deferred items have waited longer than ``DEFER_MAX``."""
+        return bool(self.lanes) and _perf() - self.since > DEFER_MAX
+
+    def flush(self, *, run: bool) -> None:
+        """Run (at a barrier that waits for them) or wake the lanes holding deferred items.
+
+        The first handler that turns out slow stops the running here; the rest are woken.
+        """
+        with self._lock:
+            lanes, self.lanes = self.lanes, []
+        cheap = run
+        for lane in lanes:
+            lane.deferred = False
+            if cheap and lane.uniform and lane.try_claim(allow_pending=True):
+                cheap = self._run_claimed(lane)
+            else:
+                lane.wake()
+
+    def run_here(self, lane: Lane, slot: Slot, item: EventItem) -> bool | None:
+        """Run a barrier event's cheap handler here if its lane is idle and in step.
+
+        Returns ``None`` when it did not run (queue it instead), else whether it stayed
+        cheap.
+        """
+        if not lane.uniform or lane.enq != lane.done or not lane.try_claim():
+            return None
+        try:
+            if self.gate.stopping:  # a handler failed on the lane: nothing more runs (D10)
+                return None
+            lane.enq += 1
+            return self._run_one(lane, slot, item)
+        finally:
+            lane.release()
+
+    def _run_claimed(self, lane: Lane) -> bool:
+        """Run a claimed lane's leading cheap event items here; release it after."""
+        cheap = True
+        pending = lane.pending
+        try:
+            while cheap and pending:
+                item = pending[0]
+                if not isinstance(item, EventItem):
+                    break
+                slot = lane.slots[item.event]
+                if not slot.inline_ok:
+                    break
+                pending.popleft()
+                if self.gate.stopping:
+                    skip_event(lane)
+                    continue
+                cheap = self._run_one(lane, slot, item)
+        finally:
+            lane.release()
+        return cheap
+
+    def _run_one(self, lane: Lane, slot: Slot, item: EventItem) -> bool:
+        elapsed = call_plain(self.gate, slot, item)
+        slot.inline_calls += 1
+        learn(slot, elapsed, self.inline_max)
+        finish_event(lane, slot, item, elapsed, self.counters)
+        return slot.inline_ok
+
+    # -- the timer thread ------------------------------------------------------------------
+
+    def _timer_main(self) -> None:
+        while True:
+            self._armed.wait()
+            if self._closed:
+                return
+            time.sleep(_TIMER_PERIOD)
+            with self._lock:
+                if self._closed:
+                    return
+                lanes: list[Lane] = []
+                if self.lanes and _perf() - self.since >= DEFER_MAX:
+                    lanes, self.lanes = self.lanes, []
+                if not self.lanes:
+                    self._timer_on = False
+                    self._armed.clear()
+            for lane in lanes:
+                lane.deferred = False
+                lane.wake()
+
+    def close(self) -> None:
+        """Wake every deferred lane and end the timer thread (session end)."""
+        with self._lock:
+            self._closed = True
+            lanes, self.lanes = self.lanes, []
+        self._armed.set()
+        for lane in lanes:
+            lane.deferred = False
+            lane.wake()
+        if self._timer is not None:
+            self._timer.join()

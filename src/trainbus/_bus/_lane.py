@@ -1,0 +1,236 @@
+"""A lane: one callback's queue of work items for one session, and who may run them.
+
+A lane's items run one at a time, in queue order (D1). Exactly one party runs them at any
+moment, decided by the lane's ``state`` under the lane's lock:
+
+- ``IDLE``: nobody runs the lane. Items may sit in it unwoken (deferred cheap handlers).
+- ``ACTIVE``: its driver (the lane's thread, or a dispatcher task on the loop) runs it.
+- ``CLAIMED``: another thread runs its items itself: the training thread, for the inline
+  fast path and for plain ``@blocking`` handlers.
+
+Transitions happen under ``lock`` only, so two parties never both leave ``IDLE``. The hot
+path stays lock-free: a producer appends, then reads ``state`` without the lock, and takes
+the lock only when it reads ``IDLE``. That is safe because a driver going idle sets ``IDLE``
+first and then looks at the queue once more (:meth:`Lane.take`): an item appended before
+the producer read ``ACTIVE`` is seen by that second look.
+
+Counting: ``enq`` (written by the producer) and ``done`` (written by whoever runs the lane)
+count event items; ``log_enq``/``log_done`` count records the producer logged (D12). The
+producer waits for these counts through the gate (``_gate.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from queue import SimpleQueue
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    import anyio
+
+    from trainbus._bus._items import WorkItem
+    from trainbus._bus._slot import Member
+
+__all__ = ["ACTIVE", "CLAIMED", "IDLE", "Lane"]
+
+IDLE: Final = 0
+ACTIVE: Final = 1
+CLAIMED: Final = 2
+
+
+class Lane:
+    """The per-session queue and run state of one callback (see the module docstring)."""
+
+    __slots__ = (
+        "abandoned",
+        "deferred",
+        "done",
+        "due",
+        "enq",
+        "index",
+        "last_batch",
+        "last_by_lag",
+        "lock",
+        "log_done",
+        "log_enq",
+        "log_slot",
+        "member",
+        "name",
+        "notify",
+        "on_thread",
+        "pending",
+        "scope",
+        "slots",
+        "state",
+        "thread",
+        "tokens",
+        "uniform",
+        "wait_done",
+        "wait_log",
+        "wake_driver",
+        "want_claim",
+    )
+
+    def __init__(self, member: Member) -> None:
+        self.member = member
+        self.name = member.name
+        self.index = member.index
+        self.slots = member.slots
+        self.log_slot = member.log_slot
+        self.on_thread = member.on_thread
+        self.pending: deque[WorkItem] = deque()
+        # Invariant: changes only under ``lock``; read without it only as described above.
+        self.state: int = IDLE
+        self.lock = threading.Lock()
+        #: Set by the session: wakes the lane's driver after a move to ACTIVE.
+        self.wake_driver: Callable[[Lane], None] = _unstarted
+        #: Set by the session: tells the gate a wait target was reached (or a hand-over).
+        self.notify: Callable[[Lane], None] = _unstarted
+        # Invariant: written under ``lock``; a driver going idle hands the lane over as
+        # CLAIMED (and tells the gate) instead of going IDLE while it is set.
+        self.want_claim = False
+        self.enq = 0
+        self.done = 0
+        self.log_enq = 0
+        self.log_done = 0
+        self.wait_done: int | None = None
+        self.wait_log: int | None = None
+        #: Holds items queued without a wake-up (run at the next barrier; ``_inline.py``).
+        self.deferred = False
+        #: Whether every slot has lag 0 (then a barrier waits for ``enq``).
+        self.uniform = member.lags == frozenset({0})
+        #: Per lag: the ``enq`` count after the lane's last item of that lag.
+        self.last_by_lag = dict.fromkeys(member.lags, 0)
+        #: Per lag > 0: ``(due batch, enq count)`` marks pushed at each ``BATCH_END``.
+        self.due: dict[int, deque[tuple[int, int]]] = {k: deque() for k in member.lags if k}
+        self.last_batch = 0
+        #: The cancel scope of the coroutine handler running now, if any (D11).
+        self.scope: anyio.CancelScope | None = None
+        self.thread: threading.Thread | None = None
+        #: A thread lane's wake-up tokens (its driver sleeps on ``tokens.get()``).
+        self.tokens: SimpleQueue[None] = SimpleQueue()
+        #: Set when the lane missed its close deadline: nobody waits for it any more.
+        self.abandoned = False
+
+    # -- the run state ---------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """After appending: make sure somebody runs the lane (any thread)."""
+        if self.state == IDLE and self.activate():
+            self.wake_driver(self)
+
+    def activate(self) -> bool:
+        """Move an idle lane to ``ACTIVE``; return whether this call did (then the caller
+        must wake the driver, at once or at the end of its burst)."""
+        with self.lock:
+            if self.state != IDLE:
+                return False
+            self.state = ACTIVE
+            return True
+
+    def take(self) -> WorkItem | None:
+        """The driver's next item, or ``None`` once the lane left ``ACTIVE`` (driver only).
+
+        Going idle, the lane is handed to a waiting claimer (``want_claim``) as ``CLAIMED``;
+        see :meth:`go_idle`.
+        """
+        pending = self.pending
+        while True:
+            if pending:
+                return pending.popleft()
+            if not self.go_idle():
+                return None
+
+    def go_idle(self) -> bool:
+        """Leave ``ACTIVE`` with an empty queue; return whether to keep running after all.
+
+        Returns true when an item arrived meanwhile and nobody else woke the lane.
+        """
+        with self.lock:
+            if self.pending:
+                return True
+            self.state = CLAIMED if self.want_claim else IDLE
+            if self.want_claim:
+                self.want_claim = False
+                claimed = True
+            else:
+                claimed = False
+        if claimed:
+            self.notify(self)
+            return False
+        if not self.pending:
+            return False
+        with self.lock:  # an item arrived after the first look
+            if self.state != IDLE:
+                return False  # its producer woke the lane: that wake-up is ours to take
+            self.state = ACTIVE
+            return True
+
+    def try_claim(self, *, allow_pending: bool = False) -> bool:
+        """Claim an idle lane to run its items on this thread (usually the producer)."""
+        if self.state != IDLE:
+            return False
+        with self.lock:
+            if self.state != IDLE or (self.pending and not allow_pending):
+                return False
+            self.state = CLAIMED
+            return True
+
+    def claim_or_ask(self) -> bool:
+        """Claim the lane now, or ask its driver to hand it over when it goes idle.
+
+        Returns whether the lane is claimed now; otherwise ``want_claim`` is set and the
+        driver will hand it over (and tell the gate).
+        """
+        with self.lock:
+            if self.state == IDLE and not self.pending:
+                self.state = CLAIMED
+                return True
+            if self.state == IDLE:  # deferred items: its driver runs them first
+                self.state = ACTIVE
+                self.want_claim = True
+                wake = True
+            else:
+                self.want_claim = True
+                wake = False
+        if wake:
+            self.wake_driver(self)
+        return False
+
+    def withdraw_claim(self) -> None:
+        """Take back :meth:`claim_or_ask` (the waiting producer is unwinding)."""
+        with self.lock:
+            self.want_claim = False
+            claimed = self.state == CLAIMED
+        if claimed:
+            self.release()
+
+    def release(self) -> None:
+        """Give a claimed lane back; wake its driver if items arrived meanwhile."""
+        with self.lock:
+            self.state = IDLE
+        if self.pending:
+            self.wake()
+
+
+    # -- counting (whoever runs the lane) --------------------------------------------------
+
+    def count_done(self) -> None:
+        """Count one finished (or skipped) event item; tell the gate at its target."""
+        self.done += 1
+        target = self.wait_done
+        if target is not None and self.done >= target:
+            self.notify(self)
+
+    def count_log_done(self) -> None:
+        """Count one delivered record that the producer counted in ``log_enq``."""
+        self.log_done += 1
+        target = self.wait_log
+        if target is not None and self.log_done >= target:
+            self.notify(self)
+
+
+def _unstarted(lane: Lane) -> None:
+    raise RuntimeError(f"lane {lane.name} has no running session")

@@ -1,0 +1,320 @@
+"""The producer side of a session: what the training thread does when it publishes.
+
+``publish`` runs on the training thread and never touches the event loop except to wake
+it, at most once per burst. It queues each event's item on the lanes of the callbacks that
+handle it, runs what must run before it returns (``@blocking`` handlers, the inline fast
+path at barriers), and at barrier events waits, through the gate, for what the barrier
+waits for (D4, with each lane's lag). Records the training thread logs are bounded per
+destination (D12).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from trainbus._bus._items import EventItem, LogItem
+from trainbus._bus._lane import IDLE
+from trainbus._bus._running import call_plain, finish_event
+from trainbus._bus._slow import SlowCallbacks
+from trainbus._bus._stopped import Stopped
+from trainbus._events import Event
+
+if TYPE_CHECKING:
+    from trainbus._bus._dispatcher import Dispatcher
+    from trainbus._bus._gate import Gate
+    from trainbus._bus._inline import InlinePath
+    from trainbus._bus._lane import Lane
+    from trainbus._bus._options import BusOptions
+    from trainbus._bus._slot import Member, Slot
+    from trainbus._bus._statistics import Counters
+    from trainbus._logger import Logger, LogRecord
+    from trainbus._state import State
+
+__all__ = ["Producer"]
+
+_perf = time.perf_counter
+
+
+class Producer:
+    """Publishing, barriers and backpressure for one session (training thread)."""
+
+    def __init__(
+        self,
+        *,
+        state: State,
+        logger: Logger,
+        members: Sequence[Member],
+        lanes: Sequence[Lane],
+        options: BusOptions,
+        gate: Gate,
+        counters: Counters,
+        inline: InlinePath,
+        dispatcher: Dispatcher,
+        warn: Callable[[str], None],
+    ) -> None:
+        self.state = state
+        self.logger = logger
+        self.members = members
+        self.lanes = lanes
+        self.barriers = options.barriers
+        self.queue_size = options.queue_size
+        self.warn_slow = options.warn_slow
+        self.gate = gate
+        self.counters = counters
+        self.inline = inline
+        self.dispatcher = dispatcher
+        self.warn = warn
+        self.destinations = [lane for lane in lanes if lane.log_slot is not None]
+        self.lagged = [lane for lane in lanes if not lane.uniform]
+        self.subs: dict[Event, list[tuple[Lane, Slot]]] = {}
+        for event in Event:
+            subs = [(lane, lane.slots[event]) for lane in lanes if event in lane.slots]
+            if event is Event.INIT:  # loggers first at INIT, last otherwise (Composer)
+                subs.sort(key=lambda pair: pair[0].log_slot is None)
+            self.subs[event] = subs
+        #: The thread that may publish now (the training thread, or a plain-code caller).
+        self.ident: int | None = None
+        # Lanes this burst moved to ACTIVE whose drivers are not woken yet (woken once per
+        # burst, and before any wait).
+        self._to_kick: list[Lane] = []
+        self._view_key: tuple[Any, Any] = (None, None)
+        self._view: tuple[State, Logger] | None = None
+        self._trace_mark = 0.0
+        #: While set, every event is published as a barrier (``run_now``).
+        self._barrier_all = False
+        self.slow = SlowCallbacks()
+
+    def is_producer(self) -> bool:
+        """Whether the calling thread is the one publishing."""
+        return threading.get_ident() == self.ident
+
+    # -- publishing ------------------------------------------------------------------------
+
+    def publish(self, *events: Event) -> None:
+        """Offer each event, in order, to every callback that handles it.
+
+        Events published together (nothing computed between them) share one snapshot
+        of the state and wake each lane at most once.
+
+        Raises:
+            Stopped: The session is stopping; the producer should unwind.
+        """
+        gate = self.gate
+        if gate.stopping:
+            raise Stopped
+        inline = self.inline
+        if inline.lanes and inline.overdue():
+            inline.flush(run=False)
+        try:  # lanes made ACTIVE must be woken even when Stopped unwinds the burst
+            for event in events:
+                self.counters.published += 1
+                subs = self.subs[event]
+                barrier = self._barrier_all or event in self.barriers
+                if barrier and inline.lanes:
+                    self._kick()
+                    inline.flush(run=True)
+                if subs:
+                    self._offer(event, subs, barrier)
+                if event is Event.BATCH_END:
+                    self._batch_end()
+                if barrier:
+                    self._kick()
+                    self._barrier()
+                    if event is Event.BATCH_END:
+                        self._trace_mark = _perf()
+                if gate.stopping:
+                    raise Stopped
+        finally:
+            self._kick()
+
+    def _offer(self, event: Event, subs: list[tuple[Lane, Slot]], barrier: bool) -> None:
+        item = self._item(event)
+        queue_size = self.queue_size
+        here: list[tuple[Lane, Slot]] | None = None
+        for lane, slot in subs:
+            when = slot.when
+            if when is not None and not _due(slot, when, item.view.timestamp):
+                continue
+            if slot.inline_ok:
+                if barrier:
+                    if here is None:
+                        here = []
+                    here.append((lane, slot))
+                elif lane.state == IDLE and lane.enq - lane.done < queue_size:
+                    self._append(lane, slot, item)  # D3: queued unwoken (``_inline.py``)
+                    if not lane.deferred:
+                        self.inline.defer(lane)
+                else:
+                    self._enqueue(lane, slot, item)
+            elif slot.is_blocking:
+                self._blocking(lane, slot, item)
+            else:
+                self._enqueue(lane, slot, item)
+        if here is not None:
+            self._kick()  # the other lanes run while these run here (D2)
+            cheap = True
+            for lane, slot in here:
+                ran = self.inline.run_here(lane, slot, item) if cheap else None
+                if ran is None:
+                    self._enqueue(lane, slot, item)
+                else:
+                    cheap = ran
+
+    def _item(self, event: Event) -> EventItem:
+        """The event's item, with a snapshot shared by events with nothing between them."""
+        state = self.state
+        ts = state._timer._ts
+        key = (state._frame, ts)
+        cached = self._view_key
+        if key[0] is not cached[0] or key[1] is not cached[1] or self._view is None:
+            view = state.snapshot()
+            self._view = (view, self.logger._bind(view))
+            self._view_key = key
+        view, logger = self._view
+        return EventItem(event, view, logger, ts._batch)
+
+    def _append(self, lane: Lane, slot: Slot, item: EventItem) -> None:
+        lane.pending.append(item)
+        lane.enq += 1
+        if not lane.uniform:
+            lane.last_by_lag[slot.lag] = lane.enq
+        depth = lane.enq - lane.done
+        member = lane.member
+        if depth > member.peak:
+            member.peak = depth
+
+    def _enqueue(self, lane: Lane, slot: Slot, item: EventItem) -> None:
+        if lane.enq - lane.done >= self.queue_size:  # D12: wait for room
+            self._wait([(lane, lane.enq - self.queue_size + 1)], "backpressure")
+        self._append(lane, slot, item)
+        if lane.state == IDLE and lane.activate():
+            self._to_kick.append(lane)
+
+    def _blocking(self, lane: Lane, slot: Slot, item: EventItem) -> None:
+        """Run a ``@blocking`` handler before returning (D9), after the lane's backlog."""
+        if slot.is_async:  # coroutines run on the loop: queue it, wait for this very item
+            self._enqueue(lane, slot, item)
+            self._wait([(lane, lane.enq)], "blocking")
+            return
+        self._kick()
+        self.gate.claim(lane)  # every earlier item of the lane is done, nothing runs there
+        try:
+            if self.gate.stopping:  # its lane skips what it had queued; so does this handler
+                raise Stopped
+            lane.enq += 1
+            elapsed = call_plain(self.gate, slot, item)
+            slot.inline_calls += 1
+            finish_event(lane, slot, item, elapsed, self.counters)
+        finally:
+            lane.release()
+
+    def _kick(self) -> None:
+        """Wake the drivers of the lanes this burst made ACTIVE."""
+        lanes = self._to_kick
+        if not lanes:
+            return
+        dispatcher = self.dispatcher
+        loop_lanes = False
+        for lane in lanes:
+            if lane.on_thread:
+                lane.tokens.put(None)
+            else:
+                dispatcher.schedule(lane)
+                loop_lanes = True
+        lanes.clear()
+        if loop_lanes:
+            dispatcher.kick()
+
+    # -- barriers --------------------------------------------------------------------------
+
+    def _batch_end(self) -> None:
+        counters = self.counters
+        counters.batches += 1
+        batches = counters.batches
+        trace = counters.trace
+        if trace is not None:
+            now = _perf()
+            mark = self._trace_mark or trace.origin
+            trace.producer_span(f"batch {batches}", mark, now - mark)
+        for lane in self.lagged:
+            for lag, marks in lane.due.items():
+                marks.append((batches + lag, lane.last_by_lag[lag]))
+        if self.warn_slow and self.slow.checking:
+            self.slow.at_batch_end(self.members, counters, self.warn)
+
+    def _barrier(self) -> None:
+        """Wait for every lane's items that this barrier waits for (D4, with lags)."""
+        batches = self.counters.batches
+        targets = []
+        for lane in self.lanes:
+            if lane.uniform:
+                target = lane.enq
+            else:
+                target = lane.last_by_lag.get(0, 0)
+                for marks in lane.due.values():
+                    while marks and marks[0][0] <= batches:
+                        target = max(target, marks.popleft()[1])
+            if lane.done < target:
+                targets.append((lane, target))
+        if targets:
+            self._wait(targets, "barrier")
+
+    def run_now(self, event: Event) -> None:
+        """Publish ``event`` as a barrier and wait for every handler (plain-code callers)."""
+        self._barrier_all = True
+        try:
+            self.publish(event)
+        finally:
+            self._barrier_all = False
+        self.wait_all()
+
+    def wait_all(self) -> None:
+        """Block until every handler published so far has finished."""
+        self._kick()
+        targets = [(lane, lane.enq) for lane in self.lanes if lane.done < lane.enq]
+        if targets:
+            self._wait(targets, "barrier")
+        if self.gate.stopping:
+            raise Stopped
+
+    def _wait(self, targets: list[tuple[Lane, int]], kind: Any) -> None:
+        self._kick()
+        if self.inline.lanes:  # what the wait is for may sit unwoken in a lane
+            self.inline.flush(run=False)
+        self.gate.wait(targets, kind)
+
+    # -- records ---------------------------------------------------------------------------
+
+    def submit_log(self, record: LogRecord) -> None:
+        """Queue ``record`` on every destination's lane (any thread).
+
+        Records the training thread logs are bounded by ``queue_size`` per destination
+        (D12): a destination that far behind makes the training thread wait. Barriers do
+        not wait for records.
+        """
+        counted = self.is_producer()
+        item = LogItem(record, counted)
+        for lane in self.destinations:
+            if counted:
+                if lane.log_enq - lane.log_done >= self.queue_size:
+                    self._wait([(lane, lane.log_enq - self.queue_size + 1)], "records")
+                lane.log_enq += 1
+            lane.pending.append(item)
+            lane.wake()
+
+
+def _due(slot: Slot, when: Callable[[Any], bool], ts: Any) -> bool:
+    """Whether a filtered handler runs for this event (``@once``: only the first time)."""
+    if not when(ts):
+        return False
+    if getattr(when, "exact", False):
+        slot.when = _never
+    return True
+
+
+def _never(ts: Any) -> bool:
+    """The filter of a ``@once`` handler that already ran."""
+    return False

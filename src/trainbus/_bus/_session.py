@@ -1,0 +1,336 @@
+"""A session: the lanes running on one event loop, built afresh for each run.
+
+One ``fit()`` (or one engine call from plain code) is one session. Everything that is
+per-run lives here and is created when the session starts: the gate, the lanes' queues
+and counters, the dispatcher, the lane threads, the producer's state. Nothing is reset;
+what outlives a session (slots' statistics, the inline verdicts, the counters) lives in
+the bus's members.
+
+Every task of the session runs in a task group under a shielded scope: a task started
+while the caller is being cancelled must still start (a handler hand-over, a coroutine for
+a lane thread), or a lane would wait for it forever. Waits on user code are bounded by
+``close_timeout``: a callback that misses it is reported and abandoned (its thread, if it
+is stuck in a plain handler, is left behind as a daemon), and every other callback still
+closes.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from trainbus._bus._bridge import LoopHandle, Spawner
+from trainbus._bus._dispatcher import Dispatcher
+from trainbus._bus._gate import Gate
+from trainbus._bus._inline import InlinePath
+from trainbus._bus._items import STOP, CallItem
+from trainbus._bus._lane import Lane
+from trainbus._bus._producer import Producer
+from trainbus._bus._stopped import Stopped
+from trainbus._bus._threads import ThreadDriver
+from trainbus._exceptions import CallbackTimeoutWarning, SlowCallbackWarning
+
+if TYPE_CHECKING:
+    from trainbus._bus._options import BusOptions
+    from trainbus._bus._slot import Member
+    from trainbus._bus._statistics import Counters
+    from trainbus._callback import Handler
+    from trainbus._logger import Logger
+    from trainbus._state import State
+
+__all__ = ["Session"]
+
+
+class Session:
+    """The per-run parts of the bus (create it on the loop; see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        state: State,
+        logger: Logger,
+        members: Sequence[Member],
+        options: BusOptions,
+        counters: Counters,
+    ) -> None:
+        self.state = state
+        self.logger = logger
+        self.options = options
+        self.loop = LoopHandle()
+        self.gate = Gate(counters)
+        self.lanes = [Lane(member) for member in members]
+        self.dispatcher = Dispatcher(self.gate, counters, self.loop)
+        self.spawner = Spawner(self.loop)
+        self.inline = InlinePath(self.gate, counters, options.inline_max)
+        self.producer = Producer(
+            state=state,
+            logger=logger,
+            members=members,
+            lanes=self.lanes,
+            options=options,
+            gate=self.gate,
+            counters=counters,
+            inline=self.inline,
+            dispatcher=self.dispatcher,
+            warn=self._warn_slow,
+        )
+        self._drivers: dict[int, ThreadDriver] = {}
+        for lane in self.lanes:
+            lane.notify = self.gate.reached
+            if lane.on_thread:
+                lane.wake_driver = _put_token
+                self._drivers[lane.index] = ThreadDriver(
+                    lane, self.gate, counters, self.loop, self.spawner, options.inline_max
+                )
+            else:
+                lane.wake_driver = self.dispatcher.wake_lane
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Session]:
+        """Run the lanes on the current loop for the duration of the block.
+
+        On exit the lanes finish what is queued (event handlers are skipped once the
+        session stopped; log records are delivered), within ``close_timeout``; then their
+        threads and tasks end. Nothing started here outlives the block except the thread
+        of a lane abandoned while stuck in a plain handler.
+        """
+        internal = anyio.CancelScope(shield=True)
+        async with anyio.create_task_group() as outer:
+            with anyio.CancelScope(shield=True):
+                tg = await outer.start(_run_internal, internal)
+            threads_done: dict[int, anyio.Event] = {}
+            for lane in self.lanes:
+                driver = self._drivers.get(lane.index)
+                if driver is not None:
+                    threads_done[lane.index] = done = anyio.Event()
+                    lane.thread = threading.Thread(
+                        target=self._thread_main,
+                        args=(driver, done),
+                        name=f"trainbus-lane-{lane.name}",
+                        daemon=True,
+                    )
+                    lane.thread.start()
+            self.dispatcher.start(tg)
+            tg.start_soon(self.spawner.serve, tg)
+            background = anyio.CancelScope()
+            tg.start_soon(self._run_backgrounds, background)
+            for record in self.logger._connect(self.producer.submit_log):
+                self.producer.submit_log(record)
+            try:
+                yield self
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self.drain()
+                    self.logger._connect(None)
+                    background.cancel()
+                    self.inline.close()
+                    self.dispatcher.stop()
+                    for lane in self.lanes:
+                        if lane.thread is not None:
+                            lane.pending.append(STOP)
+                            lane.wake()
+                    for index, event in threads_done.items():
+                        if not self.lanes[index].abandoned:
+                            await event.wait()
+                    for lane in self.lanes:
+                        if lane.thread is not None and not lane.abandoned:
+                            lane.thread.join()
+                    internal.cancel()
+
+    def _thread_main(self, driver: ThreadDriver, finished: anyio.Event) -> None:
+        loop = self.loop
+        try:
+            try:
+                driver.run()
+            except BaseException as exc:  # a bug of ours: fail the run rather than hang it
+                self.gate.fail(exc, None, None)
+                driver.drain_broken(exc)
+        finally:
+            loop.call_soon(finished.set)
+
+    async def _run_backgrounds(self, scope: anyio.CancelScope) -> None:
+        with scope:
+            async with anyio.create_task_group() as tg:
+                for lane in self.lanes:
+                    handler = lane.member.table.extra.get("background")
+                    if handler is not None:
+                        tg.start_soon(self._background, handler)
+
+    async def _background(self, handler: Handler) -> None:
+        try:
+            await handler.fn(self.state, self.logger)
+        except Exception as exc:
+            self.gate.fail(exc, handler, None)
+
+    # -- the producer thread ---------------------------------------------------------------
+
+    async def run_producer(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on a new producer thread and wait for it, cancellably.
+
+        If the waiting task is cancelled, the session stops, the producer unwinds at its
+        next event, and the cancellation propagates once the thread has ended (D11), or
+        once ``close_timeout`` has passed (then the thread is reported and left behind).
+        Exceptions from ``fn`` other than :class:`Stopped` are re-raised here.
+        """
+        loop = self.loop
+        finished = anyio.Event()
+        box: list[BaseException] = []
+        producer = self.producer
+
+        def main() -> None:
+            producer.ident = threading.get_ident()
+            try:
+                fn()
+            except Stopped:  # the session stopped it: not an error of its own
+                pass
+            except BaseException as exc:
+                box.append(exc)
+            finally:
+                producer.ident = None
+                loop.call_soon(finished.set)
+
+        thread = threading.Thread(target=main, name="trainbus-train", daemon=True)
+        thread.start()
+        try:
+            await finished.wait()
+        except BaseException:
+            self.stop()
+            self.cancel_in_flight()
+            with anyio.move_on_after(self.options.close_timeout, shield=True):
+                await finished.wait()
+            if finished.is_set():
+                thread.join()
+            else:
+                _warn_stuck("the training thread", "its current step", self.options)
+            raise
+        thread.join()
+        if box:
+            raise box[0]
+
+    def stop(self) -> None:
+        """Stop the producer at its next event or wait (any thread)."""
+        self.gate.stop()
+
+    def cancel_in_flight(self) -> None:
+        """Cancel the coroutine handlers running now (loop thread only)."""
+        for lane in self.lanes:
+            if lane.scope is not None:
+                lane.scope.cancel()
+
+    # -- calls in lane order (loop thread) -------------------------------------------------
+
+    async def _in_lane(self, lane: Lane, fn: Callable[[], Any], is_async: bool) -> None:
+        """Run ``fn`` as the next item of ``lane`` and wait for it; re-raise its error."""
+        finished = anyio.Event()
+        box: list[BaseException] = []
+
+        def on_done(error: BaseException | None) -> None:
+            if error is not None:
+                box.append(error)
+            finished.set()
+
+        lane.pending.append(CallItem(fn, is_async, on_done))
+        lane.wake()
+        await finished.wait()
+        if box:
+            raise box[0]
+
+    async def _bounded(self, lane: Lane, fn: Callable[[], Any], is_async: bool, what: str) -> None:
+        """:meth:`_in_lane` within ``close_timeout``; abandon the lane if it misses it."""
+        with anyio.move_on_after(self.options.close_timeout) as scope:
+            await self._in_lane(lane, fn, is_async)
+        if scope.cancelled_caught:
+            lane.abandoned = True
+            if lane.scope is not None:
+                lane.scope.cancel()
+            _warn_stuck(f"callback {lane.name}", what, self.options)
+
+    async def drain(self) -> None:
+        """Wait until every lane has run everything queued so far (or was abandoned)."""
+        async with anyio.create_task_group() as tg:
+            for lane in self.lanes:
+                if not lane.abandoned:
+                    tg.start_soon(self._bounded, lane, _noop, False, "what it had queued")
+
+    async def close_callbacks(self) -> list[BaseException]:
+        """Run every ``close`` (destinations last), then every ``post_close``.
+
+        Each runs on its callback's lane, after what the lane had queued (close is a
+        barrier), within ``close_timeout``. Returns the exceptions raised, each with a
+        note naming its callback; one failing or stuck ``close`` does not stop the others.
+        """
+        errors: list[BaseException] = []
+        await self.drain()
+
+        async def call(lane: Lane, handler: Handler, *args: Any) -> None:
+            try:
+                await self._bounded(
+                    lane, lambda: handler.fn(*args), handler.is_async, handler.qualname
+                )
+            except BaseException as exc:
+                if isinstance(exc, anyio.get_cancelled_exc_class()):
+                    raise
+                exc.add_note(f"raised by {handler.qualname}")
+                errors.append(exc)
+
+        for destinations in (False, True):  # callbacks first, then destinations
+            async with anyio.create_task_group() as tg:
+                for lane in self.lanes:
+                    close = lane.member.table.close
+                    is_dest = lane.log_slot is not None
+                    if close is not None and is_dest is destinations and not lane.abandoned:
+                        tg.start_soon(call, lane, close, self.state, self.logger)
+        async with anyio.create_task_group() as tg:
+            for lane in self.lanes:
+                post = lane.member.table.post_close
+                if post is not None and not lane.abandoned:
+                    tg.start_soon(call, lane, post)
+        return errors
+
+    # -- warnings on the loop --------------------------------------------------------------
+
+    def _warn_slow(self, message: str) -> None:
+        """Emit a SlowCallbackWarning on the loop thread, where the caller's filters apply."""
+        self.loop.call_soon(self._emit_slow, message)
+
+    def _emit_slow(self, message: str) -> None:
+        try:
+            warnings.warn(message, SlowCallbackWarning, stacklevel=1)
+        except Warning as exc:  # warnings turned into errors: fail like a handler would
+            self.gate.fail(exc, None, None)
+
+
+async def _run_internal(
+    scope: anyio.CancelScope,
+    *,
+    task_status: anyio.abc.TaskStatus[anyio.abc.TaskGroup] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    with scope:
+        async with anyio.create_task_group() as tg:
+            task_status.started(tg)
+            await anyio.sleep_forever()
+
+
+def _put_token(lane: Lane) -> None:
+    lane.tokens.put(None)
+
+
+def _noop() -> None:
+    return None
+
+
+def _warn_stuck(who: str, what: str, options: BusOptions) -> None:
+    warnings.warn(
+        f"{who} did not finish {what} within close_timeout={options.close_timeout:g} s and "
+        "was abandoned (a thread stuck in a plain handler is left running as a daemon); "
+        "the other callbacks were closed",
+        CallbackTimeoutWarning,
+        stacklevel=2,
+    )
