@@ -21,7 +21,15 @@ from trainbus._exceptions import EngineThreadError, FitInProgressError
 from trainbus._logger import Logger, LoggerDestination
 from trainbus._loop import LoopConfig, TrainingLoop
 from trainbus._state import State
-from trainbus._time import Time, TimeUnit, ensure_time
+from trainbus._time import Time
+from trainbus._trainer_checks import (
+    check_callbacks,
+    check_eval_interval,
+    check_grad_clip_norm,
+    check_max_duration,
+    check_optimizers,
+    check_run_name,
+)
 
 __all__ = ["Trainer"]
 
@@ -110,8 +118,10 @@ class Trainer:
 
     Args:
         model: A ``torch.nn.Module``. If it defines ``loss(outputs, batch)`` (Composer's
-            convention) ``forward`` receives the whole batch; otherwise batches are
-            ``(inputs, targets)`` and ``loss_fn(outputs, targets)`` is the loss.
+            convention) ``forward`` receives the whole batch, whatever it is; otherwise
+            batches are ``(inputs, targets)`` pairs (``model(inputs)``,
+            ``loss_fn(outputs, targets)``) or dicts (``model(batch)``,
+            ``loss_fn(outputs, batch)``). See ``docs/training-loop.md``.
         train_dataloader: An iterable of batches (a ``DataLoader``).
         max_duration: How long to train: a :class:`Time`, ``"10ep"``/``"500ba"``/... or
             an int (epochs).
@@ -121,10 +131,16 @@ class Trainer:
         schedulers: A scheduler or a list; stepped after every batch.
         callbacks: :class:`Callback` instances, offered events in this order.
         loggers: :class:`LoggerDestination` instances (offered events after callbacks).
-        loss_fn: The loss for models without a ``loss`` method.
+        loss_fn: The loss for models without a ``loss`` method: ``loss_fn(outputs,
+            targets)`` for pairs, ``loss_fn(outputs, batch)`` for dict batches.
         device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
-        precision: ``None``/``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast).
+        precision: ``None``/``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast). fp16 also
+            scales the loss with a ``torch.amp.GradScaler`` (``state.scaler``); the
+            gradients are unscaled before ``AFTER_TRAIN_BATCH``.
         grad_accum: Microbatches per batch; forward/loss/backward events repeat for each.
+        grad_clip_norm: Clip the L2 norm of all gradients together to this value after
+            the last backward (and unscaling), before ``AFTER_TRAIN_BATCH``; ``None``
+            (the default) does not clip. Composer v0.6's name.
         barriers: Events (or one Event) at which training waits for every earlier
             handler (D4); ``()`` for none but close.
         max_lag: Batches by which handlers may trail the barrier (D4).
@@ -162,6 +178,7 @@ class Trainer:
         device: str | torch.device = "auto",
         precision: str | None = None,
         grad_accum: int = 1,
+        grad_clip_norm: float | None = None,
         barriers: Iterable[Event | str] = (Event.BATCH_END,),
         max_lag: int = 0,
         queue_size: int = 128,
@@ -189,18 +206,10 @@ class Trainer:
         _check_loader(train_dataloader, "train_dataloader")
         if eval_dataloader is not None:
             _check_loader(eval_dataloader, "eval_dataloader")
-        duration = ensure_time(max_duration, name="max_duration")
-        if duration.unit is TimeUnit.DURATION:
-            raise ValueError(
-                f"max_duration={max_duration!r} is a fraction of itself; "
-                "use ep, ba, sp or tok units, e.g. '2ep'"
-            )
-        interval = ensure_time(eval_interval, name="eval_interval")
-        if interval.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH) or interval.value <= 0:
-            raise ValueError(
-                f"eval_interval={eval_interval!r} must be a positive number of epochs or "
-                "batches, e.g. '1ep' or '100ba'"
-            )
+        duration = check_max_duration(max_duration)
+        interval = check_eval_interval(eval_interval)
+        check_run_name(run_name)
+        clip = check_grad_clip_norm(grad_clip_norm)
         if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
             raise ValueError(f"grad_accum={grad_accum!r} must be a positive int, e.g. 1 or 4")
         if precision not in _PRECISIONS:
@@ -221,7 +230,9 @@ class Trainer:
         resolved_device = _resolve_device(device)
         callbacks = _as_list(callbacks, "callbacks")
         loggers = _as_list(loggers, "loggers")
+        check_callbacks(callbacks, loggers)
         opt_list = [] if optimizers is None else _optimizer_list(optimizers)
+        check_optimizers(opt_list)
         for i, dest in enumerate(loggers):
             if not isinstance(dest, LoggerDestination):
                 resolve_callback(dest, where=f"loggers[{i}]")  # raises for non-callbacks
@@ -256,6 +267,8 @@ class Trainer:
             device=resolved_device,
             run_name=run_name or _default_run_name(),
         )
+        if _PRECISIONS[precision] is torch.float16:  # bf16 has fp32's range: no scaler
+            self.state.scaler = torch.amp.GradScaler(resolved_device.type)
         self.logger = Logger(self.state)
         self.engine = Engine(
             self.state,
@@ -272,6 +285,7 @@ class Trainer:
             eval_interval=interval,
             autocast_dtype=_PRECISIONS[precision],
             log_train_loss=log_train_loss and bool(loggers),
+            grad_clip_norm=clip,
         )
         self._init_delivered = False
         if no_running_loop():  # as Composer does: INIT handlers run in the constructor
@@ -298,9 +312,7 @@ class Trainer:
                 "another, or create a second Trainer"
             )
         if duration is not None:
-            extra = ensure_time(duration, name="duration")
-            if extra.unit is TimeUnit.DURATION:
-                raise ValueError(f"duration={duration!r}: use ep, ba, sp or tok units")
+            extra = check_max_duration(duration, name="duration")
             now = state.timestamp.get(extra.unit)
             state.max_duration = Time(int(now.value) + int(extra.value), extra.unit)
         state._stop.clear()
