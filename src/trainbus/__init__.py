@@ -26,6 +26,7 @@ from trainbus._exceptions import FitInProgressError as FitInProgressError
 from trainbus._exceptions import SlowCallbackWarning as SlowCallbackWarning
 from trainbus._exceptions import TrainbusError as TrainbusError
 from trainbus._exceptions import TrainbusWarning as TrainbusWarning
+from trainbus._exceptions import UnknownHandlerWarning as UnknownHandlerWarning
 from trainbus._filters import every as every
 from trainbus._filters import once as once
 from trainbus._logger import Logger as Logger
@@ -69,6 +70,7 @@ __all__ = (
     "Trainer",
     "TrainbusError",
     "TrainbusWarning",
+    "UnknownHandlerWarning",
     "blocking",
     "every",
     "once",

@@ -9,7 +9,8 @@ Hierarchy::
     └── StreamOverflowError                               an EventStream subscriber fell behind
     TrainbusWarning (UserWarning)
     ├── SlowCallbackWarning                               handlers slower than the batch
-    └── MetricsUploadWarning                              points refused or not delivered
+    ├── MetricsUploadWarning                              points refused or not delivered
+    └── UnknownHandlerWarning                             a handler-like method no event calls
 
 Errors raised by callbacks are never wrapped: ``fit()`` raises the callback's own
 exception, with a note naming the callback and the event.
@@ -26,6 +27,7 @@ __all__ = [
     "StreamOverflowError",
     "TrainbusError",
     "TrainbusWarning",
+    "UnknownHandlerWarning",
 ]
 
 
@@ -59,3 +61,7 @@ class StreamOverflowError(TrainbusError):
 
 class MetricsUploadWarning(TrainbusWarning):
     """Points were refused by the server, or not delivered before ``close_timeout``."""
+
+
+class UnknownHandlerWarning(TrainbusWarning):
+    """A callback method looks like a handler (``on_batch_end``) but no event calls it."""

@@ -93,7 +93,7 @@ def test_norms_are_handed_to_the_logger_as_tensors_never_read_on_the_host() -> N
     model((torch.randn(4, 4), None)).sum().backward()
     logger = RecordingLogger(state)
     monitor = GradMonitor(log_layer_grad_norms=True)
-    monitor.after_backward(state, logger)
+    monitor.after_train_batch(state, logger)
     assert logger.raw == []  # nothing logged before the batch ends
     monitor.batch_end(state, logger)
     (logged,) = logger.raw
@@ -110,15 +110,15 @@ def test_a_model_without_gradients_logs_nothing() -> None:
     state = State(model=TinyModel(), max_duration=Time(1, "ba"))
     logger = RecordingLogger(state)
     monitor = GradMonitor()
-    monitor.after_backward(state, logger)
+    monitor.after_train_batch(state, logger)
     monitor.batch_end(state, logger)
     assert logger.raw == []
 
 
-def test_after_backward_is_blocking_and_plain_so_it_runs_before_the_step() -> None:
+def test_after_train_batch_is_blocking_and_plain_so_it_runs_before_the_step() -> None:
     table = resolve_callback(GradMonitor())
     assert all(h.is_blocking and not h.is_async for h in table.handlers.values())
-    assert {e.value for e in table.handlers} == {"after_backward", "batch_end"}
+    assert {e.value for e in table.handlers} == {"after_train_batch", "batch_end"}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -130,7 +130,7 @@ def test_cuda_norms_are_logged_without_a_host_sync() -> None:  # pragma: no cove
     monitor = GradMonitor(log_layer_grad_norms=True)
     torch.cuda.set_sync_debug_mode("error")
     try:
-        monitor.after_backward(state, logger)
+        monitor.after_train_batch(state, logger)
         monitor.batch_end(state, logger)
     finally:
         torch.cuda.set_sync_debug_mode("default")
