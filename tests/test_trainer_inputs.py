@@ -232,10 +232,17 @@ def test_a_callback_class_given_to_the_engine_names_the_fix() -> None:
 # -- handler-like names that no event calls -------------------------------------------------
 
 
+def _handler(self: Any, state: Any, logger: Any) -> None: ...
+def _no_args(self: Any) -> None: ...
+def _one_arg(self: Any, response: Any) -> None: ...
+
+
+_METHODS = {"self, state, logger": _handler, "self": _no_args, "self, response": _one_arg}
+
+
 def _callback_with(name: str, params: str = "self, state, logger") -> Callback:
-    namespace: dict[str, Any] = {}
-    exec(f"def {name}({params}):\n    pass", namespace)  # noqa: S102 - a method named at runtime
-    return type("MyCallback", (Callback,), {name: namespace[name]})()
+    """An instance of a ``MyCallback`` class with one method ``name(params)``."""
+    return type("MyCallback", (Callback,), {name: _METHODS[params]})()  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize(

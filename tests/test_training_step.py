@@ -239,8 +239,11 @@ def test_a_composer_style_grad_monitor_reads_the_norms_computed_by_hand(grad_acc
     weight, bias = ([float(r["grad"][i].norm()) for r in ref] for i in (0, 1))
     total = [float(torch.cat([g.flatten() for g in r["grad"]]).norm()) for r in ref]
     expected = {"weight": weight, "bias": bias, "total": total}
-    for key, name in (("weight", "layer_grad_l2_norm/lin.weight"),
-                      ("bias", "layer_grad_l2_norm/lin.bias"), ("total", "grad_l2_norm/step")):
+    for key, name in (
+        ("weight", "layer_grad_l2_norm/lin.weight"),
+        ("bias", "layer_grad_l2_norm/lin.bias"),
+        ("total", "grad_l2_norm/step"),
+    ):
         got = logs.get_timeseries(name)[name]
         assert got == pytest.approx(expected[key], rel=1e-5)
         assert all(v > 0 for v in got)  # never the 0.0 of gradients already zeroed
