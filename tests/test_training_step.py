@@ -247,3 +247,23 @@ def test_a_composer_style_grad_monitor_reads_the_norms_computed_by_hand(grad_acc
         got = logs.get_timeseries(name)[name]
         assert got == pytest.approx(expected[key], rel=1e-5)
         assert all(v > 0 for v in got)  # never the 0.0 of gradients already zeroed
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="fp16 with a CUDA GradScaler needs a CUDA device; scripts/gpu_check.py runs this "
+    "check (step 3, 'fp16 step') on GPU machines",
+)
+def test_fp16_on_cuda_unscales_before_after_train_batch() -> None:  # pragma: no cover - GPU
+    probe = Probe((E.AFTER_BACKWARD, E.AFTER_TRAIN_BATCH, E.BATCH_END))
+    trainer = make_trainer(3, 1, [probe], precision="fp16", grad_clip_norm=10.0, device="cuda")
+    trainer.fit_sync()
+    assert trainer.state.scaler is not None
+    rows = zip(probe.at(E.AFTER_BACKWARD), probe.at(E.AFTER_TRAIN_BATCH), probe.at(E.BATCH_END),
+               strict=True)  # fmt: skip
+    for raw, after, end in rows:
+        assert raw["scale"] == 2.0**16
+        assert all(g.device.type == "cuda" for g in after["grads"])
+        assert _close(after["grads"], [g / raw["scale"] for g in raw["grads"]], 1e-6)
+        stepped = [p - LR * g for p, g in zip(after["params"], after["grads"], strict=True)]
+        assert _close(end["params"], stepped, 1e-6)

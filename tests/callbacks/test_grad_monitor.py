@@ -1,4 +1,5 @@
-"""GradMonitor: gradient norms read in lockstep before the step, logged per batch as tensors."""
+"""GradMonitor: gradient norms read in lockstep at AFTER_TRAIN_BATCH (complete, unscaled,
+clipped, before the step), logged per batch as tensors."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ class ReferenceNorms(Callback):
         self.per_batch: list[dict[str, float]] = []
 
     @blocking
-    def after_backward(self, state: State, logger: Logger) -> None:
+    def after_train_batch(self, state: State, logger: Logger) -> None:
         grads = {n: p.grad for n, p in state.model.named_parameters() if p.grad is not None}
         total = sum(float((g.double() ** 2).sum()) for g in grads.values()) ** 0.5
         self.latest = {"total": total, **{n: float(g.double().norm()) for n, g in grads.items()}}
@@ -61,8 +62,17 @@ def test_with_grad_accumulation_one_value_per_batch_of_the_accumulated_gradient(
     logs = InMemoryLogger()
     make_trainer(3, 1, [GradMonitor(), ref], loggers=[logs], grad_accum=2).fit_sync()
     assert logs.get_timeseries("grad_l2_norm/step")["step"] == [1, 2, 3]
-    # ref.latest is overwritten by each microbatch: the last one holds the accumulated grads.
     assert values(logs, "grad_l2_norm/step") == pytest.approx([r["total"] for r in ref.per_batch])
+
+
+def test_norms_are_of_the_unscaled_and_clipped_gradients_under_fp16() -> None:
+    ref = ReferenceNorms()
+    logs = InMemoryLogger()
+    make_trainer(3, 1, [GradMonitor(), ref], loggers=[logs], precision="fp16",
+                 grad_clip_norm=0.05, device="cpu").fit_sync()  # fmt: skip
+    got = values(logs, "grad_l2_norm/step")
+    assert got == pytest.approx([r["total"] for r in ref.per_batch])
+    assert got == pytest.approx([0.05] * 3, rel=1e-3)  # scaled, they would be ~65536 x larger
 
 
 def test_parameters_without_gradients_are_skipped() -> None:
