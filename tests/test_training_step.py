@@ -198,6 +198,8 @@ def test_bf16_has_no_scaler_and_fp32_state_dict_has_no_scaler_entry() -> None:
     assert isinstance(fp16.scaler, torch.amp.GradScaler)
     assert "scaler" in fp16.state_dict()
     assert "scaler" not in make_trainer(1, 1, device="cpu").state.state_dict()
+    amp = make_trainer(1, 1, precision="amp", device="cpu").state  # Composer v0.6's name
+    assert isinstance(amp.scaler, torch.amp.GradScaler)
 
 
 def test_scaler_state_round_trips_through_the_state_dict() -> None:

@@ -40,6 +40,7 @@ _PRECISIONS: dict[str | None, torch.dtype | None] = {
     "amp_bf16": torch.bfloat16,
     "fp16": torch.float16,
     "amp_fp16": torch.float16,
+    "amp": torch.float16,  # Composer v0.6's name for fp16 autocast with a grad scaler
 }
 
 
@@ -134,7 +135,8 @@ class Trainer:
         loss_fn: The loss for models without a ``loss`` method: ``loss_fn(outputs,
             targets)`` for pairs, ``loss_fn(outputs, batch)`` for dict batches.
         device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
-        precision: ``None``/``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast). fp16 also
+        precision: ``None``/``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast; ``"amp"``,
+            Composer's name, is ``"fp16"``). fp16 also
             scales the loss with a ``torch.amp.GradScaler`` (``state.scaler``); the
             gradients are unscaled before ``AFTER_TRAIN_BATCH``.
         grad_accum: Microbatches per batch; forward/loss/backward events repeat for each.
@@ -214,7 +216,8 @@ class Trainer:
             raise ValueError(f"grad_accum={grad_accum!r} must be a positive int, e.g. 1 or 4")
         if precision not in _PRECISIONS:
             raise ValueError(
-                f"precision={precision!r} is unknown; use None, 'fp32', 'bf16' or 'fp16'"
+                f"precision={precision!r} is unknown; use None, 'fp32', 'bf16' or 'fp16' "
+                "('amp' is accepted for 'fp16', as in Composer)"
             )
         if isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 0:
             raise ValueError(f"max_lag={max_lag!r} must be an int >= 0 (batches), e.g. 0 or 2")
