@@ -159,7 +159,9 @@ class TrainingLoop:
             else:
                 loss = loss * (batch_size_of(micro) / total if total else 1.0)
                 micro_losses.append(loss.detach())
-            (loss if scaler is None else scaler.scale(loss)).backward()  # type: ignore[no-untyped-call]
+            if scaler is not None:
+                loss = scaler.scale(loss)  # fp16: small gradients do not underflow
+            loss.backward()  # type: ignore[no-untyped-call]
             publish(E.AFTER_BACKWARD)
         if scaler is not None:
             for opt in state.optimizers:
