@@ -136,9 +136,9 @@ class Trainer:
             targets)`` for pairs, ``loss_fn(outputs, batch)`` for dict batches.
         device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
         precision: ``None``/``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast; ``"amp"``,
-            Composer's name, is ``"fp16"``). fp16 also
-            scales the loss with a ``torch.amp.GradScaler`` (``state.scaler``); the
-            gradients are unscaled before ``AFTER_TRAIN_BATCH``.
+            Composer's name, is ``"fp16"``). fp16 also scales the loss with a
+            ``torch.amp.GradScaler`` (``state.scaler``); the gradients are unscaled
+            before ``AFTER_TRAIN_BATCH``.
         grad_accum: Microbatches per batch; forward/loss/backward events repeat for each.
         grad_clip_norm: Clip the L2 norm of all gradients together to this value after
             the last backward (and unscaling), before ``AFTER_TRAIN_BATCH``; ``None``
