@@ -111,7 +111,11 @@ class Callback(Serializable):
         """Called before the backward pass."""
 
     def after_backward(self, state: State, logger: Logger) -> Any:
-        """Called after each (micro)batch's backward pass; gradients are (still) scaled."""
+        """Called after each (micro)batch's backward pass, before the optimizer step.
+
+        The gradients are summed over the microbatches so far; under fp16 they are still
+        multiplied by the grad scaler's scale (unscaled before ``after_train_batch``).
+        """
 
     def after_train_batch(self, state: State, logger: Logger) -> Any:
         """Called after the last backward of a batch, before the optimizer step.
