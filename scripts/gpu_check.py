@@ -8,7 +8,11 @@ On a CUDA machine it
 2. trains with each built-in logging callback alone (whichever of SpeedMonitor,
    LRMonitor, MemoryMonitor, GradMonitor, ProgressBar, InMemoryLogger, JSONLinesLogger
    exist), with evaluation, under that mode, and reports PASS or the sync it hit;
-3. times a plain PyTorch loop, trainbus with no callbacks, and trainbus with every
+3. checks the fp16 step (issue 14): with ``precision="fp16"`` and ``grad_clip_norm``, the
+   gradients at ``AFTER_TRAIN_BATCH`` are those of ``AFTER_BACKWARD`` divided by the
+   grad scaler's scale (then clipped), finite, and applied by ``BATCH_END``; no sync
+   check here (``GradScaler.step`` reads ``found_inf`` on the host, as in plain AMP);
+4. times a plain PyTorch loop, trainbus with no callbacks, and trainbus with every
    callback that passed, interleaved over ``--rounds`` rounds, and prints the median
    ms/step of each and the ratios. Step times come from CUDA events recorded as each
    batch is fetched (no sync while training), so host-side stalls show up as gaps.
@@ -123,6 +127,22 @@ class ModeProbe(Callback):
     def fit_start(self, state: Any, logger: Any) -> None:
         if state.device.type == "cuda":
             self.mode = torch.cuda.get_sync_debug_mode()
+
+
+class StepProbe(Callback):
+    """Copies gradients and parameters at the step's events, in lockstep (fp16 check)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[trainbus.Event, float, list[Any], list[torch.Tensor]]] = []
+
+    @blocking
+    def run_event(self, event: trainbus.Event, state: Any, logger: Any) -> None:
+        E = trainbus.Event
+        if event in (E.AFTER_BACKWARD, E.AFTER_TRAIN_BATCH, E.BATCH_END):
+            params = list(state.model.parameters())
+            grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
+            scale = state.scaler.get_scale() if state.scaler is not None else float("nan")
+            self.rows.append((event, scale, grads, [p.detach().clone() for p in params]))
 
 
 class ItemCaller(Callback):
@@ -269,6 +289,36 @@ def check_syncs(bench: Bench, cuda: bool, tmp: Path) -> tuple[bool, list[tuple[s
     return ok, passed
 
 
+def check_fp16_step(bench: Bench, steps: int = 4, clip: float = 0.5) -> bool:
+    """Step 3: the fp16 step's gradients at AFTER_BACKWARD, AFTER_TRAIN_BATCH, BATCH_END."""
+    model = bench.model()
+    probe = StepProbe()
+    trainer = Trainer(
+        model, bench.batches[:steps], f"{steps}ba", precision="fp16", grad_clip_norm=clip,
+        optimizers=torch.optim.SGD(model.parameters(), lr=1e-3), callbacks=[probe],
+        device=bench.device, warn_slow_callbacks=False,
+    )  # fmt: skip
+    trainer.fit_sync()
+    ok = trainer.state.scaler is not None and len(probe.rows) == 3 * steps
+    for i in range(0, len(probe.rows) - 2, 3):
+        (_, scale, raw, _), (_, _, grads, before), (_, _, _, after) = probe.rows[i : i + 3]
+        unscaled = [g.float() / scale for g in raw]
+        norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in unscaled])))
+        factor = min(1.0, clip / (norm + 1e-6))
+        ok = ok and all(torch.isfinite(g).all() for g in grads)
+        ok = ok and all(
+            torch.allclose(g.float(), u * factor, rtol=1e-4, atol=1e-7)
+            for g, u in zip(grads, unscaled, strict=True)
+        )
+        ok = ok and all(
+            torch.allclose(a, b - 1e-3 * g, rtol=1e-5, atol=1e-6)
+            for a, b, g in zip(after, before, grads, strict=True)
+        )
+    print(f"  fp16 step (scaler, unscaled and clipped at AFTER_TRAIN_BATCH): "
+          f"{'PASS' if ok else 'FAIL'}")  # fmt: skip
+    return bool(ok)
+
+
 def time_configs(
     bench: Bench, cuda: bool, passed: list[tuple[str, Any, bool]]
 ) -> dict[str, float]:
@@ -329,6 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         print("sync checks (torch.cuda.set_sync_debug_mode('error')):")
         ok, passed = check_syncs(bench, cuda, Path(tmp))
+        print("training step:")
+        ok = check_fp16_step(bench) and ok
         print("step time (median ms/step):")
         medians = time_configs(bench, cuda, passed)
     base = medians["plain loop"]

@@ -1,4 +1,9 @@
-"""Bad Trainer arguments fail before training starts, naming the argument and the fix."""
+"""Bad Trainer arguments fail before training starts, naming the argument and the fix.
+
+Also what cannot be known before training (the batches' format) fails at the first bad
+batch with a message that says what a batch must be, and handler-like method names that
+no event calls warn.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,24 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
 
+import trainbus.callbacks
+import trainbus.loggers
 from tests.helpers import EventLog, TinyModel, make_loader
-from trainbus import Callback, Event, LoggerDestination, Time, TimeUnit, Trainer
+from trainbus import (
+    Callback,
+    Event,
+    LoggerDestination,
+    Time,
+    TimeUnit,
+    Trainer,
+    UnknownHandlerWarning,
+)
+from trainbus._callback import resolve_callback
+from trainbus._handler_names import warn_unknown_handlers
+from trainbus.loggers import InMemoryLogger
 
 
 def _trainer(**overrides: Any) -> Trainer:
@@ -28,6 +48,10 @@ class NotALogger(Callback):
 
 class Destination(LoggerDestination):
     pass
+
+
+TWICE, DEST_TWICE = NotALogger(), Destination()
+NAN, INF = float("nan"), float("inf")
 
 
 # (overrides, exception type, a regex the message must match: the argument ... the fix)
@@ -93,6 +117,37 @@ BAD_INPUTS: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ("queue-size-bool", {"queue_size": True}, ValueError, r"queue_size=True must be an int"),
     ("optimizers-int", {"optimizers": 3}, TypeError, r"optimizers=3 must be a "
      r"torch\.optim\.Optimizer.*None for AdamW"),
+    # issue 12, point 8
+    ("interval-half-epoch", {"eval_interval": Time(0.5, "ep")}, ValueError,
+     r"eval_interval=Time\(0\.5, TimeUnit\.EPOCH\) must be a whole number of epochs or "
+     r"batches.*e\.g\. '1ep' or '100ba'"),
+    ("interval-fraction-of-batches", {"eval_interval": Time(2.5, "ba")}, ValueError,
+     r"eval_interval=Time\(2\.5, TimeUnit\.BATCH\) must be a whole number"),
+    ("duration-nan", {"max_duration": Time(NAN, "ba")}, ValueError,
+     r"max_duration=Time\(nan, TimeUnit\.BATCH\) is not a finite amount.*'10ep'"),
+    ("duration-inf", {"max_duration": Time(INF, "ep")}, ValueError,
+     r"max_duration=Time\(inf, TimeUnit\.EPOCH\) is not a finite amount"),
+    ("duration-0ep", {"max_duration": "0ep"}, ValueError, r"max_duration='0ep' trains nothing; "
+     r"give a positive duration, e\.g\. '1ep'"),
+    ("duration-0", {"max_duration": 0}, ValueError, r"max_duration=0 trains nothing"),
+    ("duration-0ba", {"max_duration": Time(0, "ba")}, ValueError, r"max_duration=.* trains "
+     r"nothing"),
+    ("run-name-int", {"run_name": 123}, TypeError, r"run_name must be a str, got 123 \(int\); "
+     r"e\.g\. run_name='123'"),
+    ("callback-twice", {"callbacks": [TWICE, EventLog(), TWICE]}, ValueError, r"callbacks\[2\] "
+     r"is the same NotALogger instance as callbacks\[0\].*pass it once"),
+    ("logger-twice", {"loggers": [DEST_TWICE, DEST_TWICE]}, ValueError, r"loggers\[1\] is the "
+     r"same Destination instance as loggers\[0\]"),
+    ("callback-class", {"callbacks": [NotALogger]}, TypeError, r"callbacks\[0\] is the class "
+     r"NotALogger, not an instance; pass an instance: NotALogger\(\)"),
+    ("logger-class", {"loggers": [Destination]}, TypeError, r"loggers\[0\] is the class "
+     r"Destination, not an instance; pass an instance: Destination\(\)"),
+    ("grad-clip-0", {"grad_clip_norm": 0}, ValueError, r"grad_clip_norm=0 must be a positive "
+     r"number.*e\.g\. 1\.0, or None"),
+    ("grad-clip-nan", {"grad_clip_norm": NAN}, ValueError, r"grad_clip_norm=nan must be"),
+    ("grad-clip-str", {"grad_clip_norm": "1.0"}, ValueError, r"grad_clip_norm='1\.0' must be"),
+    ("optimizer-lbfgs", {"optimizers": torch.optim.LBFGS(TinyModel().parameters())}, TypeError,
+     r"optimizers\[0\] is LBFGS.*closure.*torch\.optim\.AdamW"),
 ]  # fmt: skip
 
 
@@ -152,3 +207,227 @@ def test_a_loader_without_len_that_yields_nothing_fails_at_fit() -> None:
     trainer = _trainer(train_dataloader=iter(()))
     with pytest.raises(ValueError, match=r"train_dataloader produced no batches.*drop_last"):
         trainer.fit_sync()
+
+
+def test_fit_with_a_duration_that_trains_nothing_is_refused() -> None:
+    trainer = _trainer()
+    with pytest.raises(ValueError, match=r"duration='0ba' trains nothing"):
+        trainer.fit_sync(duration="0ba")
+    with pytest.raises(ValueError, match=r"duration=Time\(nan, TimeUnit\.BATCH\) is not a finite"):
+        trainer.fit_sync(duration=Time(float("nan"), "ba"))
+
+
+def test_state_max_duration_refuses_nan() -> None:
+    state = _trainer().state
+    with pytest.raises(ValueError, match=r"max_duration=Time\(nan.*not a finite amount"):
+        state.max_duration = Time(float("nan"), "ep")
+
+
+def test_a_callback_class_given_to_the_engine_names_the_fix() -> None:
+    with pytest.raises(TypeError, match=r"callbacks got the class NotALogger, not an instance; "
+                       r"pass an instance: NotALogger\(\)"):  # fmt: skip
+        resolve_callback(NotALogger)
+
+
+# -- handler-like names that no event calls -------------------------------------------------
+
+
+def _handler(self: Any, state: Any, logger: Any) -> None: ...
+def _no_args(self: Any) -> None: ...
+def _one_arg(self: Any, response: Any) -> None: ...
+
+
+_METHODS = {"self, state, logger": _handler, "self": _no_args, "self, response": _one_arg}
+
+
+def _callback_with(name: str, params: str = "self, state, logger") -> Callback:
+    """An instance of a ``MyCallback`` class with one method ``name(params)``."""
+    return type("MyCallback", (Callback,), {name: _METHODS[params]})()  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [
+        ("on_batch_end", "batch_end"),  # Lightning's and Keras's habit
+        ("on_train_batch_end", "batch_end"),  # Lightning's hook
+        ("on_validation_end", "eval_end"),
+        ("on_epoch_start", "epoch_start"),
+        ("batch_ends", "batch_end"),  # typos
+        ("epoch_edn", "epoch_end"),
+        ("afterbackward", "after_backward"),
+        ("on_fit_ended", "fit_end"),
+    ],
+)
+def test_a_handler_like_name_that_matches_no_event_warns_naming_the_event(
+    name: str, meant: str
+) -> None:
+    log = EventLog()
+    with pytest.warns(UnknownHandlerWarning) as caught:
+        _trainer(callbacks=[log, _callback_with(name)])
+    (warning,) = caught
+    assert str(warning.message).startswith(f"MyCallback.{name} matches no event")
+    assert f"rename it to {meant} (Event.{Event(meant).name})" in str(warning.message)
+    assert log.events == [(Event.INIT, 0)]  # a warning, not an error: the trainer is built
+
+
+def test_the_warning_points_at_the_method() -> None:
+    class Lightning(Callback):
+        def on_batch_end(self, state: Any, logger: Any) -> None:
+            pass
+
+    with pytest.warns(UnknownHandlerWarning) as caught:
+        resolve_callback(Lightning())
+    assert caught[0].filename == __file__
+    assert caught[0].lineno == Lightning.on_batch_end.__code__.co_firstlineno
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("batch_size", "self"),  # close to batch_start, but no (state, logger)
+        ("on_upload_done", "self, response"),  # on_..., but like no event
+        ("summary", "self, state, logger"),
+        ("upload", "self, state, logger"),
+        ("batch_end_time", "self"),
+    ],
+)
+def test_ordinary_helper_methods_do_not_warn(name: str, params: str) -> None:
+    _trainer(callbacks=[_callback_with(name, params)])  # filterwarnings = error
+
+
+def test_a_run_event_override_gets_every_event_so_names_do_not_matter() -> None:
+    class Router(Callback):
+        def run_event(self, event: Event, state: Any, logger: Any) -> None:
+            pass
+
+        def on_batch_end(self, state: Any, logger: Any) -> None:
+            pass
+
+    resolve_callback(Router())  # filterwarnings = error
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [
+        getattr(module, name)
+        for module in (trainbus.callbacks, trainbus.loggers)
+        for name in module.__all__
+        if isinstance(getattr(module, name), type) and issubclass(getattr(module, name), Callback)
+    ],
+)
+def test_no_builtin_callback_has_a_handler_like_name_that_no_event_calls(cls: type) -> None:
+    warn_unknown_handlers(cls.__new__(cls), Callback)  # filterwarnings = error
+
+
+# -- batch formats ----------------------------------------------------------------------------
+
+
+class DictModel(torch.nn.Module):
+    """Hugging Face style: ``forward`` takes the batch dict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 3)
+        self.inputs: list[Any] = []
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.inputs.append(batch)
+        return self.lin(batch["x"])
+
+
+def _dict_loader(n_batches: int) -> DataLoader[Any]:
+    g = torch.Generator().manual_seed(0)
+    rows = [{"x": torch.randn(4, generator=g), "y": torch.randint(0, 3, (), generator=g)}
+            for _ in range(4 * n_batches)]  # fmt: skip
+    return DataLoader(rows, batch_size=4)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_dict_batches_go_whole_to_the_model_and_to_loss_fn(grad_accum: int) -> None:
+    model = DictModel()
+    seen: list[tuple[type, tuple[int, ...]]] = []
+
+    def loss_fn(outputs: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        seen.append((type(batch), tuple(batch["y"].shape)))
+        return F.cross_entropy(outputs, batch["y"])
+
+    before = model.lin.weight.detach().clone()
+    _trainer(model=model, train_dataloader=_dict_loader(2), loss_fn=loss_fn,
+             eval_dataloader=_dict_loader(1), grad_accum=grad_accum).fit_sync()  # fmt: skip
+    size = 4 // grad_accum
+    assert seen == [(dict, (size,))] * 2 * grad_accum + [(dict, (4,))]  # 2 train, 1 eval
+    assert all(isinstance(b, dict) and set(b) == {"x", "y"} for b in model.inputs)
+    assert not torch.equal(before, model.lin.weight)
+
+
+class DictModelWithLoss(DictModel):
+    def loss(self, outputs: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return F.cross_entropy(outputs, batch["y"])
+
+
+def test_dict_batches_with_model_loss() -> None:
+    model = DictModelWithLoss()
+    memory = InMemoryLogger()
+    _trainer(model=model, train_dataloader=_dict_loader(3), loggers=[memory]).fit_sync()
+    assert len(memory.get_timeseries("loss/train")["loss/train"]) == 3
+
+
+class AutoEncoder(torch.nn.Module):
+    """A bare-tensor model: ``forward(batch)`` and ``loss(outputs, batch)`` on the tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.lin(batch)
+        return out
+
+    def loss(self, outputs: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(outputs, batch)
+
+
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_bare_tensor_batches_with_model_loss(grad_accum: int) -> None:
+    memory = InMemoryLogger()
+    loader = DataLoader(torch.randn(12, 4, generator=torch.Generator().manual_seed(0)),
+                        batch_size=4)  # fmt: skip
+    model = AutoEncoder()
+    _trainer(model=model, train_dataloader=loader, max_duration="5ep", loggers=[memory],
+             optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+             grad_accum=grad_accum).fit_sync()  # fmt: skip
+    losses = memory.get_timeseries("loss/train")["loss/train"]
+    assert len(losses) == 15
+    assert losses[12] < losses[0]  # the same batch, four epochs later
+
+
+TENSORS = DataLoader(torch.randn(8, 4), batch_size=4)
+TRIPLES = DataLoader(TensorDataset(torch.randn(8, 4), torch.zeros(8, dtype=torch.long),
+                                   torch.ones(8)), batch_size=4)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("loaders", "match"),
+    [
+        ({"train_dataloader": TENSORS}, r"train_dataloader produced a bare Tensor of shape "
+         r"\(4, 4\), but with loss_fn \(and no model\.loss\) a batch must be an \(inputs, "
+         r"targets\) pair.*or a dict.*define model\.loss\(outputs, batch\)"),
+        ({"train_dataloader": TRIPLES}, r"train_dataloader produced a list of 3 items, but"),
+        ({"train_dataloader": ["ab", "cd"]}, r"train_dataloader produced a str, but"),
+        ({"eval_dataloader": TENSORS}, r"eval_dataloader produced a bare Tensor of shape"),
+    ],
+    ids=["bare-tensor", "three-items", "strings", "eval-bare-tensor"],
+)
+def test_a_batch_that_fits_no_convention_fails_at_the_first_batch_saying_what_it_must_be(
+    loaders: dict[str, Any], match: str
+) -> None:
+    log = EventLog()
+    model = torch.nn.Linear(4, 3)
+    trainer = _trainer(model=model, loss_fn=F.cross_entropy, callbacks=[log], **loaders)
+    with pytest.raises(TypeError, match=match):
+        trainer.fit_sync()
+    in_eval = "eval_dataloader" in loaders
+    assert (Event.BEFORE_FORWARD in log.names) is in_eval  # no event of the bad batch
+    assert Event.EVAL_BEFORE_FORWARD not in log.names

@@ -24,11 +24,13 @@ from trainbus._callback import blocking as blocking
 from trainbus._engine import Engine as Engine
 from trainbus._events import Event as Event
 from trainbus._exceptions import CallbackSignatureError as CallbackSignatureError
+from trainbus._exceptions import CallbackTimeoutWarning as CallbackTimeoutWarning
 from trainbus._exceptions import EngineThreadError as EngineThreadError
 from trainbus._exceptions import FitInProgressError as FitInProgressError
 from trainbus._exceptions import SlowCallbackWarning as SlowCallbackWarning
 from trainbus._exceptions import TrainbusError as TrainbusError
 from trainbus._exceptions import TrainbusWarning as TrainbusWarning
+from trainbus._exceptions import UnknownHandlerWarning as UnknownHandlerWarning
 from trainbus._filters import every as every
 from trainbus._filters import once as once
 from trainbus._logger import Logger as Logger
@@ -41,6 +43,7 @@ from trainbus._time import Time as Time
 from trainbus._time import TimeUnit as TimeUnit
 from trainbus._timer import Timer as Timer
 from trainbus._timer import Timestamp as Timestamp
+from trainbus._trailing import trailing as trailing
 from trainbus._trainer import Trainer as Trainer
 
 __version__ = "0.1.0.dev0"
@@ -50,6 +53,7 @@ __all__ = (
     "Callback",
     "CallbackSignatureError",
     "CallbackStatistics",
+    "CallbackTimeoutWarning",
     "Engine",
     "EngineThreadError",
     "Event",
@@ -69,7 +73,9 @@ __all__ = (
     "Trainer",
     "TrainbusError",
     "TrainbusWarning",
+    "UnknownHandlerWarning",
     "blocking",
     "every",
     "once",
+    "trailing",
 )

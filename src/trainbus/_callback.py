@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from trainbus._events import Event
 from trainbus._exceptions import CallbackSignatureError
 from trainbus._filters import FILTER_ATTR
+from trainbus._handler_names import warn_unknown_handlers
 from trainbus._serializable import Serializable
 
 if TYPE_CHECKING:
@@ -110,13 +111,23 @@ class Callback(Serializable):
         """Called before the backward pass."""
 
     def after_backward(self, state: State, logger: Logger) -> Any:
-        """Called after the backward pass, before the optimizer step."""
+        """Called after each (micro)batch's backward pass, before the optimizer step.
+
+        The gradients are summed over the microbatches so far; under fp16 they are still
+        multiplied by the grad scaler's scale (unscaled before ``after_train_batch``).
+        """
 
     def after_train_batch(self, state: State, logger: Logger) -> Any:
-        """Called after the optimizer step of a batch."""
+        """Called after the last backward of a batch, before the optimizer step.
+
+        The gradients are complete, unscaled and clipped, and not yet applied.
+        """
 
     def batch_end(self, state: State, logger: Logger) -> Any:
-        """Called at the end of each batch; the timer already counts it. A barrier."""
+        """Called after the optimizer and scheduler steps; the timer counts the batch.
+
+        A barrier by default.
+        """
 
     def batch_checkpoint(self, state: State, logger: Logger) -> Any:
         """Called after ``batch_end``, where checkpoints are taken."""
@@ -276,9 +287,18 @@ def resolve_callback(
             ``(name, defining base class, number of arguments, expected signature)``.
 
     Raises:
-        TypeError: ``callback`` is not a :class:`Callback`.
+        TypeError: ``callback`` is not a :class:`Callback` (or is a class, not an instance).
         CallbackSignatureError: A handler cannot take the arguments trainbus passes.
+
+    Warns:
+        UnknownHandlerWarning: A method looks like a handler (``on_batch_end``,
+            ``batch_ends``) but matches no event; the message names the event method.
     """
+    if isinstance(callback, type) and issubclass(callback, Callback):
+        raise TypeError(
+            f"{where} got the class {callback.__qualname__}, not an instance; pass an "
+            f"instance: {callback.__qualname__}()"
+        )
     if not isinstance(callback, Callback):
         raise TypeError(
             f"{where} got {callback!r} (type {type(callback).__qualname__}), which is not a "
@@ -295,6 +315,7 @@ def resolve_callback(
                 callback, "run_event", functools.partial(run_event, event)
             )
     else:
+        warn_unknown_handlers(callback, Callback)
         for event in Event:
             name = event.value
             if _overrides(callback, name):

@@ -14,6 +14,50 @@ class Event(StrEnum):
     so ``getattr(callback, event.value)`` is the handler. Members and values are those
     of MosaicML Composer v0.6, plus ``FIT_END``.
 
+    The trainer publishes them in this order (``docs/training-loop.md`` has the long
+    version, with what ``p.grad`` holds at each event)::
+
+        INIT                                  # in Trainer(...), or when fit() starts
+        FIT_START
+        for each epoch:
+            EPOCH_START
+            for each batch:
+                AFTER_DATALOADER
+                BATCH_START
+                BEFORE_TRAIN_BATCH
+                optimizer.zero_grad()
+                for each microbatch (grad_accum of them):
+                    BEFORE_FORWARD
+                    outputs = model(...)
+                    AFTER_FORWARD
+                    BEFORE_LOSS
+                    loss = model.loss(...) or loss_fn(...)
+                    AFTER_LOSS
+                    BEFORE_BACKWARD
+                    (scaled) loss.backward()
+                    AFTER_BACKWARD
+                unscale the gradients (fp16), clip them (grad_clip_norm)
+                AFTER_TRAIN_BATCH             # gradients complete, not yet applied
+                optimizer.step(), scheduler.step()
+                timer.batch += 1
+                BATCH_END                     # a barrier by default
+                BATCH_CHECKPOINT
+                (evaluation, when eval_interval is in batches)
+            timer.epoch += 1
+            EPOCH_END
+            (evaluation, when eval_interval is in epochs):
+                EVAL_START
+                for each eval batch:
+                    EVAL_BATCH_START
+                    EVAL_BEFORE_FORWARD
+                    outputs = model(...)
+                    EVAL_AFTER_FORWARD
+                    EVAL_BATCH_END
+                EVAL_END
+            EPOCH_CHECKPOINT
+        FIT_END
+        close(), then post_close(), on every callback
+
     Example:
         >>> Event("batch_end") is Event.BATCH_END
         True

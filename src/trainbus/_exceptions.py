@@ -9,7 +9,9 @@ Hierarchy::
     └── StreamOverflowError                               an EventStream subscriber fell behind
     TrainbusWarning (UserWarning)
     ├── SlowCallbackWarning                               handlers slower than the batch
-    └── MetricsUploadWarning                              points refused or not delivered
+    ├── MetricsUploadWarning                              points refused or not delivered
+    ├── CallbackTimeoutWarning                            a callback missed close_timeout
+    └── UnknownHandlerWarning                             a handler-like method no event calls
 
 Errors raised by callbacks are never wrapped: ``fit()`` raises the callback's own
 exception, with a note naming the callback and the event.
@@ -27,6 +29,7 @@ __all__ = [
     "StreamOverflowError",
     "TrainbusError",
     "TrainbusWarning",
+    "UnknownHandlerWarning",
 ]
 
 
@@ -64,3 +67,7 @@ class MetricsUploadWarning(TrainbusWarning):
 
 class CallbackTimeoutWarning(TrainbusWarning):
     """A callback missed its ``close_timeout`` and was abandoned, or keeps training waiting."""
+
+
+class UnknownHandlerWarning(TrainbusWarning):
+    """A callback method looks like a handler (``on_batch_end``) but no event calls it."""

@@ -3,6 +3,8 @@
 It knows nothing about threads or event loops: it computes, updates the state, and
 calls ``publish(event)`` at each point of Composer's event order (SPEC section 2).
 ``publish`` may block (barriers, backpressure) or raise to unwind (errors, cancellation).
+The step is Composer v0.6's: gradients zeroed after ``BEFORE_TRAIN_BATCH``, unscaled and
+clipped before ``AFTER_TRAIN_BATCH``, applied after it (``docs/training-loop.md``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainbus._batch import BatchCalls
 from trainbus._events import Event
 from trainbus._logger import LogLevel
 from trainbus._scalars import DeferredScalar
@@ -37,6 +40,7 @@ class LoopConfig:
     eval_interval: Time[int]
     autocast_dtype: torch.dtype | None
     log_train_loss: bool
+    grad_clip_norm: float | None = None
 
 
 def batch_size_of(batch: Any) -> int:
@@ -104,11 +108,7 @@ class TrainingLoop:
         self.config = config
         self.publish = publish
         self.model = state.model
-        model_loss = getattr(state.model, "loss", None)
-        self.model_loss: Callable[[Any, Any], torch.Tensor] | None = (
-            model_loss if callable(model_loss) else None
-        )
-        self.has_model_loss = self.model_loss is not None
+        self.calls = BatchCalls(state.model, config.loss_fn)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = self.config.autocast_dtype
@@ -116,31 +116,20 @@ class TrainingLoop:
             return contextlib.nullcontext()
         return torch.autocast(self.state.device.type, dtype=dtype)
 
-    def _forward(self, batch: Any) -> Any:
-        """The model's outputs: on the whole batch (model.loss) or on its inputs."""
-        return self.model(batch) if self.model_loss is not None else self.model(batch[0])
-
-    def _loss(self, outputs: Any, batch: Any) -> torch.Tensor:
-        """``model.loss(outputs, batch)``, or ``loss_fn(outputs, targets)``."""
-        if self.model_loss is not None:
-            return self.model_loss(outputs, batch)
-        assert self.config.loss_fn is not None
-        return self.config.loss_fn(outputs, batch[1])
-
-    def _forward_loss(self, micro: Any, lead: tuple[Event, ...]) -> torch.Tensor:
-        """Forward and loss of one microbatch; ``lead`` events are published first.
+    def _forward_loss(self, micro: Any) -> torch.Tensor:
+        """Forward and loss of one microbatch, with their events.
 
         Events with nothing computed between them are published together: they share
         one state snapshot and wake each lane once.
         """
         publish, state = self.publish, self.state
-        publish(*lead, E.BEFORE_FORWARD)
+        publish(E.BEFORE_FORWARD)
         with self._autocast():
-            outputs = self._forward(micro)
+            outputs = self.calls.forward(micro)
         state.outputs = outputs
         publish(E.AFTER_FORWARD, E.BEFORE_LOSS)
         with self._autocast():
-            loss = self._loss(outputs, micro)
+            loss = self.calls.loss(outputs, micro)
         # Handlers get the loss without its graph: float(state.loss) just works, and the
         # host copy of a GPU loss starts here, on the training thread (D14).
         state.loss = DeferredScalar.start(loss.detach())
@@ -148,23 +137,45 @@ class TrainingLoop:
         return loss
 
     def _train_batch(self, batch: Any, lead: tuple[Event, ...]) -> torch.Tensor:
+        """One step, in Composer v0.6's order; returns the batch's (detached) loss.
+
+        ``lead`` ends with ``BEFORE_TRAIN_BATCH``; then the gradients are zeroed, the
+        microbatches run forward, loss and backward (scaled by the grad scaler, if any),
+        the gradients are unscaled and clipped, ``AFTER_TRAIN_BATCH`` sees them complete
+        and not yet applied, and only then do the optimizers and schedulers step.
+        """
         state, publish = self.state, self.publish
+        publish(*lead)
+        for opt in state.optimizers:
+            opt.zero_grad(set_to_none=True)
+        scaler = state.scaler
         total = state.batch_num_samples
         micro_losses = []
         micros = split_microbatches(batch, state.grad_accum)
-        for i, micro in enumerate(micros):
-            loss = self._forward_loss(micro, lead if i == 0 else ())
+        for micro in micros:
+            loss = self._forward_loss(micro)
             if len(micros) == 1:
-                loss.backward()  # type: ignore[no-untyped-call]
                 micro_losses.append(state.loss)  # already detached
             else:
-                scale = batch_size_of(micro) / total if total else 1.0
-                (loss * scale).backward()  # type: ignore[no-untyped-call]
-                micro_losses.append(loss.detach() * scale)
+                loss = loss * (batch_size_of(micro) / total if total else 1.0)
+                micro_losses.append(loss.detach())
+            if scaler is not None:
+                loss = scaler.scale(loss)  # fp16: small gradients do not underflow
+            loss.backward()  # type: ignore[no-untyped-call]
             publish(E.AFTER_BACKWARD)
+        if scaler is not None:
+            for opt in state.optimizers:
+                scaler.unscale_(opt)
+        if self.config.grad_clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip_norm)
+        publish(E.AFTER_TRAIN_BATCH)
         for opt in state.optimizers:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            if scaler is None:
+                opt.step()
+            else:
+                scaler.step(opt)  # skipped when the unscaled gradients hold inf or nan
+        if scaler is not None:
+            scaler.update()
         for sched in state.schedulers:
             sched.step()
         return micro_losses[0] if len(micro_losses) == 1 else torch.stack(micro_losses).sum()
@@ -214,13 +225,13 @@ class TrainingLoop:
         num_batches = _len_or_none(state.train_dataloader)
         for raw in batches:
             seen += 1
+            self.calls.check(raw, "train_dataloader")
             batch = to_device(raw, device)
             state.batch = batch
             state.batch_num_samples = batch_size_of(batch)
             loss = self._train_batch(
                 batch, (E.AFTER_DATALOADER, E.BATCH_START, E.BEFORE_TRAIN_BATCH)
             )
-            publish(E.AFTER_TRAIN_BATCH)
             state._timer.on_batch_complete(state.batch_num_samples, state.batch_num_tokens)
             if self.config.log_train_loss:  # at step n for batch n, as BATCH_END handlers
                 logger.log_metrics({"loss/train": DeferredScalar.start(loss)})
@@ -248,16 +259,17 @@ class TrainingLoop:
         sums: dict[str, torch.Tensor] = {}
         metric_fn = getattr(model, "eval_metrics", None)
         for raw in state.eval_dataloader:
+            self.calls.check(raw, "eval_dataloader")
             batch = to_device(raw, state.device)
             n = batch_size_of(batch)
             state.batch = batch
             publish(E.EVAL_BATCH_START, E.EVAL_BEFORE_FORWARD)
             with self._autocast():
-                outputs = self._forward(batch)
+                outputs = self.calls.forward(batch)
             state.outputs = outputs
             publish(E.EVAL_AFTER_FORWARD)
             with self._autocast():
-                loss = self._loss(outputs, batch)
+                loss = self.calls.loss(outputs, batch)
             values: dict[str, Any] = {"loss": loss}
             if callable(metric_fn):
                 values.update(metric_fn(outputs, batch))

@@ -11,6 +11,7 @@ parameters, optimizers and everything else are shared, live objects.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -105,6 +106,10 @@ class State(Serializable):
         callbacks: The callbacks, loggers last.
         device: The device the model trains on.
         run_name: The run's name, used by loggers.
+        scaler: The ``torch.amp.GradScaler`` of an fp16 run (as Composer's
+            ``state.scaler``), else ``None``. The trainer scales each backward with it and
+            unscales the gradients before ``AFTER_TRAIN_BATCH``; its state is in
+            :meth:`state_dict`.
     """
 
     batch = _frame_property("batch", "The current batch as the data loader produced it.")
@@ -149,6 +154,7 @@ class State(Serializable):
         self.callbacks = list(callbacks)
         self.device = torch.device(device)
         self.run_name = run_name
+        self.scaler: torch.amp.GradScaler | None = None
 
     # -- Composer-compatible fields ---------------------------------------------------------
 
@@ -161,6 +167,10 @@ class State(Serializable):
     @max_duration.setter
     def max_duration(self, value: Time[Any] | str | int) -> None:
         duration = ensure_time(value, name="max_duration")
+        if not math.isfinite(float(duration.value)):
+            raise ValueError(
+                f"max_duration={value!r} is not a finite amount; e.g. '10ep' or Time(500, 'ba')"
+            )
         if duration.unit is TimeUnit.DURATION:
             raise ValueError(
                 f"max_duration={value!r} is a fraction of itself; use ep, ba, sp or tok units, "
@@ -236,13 +246,16 @@ class State(Serializable):
     # -- serialization ----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Model, optimizers, schedulers and timer, ready for ``torch.save``."""
-        return {
+        """Model, optimizers, schedulers, timer (and grad scaler), ready for ``torch.save``."""
+        saved: dict[str, Any] = {
             "model": self.model.state_dict(),
             "optimizers": [opt.state_dict() for opt in self.optimizers],
             "schedulers": [sched.state_dict() for sched in self.schedulers],
             "timer": self._timer.state_dict(),
         }
+        if self.scaler is not None:
+            saved["scaler"] = self.scaler.state_dict()
+        return saved
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved."""
@@ -253,6 +266,8 @@ class State(Serializable):
             sched.load_state_dict(sched_state)
         if "timer" in state:
             self._timer.load_state_dict(state["timer"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
 
 
 class _StateView(State):

@@ -12,7 +12,12 @@ from typing import Any, Literal
 import anyio
 import torch
 
-from trainbus._bus import DEFAULT_INLINE_MAX, no_running_loop
+from trainbus._bus import (
+    DEFAULT_CLOSE_TIMEOUT,
+    DEFAULT_INLINE_MAX,
+    BusOptions,
+    no_running_loop,
+)
 from trainbus._callback import Callback, resolve_callback
 from trainbus._engine import Engine
 from trainbus._events import Event
@@ -20,7 +25,15 @@ from trainbus._exceptions import EngineThreadError, FitInProgressError
 from trainbus._logger import Logger, LoggerDestination
 from trainbus._loop import LoopConfig, TrainingLoop
 from trainbus._state import State
-from trainbus._time import Time, TimeUnit, ensure_time
+from trainbus._time import Time
+from trainbus._trainer_checks import (
+    check_callbacks,
+    check_eval_interval,
+    check_grad_clip_norm,
+    check_max_duration,
+    check_optimizers,
+    check_run_name,
+)
 
 __all__ = ["Trainer"]
 
@@ -31,6 +44,7 @@ _PRECISIONS: dict[str | None, torch.dtype | None] = {
     "amp_bf16": torch.bfloat16,
     "fp16": torch.float16,
     "amp_fp16": torch.float16,
+    "amp": torch.float16,  # Composer v0.6's name for fp16 autocast with a grad scaler
 }
 
 
@@ -79,20 +93,6 @@ def _as_list(callbacks: Any, name: str) -> list[Any]:
     return list(callbacks)
 
 
-def _barrier_events(barriers: Any) -> list[Event]:
-    hint = "use Events, e.g. barriers=(Event.BATCH_END,), or () for none"
-    if isinstance(barriers, str):  # one Event (a str enum) or its name
-        barriers = (barriers,)
-    if not isinstance(barriers, Iterable):
-        raise TypeError(f"barriers={barriers!r} is not a collection of Events; {hint}")
-    try:
-        return [Event(b) for b in barriers]
-    except ValueError:
-        raise ValueError(
-            f"barriers={barriers!r} holds something that is not an Event; {hint}"
-        ) from None
-
-
 def _optimizer_list(optimizers: Any) -> list[torch.optim.Optimizer]:
     opts = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else optimizers
     opts = list(opts) if isinstance(opts, Iterable) else [opts]
@@ -109,8 +109,10 @@ class Trainer:
 
     Args:
         model: A ``torch.nn.Module``. If it defines ``loss(outputs, batch)`` (Composer's
-            convention) ``forward`` receives the whole batch; otherwise batches are
-            ``(inputs, targets)`` and ``loss_fn(outputs, targets)`` is the loss.
+            convention) ``forward`` receives the whole batch, whatever it is; otherwise
+            batches are ``(inputs, targets)`` pairs (``model(inputs)``,
+            ``loss_fn(outputs, targets)``) or dicts (``model(batch)``,
+            ``loss_fn(outputs, batch)``). See ``docs/training-loop.md``.
         train_dataloader: An iterable of batches (a ``DataLoader``).
         max_duration: How long to train: a :class:`Time`, ``"10ep"``/``"500ba"``/... or
             an int (epochs).
@@ -120,10 +122,17 @@ class Trainer:
         schedulers: A scheduler or a list; stepped after every batch.
         callbacks: :class:`Callback` instances, offered events in this order.
         loggers: :class:`LoggerDestination` instances (offered events after callbacks).
-        loss_fn: The loss for models without a ``loss`` method.
+        loss_fn: The loss for models without a ``loss`` method: ``loss_fn(outputs,
+            targets)`` for pairs, ``loss_fn(outputs, batch)`` for dict batches.
         device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
-        precision: ``None``/``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast).
+        precision: ``None``/``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast; ``"amp"``,
+            Composer's name, is ``"fp16"``). fp16 also scales the loss with a
+            ``torch.amp.GradScaler`` (``state.scaler``); the gradients are unscaled
+            before ``AFTER_TRAIN_BATCH``.
         grad_accum: Microbatches per batch; forward/loss/backward events repeat for each.
+        grad_clip_norm: Clip the L2 norm of all gradients together to this value after
+            the last backward (and unscaling), before ``AFTER_TRAIN_BATCH``; ``None``
+            (the default) does not clip. Composer v0.6's name.
         barriers: Events (or one Event) at which training waits for every earlier
             handler (D4); ``()`` for none but close.
         max_lag: Batches by which handlers may trail the barrier (D4).
@@ -137,6 +146,10 @@ class Trainer:
             the next barrier event (where it waits anyway), skipping a thread wake-up. Its
             first call runs on its callback's thread; a call over the limit moves it back
             there for good. ``0`` sends every plain handler to its thread.
+        close_timeout: Seconds each callback's ``close`` and ``post_close`` may take, and
+            a cancelled ``fit()`` waits for a stuck handler, before it is reported
+            (:class:`~trainbus.CallbackTimeoutWarning`) and abandoned; every other
+            callback still closes. ``math.inf`` waits for ever.
 
     Example:
         >>> trainer = Trainer(model, loader, "2ep", loss_fn=F.cross_entropy,
@@ -161,6 +174,7 @@ class Trainer:
         device: str | torch.device = "auto",
         precision: str | None = None,
         grad_accum: int = 1,
+        grad_clip_norm: float | None = None,
         barriers: Iterable[Event | str] = (Event.BATCH_END,),
         max_lag: int = 0,
         queue_size: int = 128,
@@ -169,6 +183,7 @@ class Trainer:
         log_train_loss: bool = True,
         warn_slow_callbacks: bool = True,
         inline_max: float = DEFAULT_INLINE_MAX,
+        close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(
@@ -188,39 +203,31 @@ class Trainer:
         _check_loader(train_dataloader, "train_dataloader")
         if eval_dataloader is not None:
             _check_loader(eval_dataloader, "eval_dataloader")
-        duration = ensure_time(max_duration, name="max_duration")
-        if duration.unit is TimeUnit.DURATION:
-            raise ValueError(
-                f"max_duration={max_duration!r} is a fraction of itself; "
-                "use ep, ba, sp or tok units, e.g. '2ep'"
-            )
-        interval = ensure_time(eval_interval, name="eval_interval")
-        if interval.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH) or interval.value <= 0:
-            raise ValueError(
-                f"eval_interval={eval_interval!r} must be a positive number of epochs or "
-                "batches, e.g. '1ep' or '100ba'"
-            )
+        duration = check_max_duration(max_duration)
+        interval = check_eval_interval(eval_interval)
+        check_run_name(run_name)
+        clip = check_grad_clip_norm(grad_clip_norm)
         if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
             raise ValueError(f"grad_accum={grad_accum!r} must be a positive int, e.g. 1 or 4")
         if precision not in _PRECISIONS:
             raise ValueError(
-                f"precision={precision!r} is unknown; use None, 'fp32', 'bf16' or 'fp16'"
+                f"precision={precision!r} is unknown; use None, 'fp32', 'bf16' or 'fp16' "
+                "('amp' is accepted for 'fp16', as in Composer)"
             )
-        if isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 0:
-            raise ValueError(f"max_lag={max_lag!r} must be an int >= 0 (batches), e.g. 0 or 2")
-        if isinstance(inline_max, bool) or not isinstance(inline_max, int | float) or (
-            inline_max < 0
-        ):
-            raise ValueError(f"inline_max={inline_max!r} must be seconds >= 0, e.g. 50e-6 or 0")
-        if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
-            raise ValueError(
-                f"queue_size={queue_size!r} must be an int >= 1 (handler calls), e.g. 128"
-            )
-        barrier_events = _barrier_events(barriers)
+        bus_options = BusOptions.validated(  # one place validates the bus's options
+            barriers=barriers,
+            max_lag=max_lag,
+            queue_size=queue_size,
+            inline_max=inline_max,
+            warn_slow=warn_slow_callbacks,
+            close_timeout=close_timeout,
+        )
         resolved_device = _resolve_device(device)
         callbacks = _as_list(callbacks, "callbacks")
         loggers = _as_list(loggers, "loggers")
+        check_callbacks(callbacks, loggers)
         opt_list = [] if optimizers is None else _optimizer_list(optimizers)
+        check_optimizers(opt_list)
         for i, dest in enumerate(loggers):
             if not isinstance(dest, LoggerDestination):
                 resolve_callback(dest, where=f"loggers[{i}]")  # raises for non-callbacks
@@ -255,22 +262,26 @@ class Trainer:
             device=resolved_device,
             run_name=run_name or _default_run_name(),
         )
+        if _PRECISIONS[precision] is torch.float16:  # bf16 has fp32's range: no scaler
+            self.state.scaler = torch.amp.GradScaler(resolved_device.type)
         self.logger = Logger(self.state)
         self.engine = Engine(
             self.state,
             self.logger,
             self.state.callbacks,
-            barriers=barrier_events,
-            max_lag=max_lag,
-            queue_size=queue_size,
-            warn_slow=warn_slow_callbacks,
-            inline_max=inline_max,
+            barriers=bus_options.barriers,
+            max_lag=bus_options.max_lag,
+            queue_size=bus_options.queue_size,
+            warn_slow=bus_options.warn_slow,
+            inline_max=bus_options.inline_max,
+            close_timeout=bus_options.close_timeout,
         )
         self._config = LoopConfig(
             loss_fn=loss_fn,
             eval_interval=interval,
             autocast_dtype=_PRECISIONS[precision],
             log_train_loss=log_train_loss and bool(loggers),
+            grad_clip_norm=clip,
         )
         self._init_delivered = False
         if no_running_loop():  # as Composer does: INIT handlers run in the constructor
@@ -297,9 +308,7 @@ class Trainer:
                 "another, or create a second Trainer"
             )
         if duration is not None:
-            extra = ensure_time(duration, name="duration")
-            if extra.unit is TimeUnit.DURATION:
-                raise ValueError(f"duration={duration!r}: use ep, ba, sp or tok units")
+            extra = check_max_duration(duration, name="duration")
             now = state.timestamp.get(extra.unit)
             state.max_duration = Time(int(now.value) + int(extra.value), extra.unit)
         state._stop.clear()

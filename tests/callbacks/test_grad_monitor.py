@@ -1,4 +1,5 @@
-"""GradMonitor: gradient norms read in lockstep before the step, logged per batch as tensors."""
+"""GradMonitor: gradient norms read in lockstep at AFTER_TRAIN_BATCH (complete, unscaled,
+clipped, before the step), logged per batch as tensors."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ class ReferenceNorms(Callback):
         self.per_batch: list[dict[str, float]] = []
 
     @blocking
-    def after_backward(self, state: State, logger: Logger) -> None:
+    def after_train_batch(self, state: State, logger: Logger) -> None:
         grads = {n: p.grad for n, p in state.model.named_parameters() if p.grad is not None}
         total = sum(float((g.double() ** 2).sum()) for g in grads.values()) ** 0.5
         self.latest = {"total": total, **{n: float(g.double().norm()) for n, g in grads.items()}}
@@ -61,8 +62,17 @@ def test_with_grad_accumulation_one_value_per_batch_of_the_accumulated_gradient(
     logs = InMemoryLogger()
     make_trainer(3, 1, [GradMonitor(), ref], loggers=[logs], grad_accum=2).fit_sync()
     assert logs.get_timeseries("grad_l2_norm/step")["step"] == [1, 2, 3]
-    # ref.latest is overwritten by each microbatch: the last one holds the accumulated grads.
     assert values(logs, "grad_l2_norm/step") == pytest.approx([r["total"] for r in ref.per_batch])
+
+
+def test_norms_are_of_the_unscaled_and_clipped_gradients_under_fp16() -> None:
+    ref = ReferenceNorms()
+    logs = InMemoryLogger()
+    make_trainer(3, 1, [GradMonitor(), ref], loggers=[logs], precision="fp16",
+                 grad_clip_norm=0.05, device="cpu").fit_sync()  # fmt: skip
+    got = values(logs, "grad_l2_norm/step")
+    assert got == pytest.approx([r["total"] for r in ref.per_batch])
+    assert got == pytest.approx([0.05] * 3, rel=1e-3)  # scaled, they would be ~65536 x larger
 
 
 def test_parameters_without_gradients_are_skipped() -> None:
@@ -93,7 +103,7 @@ def test_norms_are_handed_to_the_logger_as_tensors_never_read_on_the_host() -> N
     model((torch.randn(4, 4), None)).sum().backward()
     logger = RecordingLogger(state)
     monitor = GradMonitor(log_layer_grad_norms=True)
-    monitor.after_backward(state, logger)
+    monitor.after_train_batch(state, logger)
     assert logger.raw == []  # nothing logged before the batch ends
     monitor.batch_end(state, logger)
     (logged,) = logger.raw
@@ -110,15 +120,15 @@ def test_a_model_without_gradients_logs_nothing() -> None:
     state = State(model=TinyModel(), max_duration=Time(1, "ba"))
     logger = RecordingLogger(state)
     monitor = GradMonitor()
-    monitor.after_backward(state, logger)
+    monitor.after_train_batch(state, logger)
     monitor.batch_end(state, logger)
     assert logger.raw == []
 
 
-def test_after_backward_is_blocking_and_plain_so_it_runs_before_the_step() -> None:
+def test_after_train_batch_is_blocking_and_plain_so_it_runs_before_the_step() -> None:
     table = resolve_callback(GradMonitor())
     assert all(h.is_blocking and not h.is_async for h in table.handlers.values())
-    assert {e.value for e in table.handlers} == {"after_backward", "batch_end"}
+    assert {e.value for e in table.handlers} == {"after_train_batch", "batch_end"}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -130,7 +140,7 @@ def test_cuda_norms_are_logged_without_a_host_sync() -> None:  # pragma: no cove
     monitor = GradMonitor(log_layer_grad_norms=True)
     torch.cuda.set_sync_debug_mode("error")
     try:
-        monitor.after_backward(state, logger)
+        monitor.after_train_batch(state, logger)
         monitor.batch_end(state, logger)
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -80,29 +80,28 @@ class BusOptions:
 
 
 def _int_at_least(value: Any, low: int, name: str, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}={value!r} must be {what}")
-    if value < low:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name}={value!r} must be {what}")
 
 
 def _seconds(value: Any, name: str, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name}={value!r} must be {what}")
-    if math.isnan(value) or value < 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or math.isnan(value)
+        or value < 0
+    ):
         raise ValueError(f"{name}={value!r} must be {what}")
 
 
 def _barrier_events(barriers: Iterable[Event | str]) -> list[Event]:
+    hint = "use Events, e.g. barriers=(Event.BATCH_END,), or () for none but close"
     if isinstance(barriers, str | Event):
         barriers = (barriers,)
     try:
         items = list(barriers)
     except TypeError:
-        raise TypeError(
-            f"barriers={barriers!r} must be a collection of events, e.g. (Event.BATCH_END,) "
-            "or () for close only"
-        ) from None
+        raise TypeError(f"barriers={barriers!r} is not a collection of Events; {hint}") from None
     events = []
     for item in items:
         try:
@@ -110,7 +109,7 @@ def _barrier_events(barriers: Iterable[Event | str]) -> list[Event]:
         except ValueError:
             valid = ", ".join(e.value for e in Event)
             raise ValueError(
-                f"barriers={barriers!r}: {item!r} is not an event; use Event members or "
-                f"their values: {valid}"
+                f"barriers={barriers!r}: {item!r} is not an Event; {hint} (valid names: "
+                f"{valid})"
             ) from None
     return events

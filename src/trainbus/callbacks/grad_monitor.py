@@ -1,7 +1,9 @@
-"""``GradMonitor``: the L2 norm of the gradients, between backward and the optimizer step.
+"""``GradMonitor``: the L2 norm of the gradients the optimizer is about to apply.
 
-Gradients exist only from ``AFTER_BACKWARD`` until the optimizer step zeroes them, and
-the training thread does not wait for ordinary handlers, so the norm is computed in a
+As in Composer v0.6, the norms are read at ``AFTER_TRAIN_BATCH``: after the last
+backward of the batch, with the gradients unscaled (fp16) and clipped
+(``grad_clip_norm``), before the optimizer step. The training thread does not wait for
+ordinary handlers, and the next batch zeroes the gradients, so the norm is computed in a
 plain ``@blocking`` handler: it runs on the training thread, in lockstep, before the
 step. The norms stay tensors (``torch._foreach_norm``, one fused launch on CUDA) and are
 handed to the logger as they are, which copies them to the host without a
@@ -51,12 +53,13 @@ class GradMonitor(Callback):
     Logs ``grad_l2_norm/step`` (the norm of all gradients together) and, with
     ``log_layer_grad_norms=True``, ``layer_grad_l2_norm/<parameter name>`` for each
     parameter that has a gradient. Values are logged at ``BATCH_END``, one per batch,
-    with that batch's step. With gradient accumulation the norm is the one of the
-    accumulated gradient after the last microbatch, the gradient the optimizer applies.
+    with that batch's step. The norms are those of the gradients the optimizer applies:
+    accumulated over the microbatches, unscaled (fp16) and clipped (``grad_clip_norm``).
 
-    The norms are computed at ``AFTER_BACKWARD`` by a plain ``@blocking`` handler (on the
-    training thread, before the optimizer step): a fused norm of every gradient, a
-    stack and one more norm, all device-side. The values reach loggers through
+    The norms are computed at ``AFTER_TRAIN_BATCH`` (where Composer v0.6's
+    ``GradMonitor`` reads them) by a plain ``@blocking`` handler, on the training thread
+    before the optimizer step: a fused norm of every gradient, a stack and one more
+    norm, all device-side. The values reach loggers through
     non-blocking copies, so the monitor never synchronises with the GPU.
 
     Args:
@@ -76,8 +79,8 @@ class GradMonitor(Callback):
         self._pending: dict[str, torch.Tensor] | None = None
 
     @blocking
-    def after_backward(self, state: State, logger: Logger) -> None:
-        """Compute the gradient norms (device-side) before the optimizer step."""
+    def after_train_batch(self, state: State, logger: Logger) -> None:
+        """Compute the norms (device-side) of the complete gradients, before the step."""
         names: list[str] = []
         grads: list[torch.Tensor] = []
         for name, param in state.model.named_parameters():
@@ -92,7 +95,7 @@ class GradMonitor(Callback):
         if self.log_layer_grad_norms:
             for name, norm in zip(names, norms, strict=True):
                 metrics[f"layer_grad_l2_norm/{name}"] = norm
-        self._pending = metrics  # a later microbatch of the same batch replaces it
+        self._pending = metrics
 
     @blocking
     def batch_end(self, state: State, logger: Logger) -> None:
