@@ -59,3 +59,16 @@ class StreamOverflowError(TrainbusError):
 
 class MetricsUploadWarning(TrainbusWarning):
     """Points were refused by the server, or not delivered before ``close_timeout``."""
+
+
+# -- checkpoints (trainbus.callbacks.CheckpointSaver, Trainer(load_path=...)) -----------------
+
+__all__ += ["CheckpointLoadError", "CheckpointWarning"]
+
+
+class CheckpointLoadError(TrainbusError, RuntimeError):
+    """A checkpoint is missing, truncated, corrupt, or does not match the model; names the path."""
+
+
+class CheckpointWarning(TrainbusWarning):
+    """A callback's state is in the checkpoint but not in the run, or the other way round."""

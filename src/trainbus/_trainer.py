@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import random
 import secrets
 import time
@@ -20,6 +21,7 @@ from trainbus._events import Event
 from trainbus._exceptions import EngineThreadError, FitInProgressError
 from trainbus._logger import Logger, LoggerDestination
 from trainbus._loop import LoopConfig, TrainingLoop
+from trainbus._resume import attach_handler_drain, load_checkpoint
 from trainbus._state import State
 from trainbus._time import Time, TimeUnit, ensure_time
 
@@ -138,6 +140,9 @@ class Trainer:
             the next barrier event (where it waits anyway), skipping a thread wake-up. Its
             first call runs on its callback's thread; a call over the limit moves it back
             there for good. ``0`` sends every plain handler to its thread.
+        load_path: A checkpoint file, or a ``CheckpointSaver`` folder (its newest
+            complete checkpoint; an empty folder starts fresh), to resume from. See
+            ``docs/checkpoints.md``.
 
     Example:
         >>> trainer = Trainer(model, loader, "2ep", loss_fn=F.cross_entropy,
@@ -170,6 +175,7 @@ class Trainer:
         log_train_loss: bool = True,
         warn_slow_callbacks: bool = True,
         inline_max: float = DEFAULT_INLINE_MAX,
+        load_path: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(
@@ -277,6 +283,8 @@ class Trainer:
         if no_running_loop():  # as Composer does: INIT handlers run in the constructor
             self.engine.run_event(Event.INIT)
             self._init_delivered = True
+        if load_path is not None:  # after INIT, as Composer loads checkpoints
+            load_checkpoint(load_path, self.state)
 
     async def fit(self, *, duration: Time[Any] | str | int | None = None) -> None:
         """Train until ``max_duration`` (or for ``duration`` more), then close callbacks.
@@ -305,6 +313,7 @@ class Trainer:
             state.max_duration = Time(int(now.value) + int(extra.value), extra.unit)
         state._stop.clear()
         loop = TrainingLoop(state, self.logger, self._config, self.engine._bus.publish)
+        attach_handler_drain(state, self.engine._bus.wait_all)  # for CheckpointSaver
         deliver_init = not self._init_delivered
         self._init_delivered = True
 
