@@ -109,13 +109,13 @@ class _Copier:
 
     device_copies: bool = False
     nbytes: int = 0
-    memo: dict[int, torch.Tensor] = field(default_factory=dict)
+    memo: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     def tensor(self, t: torch.Tensor) -> torch.Tensor:
         key = id(t)
-        if key in self.memo:  # shared tensors stay shared (tied weights)
-            return self.memo[key]
-        t = t.detach()
+        if key in self.memo:  # the same tensor twice stays one tensor
+            return self.memo[key][1]
+        t_in, t = t, t.detach()
         self.nbytes += t.numel() * t.element_size()
         if t.device.type == "cpu":
             out = t.clone()
@@ -125,7 +125,7 @@ class _Copier:
             self.device_copies = True
         else:
             out = t.to("cpu", copy=True)
-        self.memo[key] = out
+        self.memo[key] = (t_in, out)  # keeps t_in alive, so its id is not reused
         return out
 
 
@@ -232,7 +232,7 @@ def capture(
             schedulers=[to_host(s.state_dict(), copier) for s in state.schedulers],
             scaler=None if scaler is None else to_host(scaler.state_dict(), copier),
             timer=dict(timer),
-            rng=to_host(capture_rng(), copier),
+            rng=capture_rng(),  # fresh objects already
             epoch_rng=None if epoch_rng is None else epoch_rng.clone(),
             callbacks=callbacks,
         )

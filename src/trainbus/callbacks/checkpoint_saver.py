@@ -300,19 +300,23 @@ class CheckpointSaver(Callback):
     # -- Serializable ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The checkpoints written so far (and the one being captured), for pruning on resume."""
+        """The checkpoints written so far (and the one being captured), for pruning on resume.
+
+        Paths are kept relative to ``folder``, so a moved folder still resumes its list.
+        """
         entries = [(ts, paths[0]) for ts, paths in self.saved_checkpoints]
         if self._capturing is not None:
             entries.append(self._capturing)
-        return {"saved": [[ts.state_dict(), str(p)] for ts, p in entries]}
+        return {
+            "saved": [[ts.state_dict(), p.relative_to(self.folder).as_posix()] for ts, p in entries]
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the list of written checkpoints that are still in this saver's folder."""
-        folder = self.folder.resolve()
         saved = []
-        for ts, p in state.get("saved", []):
-            path = pathlib.Path(p)
-            if path.resolve().parent.is_relative_to(folder) and path.is_file():
+        for ts, rel in state.get("saved", []):
+            path = self.folder / rel
+            if path.is_file():
                 saved.append((Timestamp(**ts), [path]))
         with self._lock:
             self._saved = saved
