@@ -48,6 +48,7 @@ __all__ = [
 _RESUME_ATTR = "_trainbus_resume"
 _EPOCH_RNG_ATTR = "_trainbus_epoch_rng"
 _DRAIN_ATTR = "_trainbus_wait_handlers"
+_SAVER_KEY = "trainbus.callbacks.checkpoint_saver.CheckpointSaver#"
 
 
 @dataclass
@@ -165,6 +166,8 @@ def _load_callbacks(path: pathlib.Path, state: State, saved: dict[str, Any]) -> 
                 stacklevel=4,
             )
     for key in sorted(set(saved) - seen):
+        if key.startswith(_SAVER_KEY):  # its list of written files is bookkeeping only
+            continue
         warnings.warn(
             f"checkpoint {str(path)!r} holds the state of callback {key}, which is not in "
             "this run; its state is ignored",
