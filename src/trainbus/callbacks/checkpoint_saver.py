@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainbus._callback import Callback, blocking
-from trainbus._checkpoint import Capture, capture, write_atomic
+from trainbus._checkpoint import BufferPool, Capture, capture, write_atomic
 from trainbus._events import Event
 from trainbus._resume import epoch_rng, wait_for_handlers
 from trainbus._time import Time
@@ -150,6 +150,7 @@ class CheckpointSaver(Callback):
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._closing = False
+        self._pool: BufferPool = {}  # host buffers of the last write, reused by the next capture
         self._stats = dict.fromkeys(
             ("saves", "written", "capture", "capture_max", "wait", "write", "bytes", "host"),
             0.0,
@@ -215,7 +216,9 @@ class CheckpointSaver(Callback):
         t2 = time.perf_counter()
         self._capturing = (timestamp, path)
         try:
-            cap = capture(state, weights_only=self.weights_only, epoch_rng=epoch_rng(state))
+            cap = capture(
+                state, weights_only=self.weights_only, epoch_rng=epoch_rng(state), pool=self._pool
+            )
         finally:
             self._capturing = None
         elapsed = time.perf_counter() - t2
@@ -266,8 +269,10 @@ class CheckpointSaver(Callback):
             except BaseException as exc:
                 exc.add_note(f"while CheckpointSaver wrote {str(path)!r}")
                 error = exc
-            del cap  # free the host copy before the next save may take another
+            buffers = cap.buffers
+            del cap  # the payload is written: its buffers are free for the next capture
             with self._lock:
+                self._pool = buffers
                 self._stats["write"] += time.perf_counter() - t0
                 if error is None:
                     self._stats["written"] += 1
@@ -295,6 +300,7 @@ class CheckpointSaver(Callback):
             self._lock.notify_all()
         if thread is not None:
             thread.join()
+        self._pool = {}  # give the host buffers back between fit() cycles
         self._raise_write_error()
 
     # -- Serializable ------------------------------------------------------------------------
