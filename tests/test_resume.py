@@ -153,21 +153,27 @@ def test_resume_at_epoch_end_fires_no_epoch_start_twice(
 ) -> None:
     full_folder = uninterrupted[0].state.callbacks[2].folder  # type: ignore[attr-defined]
     resumed = run(tmp_path / "r", seed=7, load_path=full_folder / "ep0-ba3-rank0.pt")
-    trainer, recorder, _ = resumed
+    _, recorder, _ = resumed
     assert recorder.events[2:] == after_checkpoint(uninterrupted[1].events, 3)
     assert recorder.events[2][0] == "epoch_end"
 
 
 def test_empty_folder_starts_fresh(tmp_path: pathlib.Path) -> None:
     (tmp_path / "empty").mkdir()
-    trainer, recorder, counter = run(tmp_path / "out", seed=0, load_path=tmp_path / "empty")
+    _, recorder, counter = run(tmp_path / "out", seed=0, load_path=tmp_path / "empty")
     assert recorder.events[2] == ("epoch_start", recorder.events[1][1])
+    assert counter.batches == 2 * N_BATCHES
+
+
+def test_missing_folder_of_the_runs_saver_starts_fresh(tmp_path: pathlib.Path) -> None:
+    _, recorder, counter = run(tmp_path / "new", seed=0, load_path=tmp_path / "new")
+    assert [name for name, _ in recorder.events[:3]] == ["init", "fit_start", "epoch_start"]
     assert counter.batches == 2 * N_BATCHES
 
 
 def test_missing_path_names_it(tmp_path: pathlib.Path) -> None:
     missing = tmp_path / "nope.pt"
-    with pytest.raises(CheckpointLoadError, match="nope.pt.*does not exist"):
+    with pytest.raises(CheckpointLoadError, match=r"nope.pt.*does not exist"):
         Trainer(DropoutModel(0), shuffled_loader(), "1ep", load_path=missing, device="cpu")
 
 

@@ -213,7 +213,8 @@ def capture_rng() -> dict[str, Any]:
                 "has_gauss": int(np_state["has_gauss"]),
                 "gauss": float(np_state["gauss"]),
             }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    cuda_initialized: Callable[[], bool] = torch.cuda.is_initialized
+    if torch.cuda.is_available() and cuda_initialized():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     return rng
 
@@ -264,7 +265,7 @@ def capture(
         )
     ready = None
     if copier.device_copies:
-        ready = torch.cuda.Event()
+        ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
         ready.record()
     return Capture(payload, ready, copier.nbytes, copier.used)
 

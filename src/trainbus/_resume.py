@@ -176,10 +176,21 @@ def _load_callbacks(path: pathlib.Path, state: State, saved: dict[str, Any]) -> 
         )
 
 
+def _is_saver_folder(path: pathlib.Path, state: State) -> bool:
+    from trainbus.callbacks.checkpoint_saver import CheckpointSaver
+
+    target = path.resolve()
+    return any(
+        isinstance(cb, CheckpointSaver) and cb.folder.resolve() == target for cb in state.callbacks
+    )
+
+
 def load_checkpoint(load_path: str | os.PathLike[str], state: State) -> ResumePoint | None:
     """Restore ``state`` from a checkpoint file or a saver's folder; attach the resume point.
 
-    Returns ``None`` (and changes nothing) for a folder without a complete checkpoint.
+    Returns ``None`` (and changes nothing) for a folder without a complete checkpoint, and
+    for a path that does not exist yet but is the folder of one of the run's
+    ``CheckpointSaver``s (so one command line both starts and resumes a job).
 
     Raises:
         CheckpointLoadError: The path does not exist; the file is truncated, corrupt or
@@ -192,6 +203,8 @@ def load_checkpoint(load_path: str | os.PathLike[str], state: State) -> ResumePo
             "file or a CheckpointSaver folder"
         )
     path = pathlib.Path(load_path)
+    if not path.exists() and _is_saver_folder(path, state):
+        return None  # autoresume's first run: the saver has not made its folder yet
     if path.is_dir():
         found = find_checkpoint(path)
         if found is None:
@@ -249,7 +262,8 @@ def epoch_batches(state: State, skip: int) -> Iterator[Any]:
     """
     loader = state.train_dataloader
     epoch = int(state.timestamp.epoch)
-    for holder in (loader, getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
+    holders = (loader, getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None))
+    for holder in holders:
         set_epoch: Callable[[int], None] | None = getattr(holder, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
