@@ -203,17 +203,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for r in range(args.rounds):
             order = METHODS[r % len(METHODS) :] + METHODS[: r % len(METHODS)]
             for method in order:
-                results[method].append(
-                    run_once(method, args.batches, args.every, root, args.depth)
-                )
+                results[method].append(run_once(method, args.batches, args.every, root, args.depth))
                 print(f"round {r} {method:10s} {results[method][-1]}", file=sys.stderr)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     base = [x["ms_per_batch"] for x in results["none"]]
-    print(f"\n{args.batches} batches, a save every {args.every}; {args.rounds} rounds; "
-          f"median [min-max]; model {results['saver'][0]['mb']:.0f} MB")
-    print(f"{'method':11s} {'ms/batch':>22s} {'+ms/batch':>22s} {'stall/save ms (mean)':>24s}"
-          f" {'first save ms':>24s} {'later saves ms':>24s}")
+    print(
+        f"\n{args.batches} batches, a save every {args.every}; {args.rounds} rounds; "
+        f"median [min-max]; model {results['saver'][0]['mb']:.0f} MB"
+    )
+    print(
+        f"{'method':11s} {'ms/batch':>22s} {'+ms/batch':>22s} {'stall/save ms (mean)':>24s}"
+        f" {'first save ms':>24s} {'later saves ms':>24s}"
+    )
     for m in METHODS:
         ms = [x["ms_per_batch"] for x in results[m]]
         extra = [a - b for a, b in zip(ms, base, strict=True)]

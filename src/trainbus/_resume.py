@@ -160,8 +160,7 @@ def _load_callbacks(path: pathlib.Path, state: State, saved: dict[str, Any]) -> 
             cb.load_state_dict(saved[key])
         elif cb.state_dict():
             warnings.warn(
-                f"callback {key} has state but is not in checkpoint {str(path)!r}; it starts "
-                "fresh",
+                f"callback {key} has state but is not in checkpoint {str(path)!r}; it starts fresh",
                 CheckpointWarning,
                 stacklevel=4,
             )
@@ -310,4 +309,3 @@ def wait_for_handlers(state: State) -> bool:
     except Exception:  # the bus is stopping: the next event unwinds the training thread
         return False
     return True
-

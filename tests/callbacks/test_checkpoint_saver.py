@@ -66,7 +66,8 @@ def test_saves_at_each_epoch_with_formatted_names(
     assert names == ["ep1-ba3-rank0.pt", "ep2-ba6-rank0.pt"]
     assert [(int(ts.epoch), int(ts.batch)) for ts, _ in saver.saved_checkpoints] == [(1, 3), (2, 6)]
     assert [paths for _, paths in saver.saved_checkpoints] == [
-        [tmp_path / "ep1-ba3-rank0.pt"], [tmp_path / "ep2-ba6-rank0.pt"]
+        [tmp_path / "ep1-ba3-rank0.pt"],
+        [tmp_path / "ep2-ba6-rank0.pt"],
     ]
     stats = saver.statistics()
     assert stats.saves == stats.written == 2  # close waited for the last write
@@ -135,7 +136,9 @@ def test_subfolders_in_filename_and_rank(tmp_path: pathlib.Path) -> None:
     saver = CheckpointSaver(tmp_path, "rank{rank}/e{epoch}/b{batch}.pt", save_interval="2ba")
     fit([saver])
     assert [p for _, [p] in saver.saved_checkpoints] == [
-        tmp_path / "rank0/e0/b2.pt", tmp_path / "rank0/e1/b4.pt", tmp_path / "rank0/e1/b6.pt"
+        tmp_path / "rank0/e0/b2.pt",
+        tmp_path / "rank0/e1/b4.pt",
+        tmp_path / "rank0/e1/b6.pt",
     ]
     assert find_checkpoint(tmp_path) is None  # a folder search looks at the top level only
 

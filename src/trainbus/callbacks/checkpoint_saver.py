@@ -133,9 +133,12 @@ class CheckpointSaver(Callback):
             self._due_fn = save_interval
         else:
             self._interval = Interval(save_interval, name="save_interval")
-        if isinstance(num_checkpoints_to_keep, bool) or not isinstance(
-            num_checkpoints_to_keep, int
-        ) or num_checkpoints_to_keep == 0 or num_checkpoints_to_keep < -1:
+        if (
+            isinstance(num_checkpoints_to_keep, bool)
+            or not isinstance(num_checkpoints_to_keep, int)
+            or num_checkpoints_to_keep == 0
+            or num_checkpoints_to_keep < -1
+        ):
             raise ValueError(
                 f"num_checkpoints_to_keep={num_checkpoints_to_keep!r} must be -1 (keep all) "
                 "or a positive int, e.g. 3"
