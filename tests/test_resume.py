@@ -240,3 +240,36 @@ def test_checkpoint_with_other_optimizers_names_them(
             load_path=full_folder / "ep0-ba1-rank0.pt",
             device="cpu",
         )
+
+
+class Batches(Callback):
+    """The first feature of each training batch, in order."""
+
+    def __init__(self) -> None:
+        self.firsts: list[list[float]] = []
+
+    def after_dataloader(self, state: Any, logger: Any) -> None:
+        self.firsts.append(state.batch[0][:, 0].tolist())
+
+
+def test_distributed_sampler_epoch_is_honoured_on_resume(tmp_path: pathlib.Path) -> None:
+    from torch.utils.data.distributed import DistributedSampler
+
+    def fit(folder: pathlib.Path, load_path: Any = None) -> Batches:
+        data = shuffled_loader().dataset
+        sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=3)
+        batches = Batches()
+        Trainer(
+            DropoutModel(0),
+            DataLoader(data, batch_size=4, sampler=sampler),
+            "2ep",
+            callbacks=[batches, CheckpointSaver(folder, save_interval="1ba")],
+            device="cpu",
+            load_path=load_path,
+        ).fit_sync()
+        return batches
+
+    full = fit(tmp_path / "full")
+    assert full.firsts[:N_BATCHES] != full.firsts[N_BATCHES:]  # set_epoch: a new order
+    resumed = fit(tmp_path / "resumed", tmp_path / "full" / "ep1-ba4-rank0.pt")
+    assert resumed.firsts == full.firsts[4:]
