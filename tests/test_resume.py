@@ -273,3 +273,17 @@ def test_distributed_sampler_epoch_is_honoured_on_resume(tmp_path: pathlib.Path)
     assert full.firsts[:N_BATCHES] != full.firsts[N_BATCHES:]  # set_epoch: a new order
     resumed = fit(tmp_path / "resumed", tmp_path / "full" / "ep1-ba4-rank0.pt")
     assert resumed.firsts == full.firsts[4:]
+
+
+def test_load_errors_are_raised_before_init(tmp_path: pathlib.Path) -> None:
+    recorder = Recorder()
+    with pytest.raises(CheckpointLoadError):
+        Trainer(
+            DropoutModel(0),
+            shuffled_loader(),
+            "1ep",
+            callbacks=[recorder],
+            load_path=tmp_path / "missing.pt",
+            device="cpu",
+        )
+    assert recorder.events == []  # INIT never ran: nothing to close

@@ -37,11 +37,14 @@ if TYPE_CHECKING:
     from trainbus._state import State
 
 __all__ = [
+    "LoadedCheckpoint",
     "ResumePoint",
     "attach_handler_drain",
     "epoch_batches",
     "find_checkpoint",
     "load_checkpoint",
+    "read_checkpoint",
+    "restore_checkpoint",
     "wait_for_handlers",
 ]
 
@@ -184,17 +187,32 @@ def _is_saver_folder(path: pathlib.Path, state: State) -> bool:
     )
 
 
-def load_checkpoint(load_path: str | os.PathLike[str], state: State) -> ResumePoint | None:
-    """Restore ``state`` from a checkpoint file or a saver's folder; attach the resume point.
+@dataclass
+class LoadedCheckpoint:
+    """A checkpoint read and checked against the run, not yet restored.
 
-    Returns ``None`` (and changes nothing) for a folder without a complete checkpoint, and
-    for a path that does not exist yet but is the folder of one of the run's
-    ``CheckpointSaver``s (so one command line both starts and resumes a job).
+    Attributes:
+        path: The file it was read from.
+        contents: The checkpoint dict.
+    """
+
+    path: pathlib.Path
+    contents: dict[str, Any]
+
+
+def read_checkpoint(load_path: str | os.PathLike[str], state: State) -> LoadedCheckpoint | None:
+    """Find and read the checkpoint at ``load_path``; check it fits ``state``'s model.
+
+    Returns ``None`` for a folder without a complete checkpoint, and for a path that does
+    not exist yet but is the folder of one of the run's ``CheckpointSaver``s (so one
+    command line both starts and resumes a job).
 
     Raises:
+        TypeError: ``load_path`` is not a path.
         CheckpointLoadError: The path does not exist; the file is truncated, corrupt or
-            not a trainbus checkpoint; or it is a checkpoint of another model (or of other
-            optimizers/schedulers). The message names the path and what does not match.
+            not a trainbus checkpoint; or it is a checkpoint of another model (or with
+            another number of optimizers or schedulers). The message names the path and
+            what does not match.
     """
     if not isinstance(load_path, str | os.PathLike):
         raise TypeError(
@@ -211,9 +229,27 @@ def load_checkpoint(load_path: str | os.PathLike[str], state: State) -> ResumePo
         path = found
     ckpt = _read(path)
     _check_model(path, state.model, ckpt.get("model", {}))
+    if not ckpt.get("weights_only"):
+        for what, objs in (("optimizers", state.optimizers), ("schedulers", state.schedulers)):
+            if len(objs) != len(ckpt.get(what, [])):
+                raise CheckpointLoadError(
+                    f"load_path={str(path)!r} holds {len(ckpt.get(what, []))} {what} but the "
+                    f"trainer has {len(objs)}; pass the same {what} as the run that saved it"
+                )
+    return LoadedCheckpoint(path, ckpt)
+
+
+def restore_checkpoint(loaded: LoadedCheckpoint, state: State) -> ResumePoint | None:
+    """Restore ``state`` from a checkpoint read by :func:`read_checkpoint`.
+
+    Restores the model, optimizers, schedulers, grad scaler, timer and callback state now,
+    and attaches a :class:`ResumePoint` for :func:`epoch_batches` (returned; ``None`` for a
+    weights-only checkpoint, after which training starts from the beginning).
+    """
+    path, ckpt = loaded.path, loaded.contents
     state.model.load_state_dict(ckpt["model"])
     if ckpt.get("weights_only"):
-        return None  # weights only: the run starts at the beginning with these weights
+        return None
     _load_parts(path, "optimizers", state.optimizers, ckpt.get("optimizers", []))
     _load_parts(path, "schedulers", state.schedulers, ckpt.get("schedulers", []))
     scaler = getattr(state, "scaler", None)
@@ -224,6 +260,12 @@ def load_checkpoint(load_path: str | os.PathLike[str], state: State) -> ResumePo
     point = ResumePoint(path, ckpt.get("rng"), ckpt.get("epoch_rng"))
     setattr(state, _RESUME_ATTR, point)
     return point
+
+
+def load_checkpoint(load_path: str | os.PathLike[str], state: State) -> ResumePoint | None:
+    """:func:`read_checkpoint`, then :func:`restore_checkpoint` (``None`` if nothing to load)."""
+    loaded = read_checkpoint(load_path, state)
+    return None if loaded is None else restore_checkpoint(loaded, state)
 
 
 def _restore_rng(rng: dict[str, Any]) -> None:

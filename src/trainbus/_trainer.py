@@ -21,7 +21,7 @@ from trainbus._events import Event
 from trainbus._exceptions import EngineThreadError, FitInProgressError
 from trainbus._logger import Logger, LoggerDestination
 from trainbus._loop import LoopConfig, TrainingLoop
-from trainbus._resume import attach_handler_drain, load_checkpoint
+from trainbus._resume import attach_handler_drain, read_checkpoint, restore_checkpoint
 from trainbus._state import State
 from trainbus._time import Time, TimeUnit, ensure_time
 
@@ -280,11 +280,13 @@ class Trainer:
             log_train_loss=log_train_loss and bool(loggers),
         )
         self._init_delivered = False
+        # Read and check the checkpoint before INIT; restore it after, as Composer does.
+        checkpoint = None if load_path is None else read_checkpoint(load_path, self.state)
         if no_running_loop():  # as Composer does: INIT handlers run in the constructor
             self.engine.run_event(Event.INIT)
             self._init_delivered = True
-        if load_path is not None:  # after INIT, as Composer loads checkpoints
-            load_checkpoint(load_path, self.state)
+        if checkpoint is not None:
+            restore_checkpoint(checkpoint, self.state)
 
     async def fit(self, *, duration: Time[Any] | str | int | None = None) -> None:
         """Train until ``max_duration`` (or for ``duration`` more), then close callbacks.
