@@ -19,6 +19,7 @@ containers and the few trainbus types listed in :data:`SAFE_GLOBALS`.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import os
 import pathlib
@@ -48,6 +49,7 @@ __all__ = [
     "capture_rng",
     "restore_deque",
     "safe_globals",
+    "temp_path_for",
     "to_host",
     "write_atomic",
 ]
@@ -78,7 +80,15 @@ SAFE_GLOBALS: list[Any] = [restore_deque, _make_timestamp, Time, TimeUnit, froze
 
 def safe_globals() -> Any:
     """A context in which checkpoints load with ``weights_only=True`` (our types allowed)."""
-    return torch.serialization.safe_globals(SAFE_GLOBALS)
+    scoped = getattr(torch.serialization, "safe_globals", None)
+    if scoped is not None:
+        return scoped(SAFE_GLOBALS)
+    torch.serialization.add_safe_globals(SAFE_GLOBALS)  # torch < 2.5: no scoped form
+    return contextlib.nullcontext()
+
+
+#: Host buffers by ``(shape, dtype, pinned)``, reused from one capture to the next.
+BufferPool = dict[tuple[Any, ...], list[torch.Tensor]]
 
 
 @dataclass
@@ -105,9 +115,6 @@ class Capture:
         if self.ready is not None:
             self.ready.synchronize()
             self.ready = None
-
-
-BufferPool = dict[tuple[Any, ...], list[torch.Tensor]]
 
 
 @dataclass

@@ -252,3 +252,19 @@ def test_interrupted_write_leaves_nothing_under_the_final_name(tmp_path: pathlib
     assert find_checkpoint(folder) == folder / "ep0-ba1-rank0.pt"
     trainer = Trainer(TinyModel(), make_loader(3), "1ep", load_path=folder, device="cpu")
     assert int(trainer.state.timer.batch) == 1
+
+
+def test_a_fixed_name_is_not_overwritten_by_a_later_save(tmp_path: pathlib.Path) -> None:
+    saver = CheckpointSaver(tmp_path, "latest.pt", save_interval="1ba")
+    trainer = Trainer(TinyModel(), make_loader(3), "1ep", callbacks=[saver], device="cpu")
+    with pytest.raises(FileExistsError, match="latest.pt"):
+        trainer.fit_sync()
+    assert int(trainer.state.timer.batch) == 2  # the second save refused, the run stopped
+    assert load(tmp_path / "latest.pt")["timer"]["batch"] == 1
+
+
+def test_a_fixed_name_with_overwrite_holds_the_latest(tmp_path: pathlib.Path) -> None:
+    saver = CheckpointSaver(tmp_path, "latest.pt", save_interval="1ba", overwrite=True)
+    fit([saver], epochs=1)
+    assert load(tmp_path / "latest.pt")["timer"]["batch"] == 3
+    assert [int(ts.batch) for ts, _ in saver.saved_checkpoints] == [3]  # one file, listed once

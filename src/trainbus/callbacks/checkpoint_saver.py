@@ -204,16 +204,16 @@ class CheckpointSaver(Callback):
             return
         timestamp = state.timestamp
         path = self.path_for(timestamp)
-        if not self.overwrite and path.exists():
-            raise FileExistsError(
-                f"CheckpointSaver: {str(path)!r} exists; pass overwrite=True to replace it, "
-                "or another folder or filename"
-            )
         t0 = time.perf_counter()
         self._wait_idle()  # one save in flight: a due save waits for the previous write
         t1 = time.perf_counter()
         self._stats["wait"] += t1 - t0
         self._raise_write_error()
+        if not self.overwrite and path.exists():
+            raise FileExistsError(
+                f"CheckpointSaver: {str(path)!r} exists; pass overwrite=True to replace it, "
+                "or another folder or filename"
+            )
         if not wait_for_handlers(state):  # every callback's state as of this event
             return  # the run is stopping: the next event unwinds it
         t2 = time.perf_counter()
