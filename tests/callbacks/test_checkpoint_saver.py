@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from typing import Any
 
 import pytest
@@ -268,3 +269,51 @@ def test_a_fixed_name_with_overwrite_holds_the_latest(tmp_path: pathlib.Path) ->
     fit([saver], epochs=1)
     assert load(tmp_path / "latest.pt")["timer"]["batch"] == 3
     assert [int(ts.batch) for ts, _ in saver.saved_checkpoints] == [3]  # one file, listed once
+
+
+class SlowBatchCounter(Callback):
+    """A plain handler that trails training (its own thread, no barrier to wait for it)."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def batch_end(self, state: Any, logger: Any) -> None:
+        time.sleep(0.005)  # the workload: slower than a batch
+        self.batches += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"batches": self.batches}
+
+
+@pytest.mark.parametrize("kwargs", [{"barriers": ()}, {"max_lag": 2}])
+def test_late_callbacks_are_captured_as_of_the_save(
+    tmp_path: pathlib.Path, kwargs: dict[str, Any]
+) -> None:
+    saver = CheckpointSaver(tmp_path, "b{batch}.pt", save_interval="1ba")
+    fit([SlowBatchCounter(), saver], n_batches=4, epochs=1, warn_slow_callbacks=False, **kwargs)
+    key = f"{SlowBatchCounter.__module__}.SlowBatchCounter#0"
+    for batch in range(1, 5):
+        assert load(tmp_path / f"b{batch}.pt")["callbacks"][key]["batches"] == batch
+
+
+class FailAt(Callback):
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+
+    def batch_checkpoint(self, state: Any, logger: Any) -> None:
+        if int(state.timer.batch) == self.batch:
+            raise RuntimeError("boom")
+
+
+def test_a_failed_run_still_finishes_the_write_in_flight(
+    tmp_path: pathlib.Path, no_leaked_threads: None
+) -> None:
+    saver = CheckpointSaver(tmp_path, "b{batch}.pt", save_interval="1ba")
+    trainer = Trainer(
+        TinyModel(), make_loader(4), "1ep", callbacks=[saver, FailAt(2)], device="cpu"
+    )
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit_sync()
+    stats = saver.statistics()
+    assert stats.saves == stats.written >= 2  # close waited for every captured checkpoint
+    assert not list(tmp_path.glob(".*partial-*"))
