@@ -258,7 +258,7 @@ def test_interrupted_write_leaves_nothing_under_the_final_name(tmp_path: pathlib
 def test_a_fixed_name_is_not_overwritten_by_a_later_save(tmp_path: pathlib.Path) -> None:
     saver = CheckpointSaver(tmp_path, "latest.pt", save_interval="1ba")
     trainer = Trainer(TinyModel(), make_loader(3), "1ep", callbacks=[saver], device="cpu")
-    with pytest.raises(FileExistsError, match="latest.pt"):
+    with pytest.raises(FileExistsError, match=r"latest\.pt"):
         trainer.fit_sync()
     assert int(trainer.state.timer.batch) == 2  # the second save refused, the run stopped
     assert load(tmp_path / "latest.pt")["timer"]["batch"] == 1
