@@ -1,13 +1,17 @@
 """Loading a checkpoint, and the hooks the loop uses to resume exactly where it stopped.
 
-``Trainer(load_path=...)`` calls :func:`load_checkpoint` once: it finds the file (or the
-newest complete checkpoint in a saver's folder), loads it with
-``torch.load(weights_only=True)`` and restores model, optimizers, schedulers, grad
-scaler, timer and callback state. What must happen later, on the training thread, is
-kept in a :class:`ResumePoint` attached to the state: the loop's
-:func:`epoch_batches` rebuilds the interrupted epoch's data order, skips the batches
-already consumed and only then restores the random generators, so the resumed run
-draws the same random numbers as the uninterrupted one.
+``Trainer(load_path=...)`` calls :func:`read_checkpoint` before ``INIT`` (it finds the file,
+or the newest complete checkpoint in a saver's folder, loads it with
+``torch.load(weights_only=True)`` and checks it against the model) and
+:func:`restore_checkpoint` after it (model, optimizers, schedulers, grad scaler, timer and
+callback state). What must happen later, on the training thread, is kept in a
+:class:`ResumePoint` attached to the state: the loop's :func:`epoch_batches` rebuilds the
+interrupted epoch's data order, skips the batches already consumed and only then restores
+the random generators, so the resumed run draws the same random numbers as the
+uninterrupted one.
+
+The Trainer also attaches the bus's "wait for every handler published so far" to the state
+(:func:`attach_handler_drain`), which the saver calls before it captures callback state.
 """
 
 from __future__ import annotations
