@@ -227,7 +227,10 @@ CHILD = textwrap.dedent(
         return real_save(obj, f, *args, **kwargs)
     torch.save = save
     saver = CheckpointSaver({folder!r}, save_interval="1ba")
-    Trainer(TinyModel(), make_loader(3), "1ep", callbacks=[saver], device="cpu").fit_sync()
+    model = TinyModel()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)  # AdamW would import torch._dynamo: slow
+    trainer = Trainer(model, make_loader(3), "1ep", optimizers=sgd, callbacks=[saver], device="cpu")
+    trainer.fit_sync()
     """
 )
 
@@ -251,7 +254,9 @@ def test_interrupted_write_leaves_nothing_under_the_final_name(tmp_path: pathlib
     assert names[0].startswith(".ep0-ba2-rank0.pt.partial-")  # the torn temporary file
     assert names[1:] == ["ep0-ba1-rank0.pt"]  # nothing under the second final name
     assert find_checkpoint(folder) == folder / "ep0-ba1-rank0.pt"
-    trainer = Trainer(TinyModel(), make_loader(3), "1ep", load_path=folder, device="cpu")
+    model = TinyModel()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(model, make_loader(3), "1ep", optimizers=sgd, load_path=folder, device="cpu")
     assert int(trainer.state.timer.batch) == 1
 
 
