@@ -233,6 +233,8 @@ class CheckpointSaver(Callback):
         self._submit(cap, timestamp, path)
 
     def _raise_write_error(self) -> None:
+        if self._error is None:  # the common case, read without the lock (every batch)
+            return
         with self._lock:
             error, self._error = self._error, None
         if error is not None:
