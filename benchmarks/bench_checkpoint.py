@@ -34,7 +34,7 @@ and the paired ratio ``torch.save stall / saver stall`` per round (target: >= 3x
 saver's stall against its host copy (target: the stall is the host copy).
 
 Run:  python benchmarks/bench_checkpoint.py [--rounds 3] [--batches 60] [--every 10]
-(about 1-3 minutes on 2 cores; needs ~1 GB of free disk and memory).
+(about 3-5 minutes on 2 shared cores; needs ~1 GB of free disk and memory).
 """
 
 from __future__ import annotations
