@@ -25,6 +25,8 @@ from trainbus._engine import Engine as Engine
 from trainbus._events import Event as Event
 from trainbus._exceptions import CallbackSignatureError as CallbackSignatureError
 from trainbus._exceptions import CallbackTimeoutWarning as CallbackTimeoutWarning
+from trainbus._exceptions import CheckpointLoadError as CheckpointLoadError
+from trainbus._exceptions import CheckpointWarning as CheckpointWarning
 from trainbus._exceptions import EngineThreadError as EngineThreadError
 from trainbus._exceptions import FitInProgressError as FitInProgressError
 from trainbus._exceptions import SlowCallbackWarning as SlowCallbackWarning
@@ -54,6 +56,8 @@ __all__ = (
     "CallbackSignatureError",
     "CallbackStatistics",
     "CallbackTimeoutWarning",
+    "CheckpointLoadError",
+    "CheckpointWarning",
     "Engine",
     "EngineThreadError",
     "Event",

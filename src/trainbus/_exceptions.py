@@ -71,3 +71,15 @@ class CallbackTimeoutWarning(TrainbusWarning):
 
 class UnknownHandlerWarning(TrainbusWarning):
     """A callback method looks like a handler (``on_batch_end``) but no event calls it."""
+
+# -- checkpoints (trainbus.callbacks.CheckpointSaver, Trainer(load_path=...)) -----------------
+
+__all__ += ["CheckpointLoadError", "CheckpointWarning"]
+
+
+class CheckpointLoadError(TrainbusError, RuntimeError):
+    """A checkpoint is missing, truncated, corrupt, or does not match the model; names the path."""
+
+
+class CheckpointWarning(TrainbusWarning):
+    """A callback's state is in the checkpoint but not in the run, or the other way round."""

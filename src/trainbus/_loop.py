@@ -10,7 +10,6 @@ clipped before ``AFTER_TRAIN_BATCH``, applied after it (``docs/training-loop.md`
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,6 +19,7 @@ import torch
 from trainbus._batch import BatchCalls
 from trainbus._events import Event
 from trainbus._logger import LogLevel
+from trainbus._resume import epoch_batches
 from trainbus._scalars import DeferredScalar
 from trainbus._time import Time, TimeUnit
 
@@ -218,9 +218,7 @@ class TrainingLoop:
         """One epoch (or its rest); returns whether it ran to the end of the data."""
         state, publish, logger = self.state, self.publish, self.logger
         device = state.device
-        batches: Iterator[Any] = iter(state.train_dataloader)
-        if skip:
-            batches = itertools.islice(batches, skip, None)
+        batches: Iterator[Any] = epoch_batches(state, skip)  # set_epoch, resume position
         seen = skip
         num_batches = _len_or_none(state.train_dataloader)
         for raw in batches:

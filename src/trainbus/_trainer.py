@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import random
 import secrets
 import time
@@ -24,6 +25,7 @@ from trainbus._events import Event
 from trainbus._exceptions import EngineThreadError, FitInProgressError
 from trainbus._logger import Logger, LoggerDestination
 from trainbus._loop import LoopConfig, TrainingLoop
+from trainbus._resume import attach_handler_drain, read_checkpoint, restore_checkpoint
 from trainbus._state import State
 from trainbus._time import Time
 from trainbus._trainer_checks import (
@@ -150,6 +152,9 @@ class Trainer:
             a cancelled ``fit()`` waits for a stuck handler, before it is reported
             (:class:`~trainbus.CallbackTimeoutWarning`) and abandoned; every other
             callback still closes. ``math.inf`` waits for ever.
+        load_path: A checkpoint file, or a ``CheckpointSaver`` folder (its newest
+            complete checkpoint; an empty folder starts fresh), to resume from. See
+            ``docs/checkpoints.md``.
 
     Example:
         >>> trainer = Trainer(model, loader, "2ep", loss_fn=F.cross_entropy,
@@ -184,6 +189,7 @@ class Trainer:
         warn_slow_callbacks: bool = True,
         inline_max: float = DEFAULT_INLINE_MAX,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
+        load_path: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(
@@ -284,9 +290,13 @@ class Trainer:
             grad_clip_norm=clip,
         )
         self._init_delivered = False
+        # Read and check the checkpoint before INIT; restore it after, as Composer does.
+        checkpoint = None if load_path is None else read_checkpoint(load_path, self.state)
         if no_running_loop():  # as Composer does: INIT handlers run in the constructor
             self.engine._run_once(Event.INIT)
             self._init_delivered = True
+        if checkpoint is not None:
+            restore_checkpoint(checkpoint, self.state)
 
     async def fit(self, *, duration: Time[Any] | str | int | None = None) -> None:
         """Train until ``max_duration`` (or for ``duration`` more), then close callbacks.
@@ -313,6 +323,7 @@ class Trainer:
             state.max_duration = Time(int(now.value) + int(extra.value), extra.unit)
         state._stop.clear()
         loop = TrainingLoop(state, self.logger, self._config, self.engine._bus.publish)
+        attach_handler_drain(state, self.engine._bus.wait_all)  # for CheckpointSaver
         deliver_init = not self._init_delivered
         self._init_delivered = True
 

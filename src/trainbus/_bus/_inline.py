@@ -122,8 +122,7 @@ class InlinePath:
         try:
             if self.gate.stopping:  # a handler failed on the lane: nothing more runs (D10)
                 return None
-            lane.enq += 1
-            return self._run_one(lane, slot, item)
+            return self._run_one(lane, slot, item, count=True)
         finally:
             lane.release()
 
@@ -148,9 +147,12 @@ class InlinePath:
             lane.release()
         return cheap
 
-    def _run_one(self, lane: Lane, slot: Slot, item: EventItem) -> bool:
+    def _run_one(self, lane: Lane, slot: Slot, item: EventItem, *, count: bool = False) -> bool:
+        """Run one item here; with ``count`` it was not queued, so count it in ``enq``."""
         elapsed = call_plain(self.gate, slot, item)
         slot.inline_calls += 1
+        if count:
+            lane.enq += 1
         learn(slot, elapsed, self.inline_max)
         finish_event(lane, slot, item, elapsed, self.counters)
         return slot.inline_ok

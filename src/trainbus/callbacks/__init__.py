@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from trainbus.callbacks.checkpoint_saver import CheckpointSaver as CheckpointSaver
+from trainbus.callbacks.checkpoint_saver import SaverStatistics as SaverStatistics
 from trainbus.callbacks.early_stopper import EarlyStopper as EarlyStopper
 from trainbus.callbacks.event_stream import EventStream as EventStream
 from trainbus.callbacks.event_stream import StreamEvent as StreamEvent
@@ -19,12 +21,14 @@ from trainbus.callbacks.speed_monitor import SpeedMonitor as SpeedMonitor
 from trainbus.callbacks.threshold_stopper import ThresholdStopper as ThresholdStopper
 
 __all__ = (
+    "CheckpointSaver",
     "EarlyStopper",
     "EventStream",
     "GradMonitor",
     "LRMonitor",
     "MemoryMonitor",
     "ProgressBar",
+    "SaverStatistics",
     "SpeedMonitor",
     "StreamEvent",
     "StreamGap",
