@@ -250,7 +250,7 @@ def run_scenario(
             assert got == expected[i], i
         elif i == fail_cb:
             # Nothing after its own failure (see test_d10_a_failed_callback_gets_no_
-            # further_handler_calls in test_dispatch.py).
+            # further_handler_calls in test_d10_errors.py).
             assert len(got) == fail_at + 1
         # One handler at a time.
         for before, after in itertools.pairwise(probe.calls):
