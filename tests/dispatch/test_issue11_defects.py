@@ -82,7 +82,7 @@ def _after_backward(kind: str) -> Callable[..., Any]:
         await anyio.sleep(0)
         self.handle_event(state)
 
-    fn: Any = plain if kind.endswith("sync") else coro
+    fn: Any = plain if kind.rpartition("-")[2] == "sync" else coro
     return blocking(fn) if kind.startswith("blocking") else fn
 
 
