@@ -1,0 +1,108 @@
+"""D3 overlap: publishing a non-barrier event does not wait for its handlers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from tests.dispatch._probes import WATCHDOG, batch_of, fit, until
+from tests.helpers import TinyModel, make_trainer
+from trainbus import Callback
+
+pytestmark = pytest.mark.anyio
+
+
+class LossSignalModel(TinyModel):
+    """Sets ``loss_computed`` when the training thread has computed a loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loss_computed = threading.Event()
+
+    def loss(self, outputs: torch.Tensor, batch: Any) -> torch.Tensor:
+        out = super().loss(outputs, batch)
+        self.loss_computed.set()
+        return out
+
+
+class LossCountModel(TinyModel):
+    """Counts the losses the training thread has computed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.losses = 0
+
+    def loss(self, outputs: torch.Tensor, batch: Any) -> torch.Tensor:
+        out = super().loss(outputs, batch)
+        self.losses += 1
+        return out
+
+
+class FastThenWaits(Callback):
+    """Cheap at batch 1 (so it may go inline); then waits a while for each batch's loss."""
+
+    def __init__(self, model: TinyModel, losses: Callable[[], int], patience: float) -> None:
+        self.model, self.losses, self.patience = model, losses, patience
+        self.stalls = 0  # calls on the training thread: it could not compute meanwhile
+        self.waited: list[tuple[int, bool]] = []
+
+    def after_forward(self, state: Any, logger: Any) -> None:
+        b = batch_of(state)
+        if b == 0:
+            return
+        if threading.get_ident() in self.model.forward_threads:
+            self.stalls += 1
+        deadline = time.monotonic() + self.patience
+        while self.losses() <= b and time.monotonic() < deadline:
+            time.sleep(0.001)
+        self.waited.append((b, self.losses() > b))  # the training thread computed the loss
+
+
+async def test_d3_strict_with_inline_max_0_publishing_never_waits_for_a_plain_handler() -> None:
+    model = LossCountModel()
+    cbs = [FastThenWaits(model, lambda: model.losses, WATCHDOG / 4) for _ in range(5)]
+    trainer = make_trainer(4, callbacks=cbs, model=model, inline_max=0, warn_slow_callbacks=False)
+    await fit(trainer)
+    for cb in cbs:
+        assert cb.stalls == 0
+        assert cb.waited == [(1, True), (2, True), (3, True)]
+
+
+async def test_d3_cheap_plain_handlers_never_make_publishing_wait() -> None:
+    # The inline fast path defers a cheap plain handler of a non-barrier event to the next
+    # barrier (where the training thread waits anyway) instead of running it at publication:
+    # each handler below returns only once the training thread computed the batch's loss,
+    # so a publish that ran it on the spot would wait out its patience every batch.
+    model = LossCountModel()
+    cbs = [FastThenWaits(model, lambda: model.losses, 0.2) for _ in range(3)]
+    await fit(make_trainer(5, callbacks=cbs, model=model, warn_slow_callbacks=False))
+    for cb in cbs:
+        assert cb.waited == [(b, True) for b in range(1, 5)]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_d3_publishing_does_not_wait_for_the_handlers(kind: str) -> None:
+    model = LossSignalModel()
+    seen: list[bool] = []
+
+    class Overlap(Callback):
+        # AFTER_FORWARD's handler returns only once the training thread went on to compute
+        # the loss: a publish that waited for its handlers would deadlock here.
+        if kind == "sync":
+
+            def after_forward(self, state: Any, logger: Any) -> None:
+                seen.append(model.loss_computed.wait(WATCHDOG / 2))
+
+        else:
+
+            async def after_forward(self, state: Any, logger: Any) -> None:
+                await until(model.loss_computed.is_set, "the loss")
+                seen.append(True)
+
+    await fit(make_trainer(1, callbacks=[Overlap()], model=model))
+    assert seen == [True]
