@@ -178,6 +178,8 @@ class Dispatcher:
             result = item.fn()
             return result if item.is_async else None
         assert isinstance(item, LogItem), "loop lanes never get STOP"
+        if lane.failed:  # a failed destination gets no more records (D10)
+            raise _Skipped
         record = item.record
         if not all_ready(record.metrics):
             return self._deliver_when_ready(lane, record)
@@ -198,13 +200,16 @@ class Dispatcher:
     def _finish(self, lane: Lane, item: WorkItem, error: BaseException | None,
                 t0: float) -> None:
         if isinstance(error, _Skipped):
-            skip_event(lane)
+            if isinstance(item, EventItem):
+                skip_event(lane)
+            elif isinstance(item, LogItem) and item.counted:
+                lane.count_log_done()
             return
         elapsed = _perf() - t0
         if isinstance(item, EventItem):
             slot = lane.slots[item.event]
             if error is not None:
-                self.gate.fail(error, slot.handler, slot.event)
+                self.gate.fail(error, slot.handler, slot.event, lane)
             finish_event(lane, slot, item, elapsed, self.counters)
         elif isinstance(item, CallItem):
             item.on_done(error)
@@ -212,7 +217,7 @@ class Dispatcher:
             log_slot = lane.log_slot
             assert log_slot is not None
             if error is not None:
-                self.gate.fail(error, log_slot.handler, None)
+                self.gate.fail(error, log_slot.handler, None, lane)
             log_slot.account(elapsed)
             if item.counted:
                 lane.count_log_done()
@@ -291,4 +296,5 @@ class _Task:
 
 
 class _Skipped(Exception):
-    """Raised by ``_start`` for an event item the stopping session skips (D10)."""
+    """Raised by ``_start`` for an item that is not run (D10): an event item once the
+    session stops, a record for a destination that failed."""

@@ -114,8 +114,19 @@ class Gate:
                 if not self._waiting:
                     self._signal.put(True)
 
-    def fail(self, exc: BaseException, handler: Handler | None, event: Event | None) -> None:
-        """Record a handler's exception and stop the producer at its next event."""
+    def fail(
+        self,
+        exc: BaseException,
+        handler: Handler | None,
+        event: Event | None,
+        lane: Lane | None = None,
+    ) -> None:
+        """Record a handler's exception and stop the producer at its next event.
+
+        ``lane``, the failed handler's lane, runs nothing more but its close (D10).
+        """
+        if lane is not None:
+            lane.failed = True
         if handler is not None:
             where = f"Event.{event.name}" if event is not None else "a logged record"
             if handler.qualname.endswith(".background"):

@@ -149,7 +149,7 @@ class InlinePath:
 
     def _run_one(self, lane: Lane, slot: Slot, item: EventItem, *, count: bool = False) -> bool:
         """Run one item here; with ``count`` it was not queued, so count it in ``enq``."""
-        elapsed = call_plain(self.gate, slot, item)
+        elapsed = call_plain(self.gate, lane, slot, item)
         slot.inline_calls += 1
         if count:
             lane.enq += 1

@@ -49,6 +49,7 @@ class Lane:
         "done",
         "due",
         "enq",
+        "failed",
         "index",
         "last_batch",
         "last_by_lag",
@@ -113,6 +114,8 @@ class Lane:
         self.tokens: SimpleQueue[None] = SimpleQueue()
         #: Set when the lane missed its close deadline: nobody waits for it any more.
         self.abandoned = False
+        #: Set when one of its handlers raised: it runs nothing more but its close (D10).
+        self.failed = False
 
     # -- the run state ---------------------------------------------------------------------
 

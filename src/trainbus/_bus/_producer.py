@@ -204,7 +204,7 @@ class Producer:
         try:
             if self.gate.stopping:  # its lane skips what it had queued; so does this handler
                 raise Stopped
-            elapsed = call_plain(self.gate, slot, item)
+            elapsed = call_plain(self.gate, lane, slot, item)
             slot.inline_calls += 1
             lane.enq += 1  # counted once it ran: the handler may wait for everything else
             finish_event(lane, slot, item, elapsed, self.counters)

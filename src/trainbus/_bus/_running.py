@@ -23,13 +23,13 @@ __all__ = ["call_plain", "finish_event", "skip_event"]
 _perf = time.perf_counter
 
 
-def call_plain(gate: Gate, slot: Slot, item: EventItem) -> float:
+def call_plain(gate: Gate, lane: Lane, slot: Slot, item: EventItem) -> float:
     """Call a plain handler here; report a failure to the gate; return the seconds taken."""
     t0 = _perf()
     try:
         slot.fn(item.view, item.logger)
     except BaseException as exc:
-        gate.fail(exc, slot.handler, slot.event)
+        gate.fail(exc, slot.handler, slot.event, lane)
     return _perf() - t0
 
 

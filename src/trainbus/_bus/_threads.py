@@ -73,12 +73,13 @@ class ThreadDriver:
                 else:
                     slot.fn(item.view, item.logger)
             except BaseException as exc:
-                self.gate.fail(exc, slot.handler, slot.event)
+                self.gate.fail(exc, slot.handler, slot.event, lane)
             elapsed = _perf() - t0
             learn(slot, elapsed, self.inline_max)
             finish_event(lane, slot, item, elapsed, self.counters)
         elif isinstance(item, LogItem):
-            self._deliver(item.record)
+            if not lane.failed:  # a failed destination gets no more records (D10)
+                self._deliver(item.record)
             if item.counted:
                 lane.count_log_done()
         else:
@@ -103,7 +104,7 @@ class ThreadDriver:
             else:
                 slot.fn(record)
         except BaseException as exc:
-            self.gate.fail(exc, slot.handler, None)
+            self.gate.fail(exc, slot.handler, None, self.lane)
         slot.account(_perf() - t0)
 
     def drain_broken(self, error: BaseException) -> None:
