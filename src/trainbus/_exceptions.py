@@ -11,6 +11,9 @@ Hierarchy::
     ├── SlowCallbackWarning                               handlers slower than the batch
     └── MetricsUploadWarning                              points refused or not delivered
 
+Each class shows as the public module users import it from (``trainbus.X``, or
+``trainbus.loggers.X`` / ``trainbus.callbacks.X``), in tracebacks and ``repr``.
+
 Errors raised by callbacks are never wrapped: ``fit()`` raises the callback's own
 exception, with a note naming the callback and the event.
 """
@@ -59,3 +62,20 @@ class StreamOverflowError(TrainbusError):
 
 class MetricsUploadWarning(TrainbusWarning):
     """Points were refused by the server, or not delivered before ``close_timeout``."""
+
+
+# Tracebacks and ``repr`` show where users import a class from, not this private module:
+# ``trainbus.FitInProgressError``, not ``trainbus._exceptions.FitInProgressError``. Each is
+# importable from the module named here, so pickling (e.g. across processes) still works.
+for _cls in (
+    TrainbusError,
+    EngineThreadError,
+    FitInProgressError,
+    CallbackSignatureError,
+    TrainbusWarning,
+    SlowCallbackWarning,
+):
+    _cls.__module__ = "trainbus"
+StreamOverflowError.__module__ = "trainbus.callbacks"
+MetricsUploadWarning.__module__ = "trainbus.loggers"
+del _cls

@@ -335,3 +335,10 @@ def resolve_log_handler(table: HandlerTable) -> Handler | None:
         else:
             fn = dest.log_record
     return Handler(dest, f"{cls.__qualname__}.log_record", fn, is_async, False)
+
+
+# Shown as ``trainbus.X`` in tracebacks and reprs (each is exported there; pickling works).
+LogLevel.__module__ = "trainbus"
+LogRecord.__module__ = "trainbus"
+Logger.__module__ = "trainbus"
+LoggerDestination.__module__ = "trainbus"

@@ -376,3 +376,8 @@ def ensure_time(value: Time[Any] | str | int, *, name: str = "duration") -> Time
     if value < 0:
         raise ValueError(f"{name} must not be negative, got {value}; {hint}")
     return Time(value, TimeUnit.EPOCH)
+
+
+# Shown as ``trainbus.X`` in tracebacks and reprs (each is exported there; pickling works).
+Time.__module__ = "trainbus"
+TimeUnit.__module__ = "trainbus"
