@@ -26,6 +26,7 @@ EXCEPTIONS = [
     (trainbus, "SlowCallbackWarning"),
     (callbacks, "StreamOverflowError"),
     (loggers, "MetricsUploadWarning"),
+    (loggers, "TrackingServerError"),
 ]
 
 

@@ -6,7 +6,8 @@ Hierarchy::
     ├── EngineThreadError (TrainbusError, RuntimeError)   wrong thread: would deadlock
     ├── FitInProgressError (TrainbusError, RuntimeError)  fit() while a fit is running
     ├── CallbackSignatureError (TrainbusError, TypeError) a handler cannot be called
-    └── StreamOverflowError                               an EventStream subscriber fell behind
+    ├── StreamOverflowError                               an EventStream subscriber fell behind
+    └── TrackingServerError (TrainbusError, RuntimeError) a tracking server refused a request
     TrainbusWarning (UserWarning)
     ├── SlowCallbackWarning                               handlers slower than the batch
     └── MetricsUploadWarning                              points refused or not delivered
@@ -27,6 +28,7 @@ __all__ = [
     "MetricsUploadWarning",
     "SlowCallbackWarning",
     "StreamOverflowError",
+    "TrackingServerError",
     "TrainbusError",
     "TrainbusWarning",
 ]
@@ -60,6 +62,10 @@ class StreamOverflowError(TrainbusError):
     """A subscriber fell ``buffer_size`` items behind under ``on_overflow="disconnect"``."""
 
 
+class TrackingServerError(TrainbusError, RuntimeError):
+    """A tracking server (MLflow) refused a request that retrying cannot fix."""
+
+
 class MetricsUploadWarning(TrainbusWarning):
     """Points were refused by the server, or not delivered before ``close_timeout``."""
 
@@ -78,4 +84,5 @@ for _cls in (
     _cls.__module__ = "trainbus"
 StreamOverflowError.__module__ = "trainbus.callbacks"
 MetricsUploadWarning.__module__ = "trainbus.loggers"
+TrackingServerError.__module__ = "trainbus.loggers"
 del _cls
