@@ -144,6 +144,7 @@ class BatchingDestination(LoggerDestination):
         self._failed_in_close = False  # an attempt failed since close began
         self._gave_up = False  # close stopped waiting early: failed run, all spooled
         self._client: httpx.AsyncClient | None = None
+        self._fatal: Exception | None = None  # why the run could not be opened
         self.points_sent = self.batches_sent = self.retries = self.spooled_batches = 0
         self._rejected = self._recovered = self._skipped = 0
         self._unreported = Unreported()
@@ -198,9 +199,12 @@ class BatchingDestination(LoggerDestination):
                 await self._recover(self._spool)
             client = self._client = httpx.AsyncClient(**self._client_options())
             async with client, anyio.create_task_group() as tg:
-                tg.start_soon(self._opener, client, state, signal)
+                tg.start_soon(self._opener, client, state, signal, tg.cancel_scope)
                 tg.start_soon(self._stager, signal)
                 await self._sender(client, signal)
+            if self._fatal is not None:  # the run could not be opened: fail fit() with it
+                fatal, self._fatal = self._fatal, None
+                raise fatal
         finally:
             self._signal = self._client = None
             if self._close_done is not None:  # a close waiting for this task stops waiting
@@ -282,8 +286,13 @@ class BatchingDestination(LoggerDestination):
         if sealed and self._signal is not None:
             self._signal.notify()
 
-    async def _opener(self, client: httpx.AsyncClient, state: State, signal: Signal) -> None:
-        """Open the run (retrying like a batch), then give sealed batches their ``run``."""
+    async def _opener(
+        self, client: httpx.AsyncClient, state: State, signal: Signal, scope: anyio.CancelScope
+    ) -> None:
+        """Open the run (retrying like a batch), then give sealed batches their ``run``.
+
+        A refusal ends ``background`` (through ``scope``), which raises it unwrapped.
+        """
         attempt = 0
         while True:
             try:
@@ -292,7 +301,10 @@ class BatchingDestination(LoggerDestination):
                 break
             except Exception as exc:
                 if not self._transient(exc):
-                    raise
+                    self._fatal = exc
+                    self._last_error = f"opening the run: {exc}"
+                    scope.cancel()
+                    return
             attempt += 1
             self.retries += 1
             if self._close_done is not None:
@@ -363,8 +375,8 @@ class BatchingDestination(LoggerDestination):
         run failed and an attempt failed since close began, and all that is left is on
         disk (or there is no spool, for the deadline)."""
         done = self._close_done
-        if done is None or self._to_spool:
-            return
+        if done is None or (self._to_spool and self._run is not None):
+            return  # spooling (quick) comes first; without a run there is nothing to spool
         given_up = (
             not self._completed
             and self._failed_in_close
