@@ -10,12 +10,10 @@ import threading
 import uuid
 import warnings
 from collections import Counter
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from tests.helpers import make_trainer
@@ -27,6 +25,14 @@ from trainbus.loggers import (
     MLflowLogger,
     TrackingServerError,
 )
+
+
+@pytest.fixture(autouse=True)
+def _no_mlflow_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN", "MLFLOW_EXPERIMENT_NAME",
+                 "MLFLOW_TRACKING_USERNAME"):
+        monkeypatch.delenv(name, raising=False)
+
 
 FAST = {"backoff": 0.01, "max_backoff": 0.2, "flush_interval": 0.05}
 
@@ -253,11 +259,3 @@ def test_server_stopped_mid_run_and_restarted_loses_nothing(
     assert history(mlflow_server, run_id) == logged(memory)
     assert client(mlflow_server).get_run(run_id).info.status == "FINISHED"
     assert list((tmp_path / "spool").iterdir()) == []
-
-
-@pytest.fixture(autouse=True)
-def _no_mlflow_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN", "MLFLOW_EXPERIMENT_NAME",
-                 "MLFLOW_TRACKING_USERNAME"):
-        monkeypatch.delenv(name, raising=False)
-    yield
