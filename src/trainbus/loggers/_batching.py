@@ -49,6 +49,8 @@ from trainbus.loggers._delivery import (
     UploaderStatistics,
     attempt_deadline,
     backoff_delay,
+    positive,
+    require_httpx,
     retry_after,
     retryable,
     undelivered_message,
@@ -63,26 +65,7 @@ if TYPE_CHECKING:
     from trainbus._logger import Logger
     from trainbus._state import State
 
-__all__ = ["BatchingDestination", "require_httpx"]
-
-
-def require_httpx(label: str) -> Any:
-    """The ``httpx`` module, or an ``ImportError`` naming the extra to install."""
-    try:
-        import httpx
-    except ImportError:
-        raise ImportError(
-            f"{label} needs httpx, which is not installed; "
-            "install it with: pip install 'trainbus[http]'"
-        ) from None
-    return httpx
-
-
-def positive(name: str, value: Any, example: str) -> float:
-    """``value`` as a positive float, or a ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{name}={value!r} must be a positive number of seconds, e.g. {example}")
-    return float(value)
+__all__ = ["BatchingDestination"]
 
 
 class BatchingDestination(LoggerDestination):

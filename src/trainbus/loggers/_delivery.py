@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -51,6 +51,8 @@ __all__ = [
     "Unreported",
     "attempt_deadline",
     "backoff_delay",
+    "positive",
+    "require_httpx",
     "retry_after",
     "retryable",
     "send",
@@ -59,6 +61,25 @@ __all__ = [
 
 MAX_REDIRECTS = 5
 BODY_LIMIT = 64 * 1024  # bytes of an answer's body kept; the rest is never read
+
+
+def require_httpx(label: str) -> Any:
+    """The ``httpx`` module, or an ``ImportError`` naming the extra to install."""
+    try:
+        import httpx
+    except ImportError:
+        raise ImportError(
+            f"{label} needs httpx, which is not installed; "
+            "install it with: pip install 'trainbus[http]'"
+        ) from None
+    return httpx
+
+
+def positive(name: str, value: Any, example: str) -> float:
+    """``value`` as a positive float, or a ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name}={value!r} must be a positive number of seconds, e.g. {example}")
+    return float(value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,14 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from trainbus.loggers._batching import BatchingDestination, require_httpx
-from trainbus.loggers._delivery import MetricsUploadWarning, Reply, UploaderStatistics, send
+from trainbus.loggers._batching import BatchingDestination
+from trainbus.loggers._delivery import (
+    MetricsUploadWarning,
+    Reply,
+    UploaderStatistics,
+    require_httpx,
+    send,
+)
 
 if TYPE_CHECKING:
     import httpx

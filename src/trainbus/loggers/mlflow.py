@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from trainbus._exceptions import TrackingServerError
-from trainbus.loggers._batching import BatchingDestination, require_httpx
-from trainbus.loggers._delivery import Reply, RetryableReply, retryable, send
+from trainbus.loggers._batching import BatchingDestination
+from trainbus.loggers._delivery import Reply, RetryableReply, require_httpx, retryable, send
 
 if TYPE_CHECKING:
     import httpx
