@@ -220,10 +220,14 @@ class BatchingDestination(LoggerDestination):
             if self._gave_up:
                 reason = "before close returned (the run did not complete; they are spooled)"
         client = self._client
-        if client is not None:
+        if client is not None and type(self)._finish is not BatchingDestination._finish:
             try:
-                with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
+                with anyio.move_on_after(max(0.0, deadline - anyio.current_time())) as scope:
                     await self._finish(client, self._completed)
+                if scope.cancelled_caught:
+                    self._unreported.finish_error = (
+                        f"no time left within close_timeout={self.close_timeout:g}s"
+                    )
             except Exception as exc:  # reported below, like undelivered batches
                 self._unreported.finish_error = f"{type(exc).__name__}: {exc}"
         self._report(reason)

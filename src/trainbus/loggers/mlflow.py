@@ -241,7 +241,9 @@ class MLflowLogger(BatchingDestination):
 
     async def _open(self, client: httpx.AsyncClient, state: State) -> str:
         """Find or create the experiment, then create the run (a continued fit reuses it)."""
-        if self.run_id is not None:
+        if self.run_id is not None:  # a continued fit(): the run is running again
+            body = {"run_id": self.run_id, "status": "RUNNING"}
+            await self._json(client, "POST", "runs/update", body)
             return self.run_id
         if self.experiment_id is None:
             name = {"experiment_name": self.experiment_name}
