@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.helpers import make_trainer
@@ -120,6 +121,29 @@ def test_a_run_that_raises_ends_failed_with_its_points(mlflow_server: MLflowServ
     memory = InMemoryLogger()
     with pytest.raises(RuntimeError, match="boom"):
         make_trainer(10, callbacks=[Boom()], loggers=[memory, mlflow_logger]).fit_sync()
+    assert mlflow_logger.run_id is not None
+    assert client(mlflow_server).get_run(mlflow_logger.run_id).info.status == "FAILED"
+    assert history(mlflow_server, mlflow_logger.run_id) == logged(memory)
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_fit_ends_the_run_failed(
+    anyio_backend: str, mlflow_server: MLflowServer
+) -> None:
+    class CancelAt(Callback):
+        def __init__(self, scope: anyio.CancelScope) -> None:
+            self.scope = scope
+
+        async def batch_end(self, state: Any, logger: Any) -> None:
+            if int(state.timer.batch) == 3:
+                self.scope.cancel()
+
+    mlflow_logger = MLflowLogger(mlflow_server.url, experiment_name=experiment(), **FAST)
+    memory = InMemoryLogger()
+    with anyio.CancelScope() as scope:
+        await make_trainer(100, callbacks=[CancelAt(scope)],
+                           loggers=[memory, mlflow_logger]).fit()
+    assert scope.cancelled_caught
     assert mlflow_logger.run_id is not None
     assert client(mlflow_server).get_run(mlflow_logger.run_id).info.status == "FAILED"
     assert history(mlflow_server, mlflow_logger.run_id) == logged(memory)
