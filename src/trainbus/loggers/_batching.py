@@ -29,11 +29,9 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import random
 import uuid
 import warnings
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -42,19 +40,14 @@ from trainbus._logger import LoggerDestination, LogRecord
 from trainbus.loggers._delivery import (
     MetricsUploadWarning,
     Reply,
-    RequestTimeout,
-    RetryableReply,
     Signal,
     Unreported,
     UploaderStatistics,
-    attempt_deadline,
-    backoff_delay,
     positive,
     require_httpx,
-    retry_after,
-    retryable,
     undelivered_message,
 )
+from trainbus.loggers._retry import Retrier
 from trainbus.loggers._spool import Batch, Spool
 
 if TYPE_CHECKING:
@@ -112,14 +105,12 @@ class BatchingDestination(LoggerDestination):
                 f"max_backoff={max_backoff!r} is below backoff={backoff!r}; raise max_backoff"
             )
         self._spool = Spool(spool_dir) if spool_dir is not None else None
-        self._rng = random.Random()
         self._seq = itertools.count()
         self._buffer: list[dict[str, Any]] = []
         self._outbox: deque[Batch] = deque()  # sealed, undelivered, oldest first
         self._to_spool: deque[Batch] = deque()  # sealed, not yet on disk (spool only)
         self._keys: set[str] = set()
         self._signal: Signal | None = None
-        self._sleeper: anyio.Event | None = None  # set by close to cut a backoff short
         self._close_done: anyio.Event | None = None  # set when close may report
         self._close_deadline = math.inf
         self._run: str | None = None  # what batches sealed by this run carry as ``run``
@@ -128,10 +119,10 @@ class BatchingDestination(LoggerDestination):
         self._gave_up = False  # close stopped waiting early: failed run, all spooled
         self._client: httpx.AsyncClient | None = None
         self._fatal: Exception | None = None  # why the run could not be opened
-        self.points_sent = self.batches_sent = self.retries = self.spooled_batches = 0
+        self._retry = Retrier(self.backoff, self.max_backoff, self.timeout, self._attempt_failed)
+        self.points_sent = self.batches_sent = self.spooled_batches = 0
         self._rejected = self._recovered = self._skipped = 0
         self._unreported = Unreported()
-        self._last_error: str | None = None
 
     # -- what subclasses define ----------------------------------------------------------------
 
@@ -213,8 +204,7 @@ class BatchingDestination(LoggerDestination):
             done = self._close_done = anyio.Event()
             self._failed_in_close = False
             self._close_deadline = deadline
-            if self._sleeper is not None:
-                self._sleeper.set()  # retry now: the server may be back
+            self._retry.wake()  # retry now: the server may be back
             signal.notify()
             await done.wait()
             if self._gave_up:
@@ -251,6 +241,19 @@ class BatchingDestination(LoggerDestination):
         )
 
     @property
+    def retries(self) -> int:
+        """Attempts after a failed one (all requests together)."""
+        return self._retry.retries
+
+    @property
+    def _last_error(self) -> str | None:
+        return self._retry.last_error
+
+    @_last_error.setter
+    def _last_error(self, value: str | None) -> None:
+        self._retry.last_error = value
+
+    @property
     def spool_dir(self) -> Path | None:
         """The spool directory, or ``None``."""
         return self._spool.directory if self._spool is not None else None
@@ -280,41 +283,24 @@ class BatchingDestination(LoggerDestination):
 
         A refusal ends ``background`` (through ``scope``), which raises it unwrapped.
         """
-        attempt = 0
-        while True:
-            try:
-                with attempt_deadline(self.timeout):
-                    run = await self._open(client, state)
-                break
-            except Exception as exc:
-                if not self._transient(exc):
-                    self._fatal = exc
-                    self._last_error = f"opening the run: {exc}"
-                    scope.cancel()
-                    return
-            attempt += 1
-            self.retries += 1
-            if self._close_done is not None:
-                self._failed_in_close = True
-                self._check_close(anyio.current_time())
-            await self._backoff(attempt, 0.0)
+        try:
+            run = await self._retry.until_done(lambda: self._open(client, state))
+        except Exception as exc:
+            self._fatal = exc
+            self._last_error = f"opening the run: {exc}"
+            scope.cancel()
+            return
         self._run = run
         for batch in itertools.chain(self._outbox, self._to_spool):
             if batch.run is None:
                 batch.run = run
         signal.notify()
 
-    def _transient(self, exc: BaseException) -> bool:
-        """Whether ``exc`` from an attempt is worth another (and record it)."""
-        import httpx
-
-        if isinstance(exc, RetryableReply):
-            self._last_error = exc.reply.describe()
-            return True
-        if isinstance(exc, httpx.TransportError | RequestTimeout):
-            self._last_error = f"{type(exc).__name__}: {exc}".rstrip(": ")
-            return True
-        return False
+    def _attempt_failed(self) -> None:
+        """After a failed attempt: while ``close`` waits, it may stop waiting."""
+        if self._close_done is not None:
+            self._failed_in_close = True
+            self._check_close(anyio.current_time())
 
     async def _recover(self, spool: Spool) -> None:
         try:
@@ -410,49 +396,7 @@ class BatchingDestination(LoggerDestination):
 
     async def _deliver(self, client: httpx.AsyncClient, batch: Batch) -> Reply | None:
         """Send ``batch`` until a 2xx (returns ``None``) or a refusal (returns it)."""
-        return await self._retrying(lambda: self._attempt(client, batch))
-
-    async def _retrying(
-        self, attempt_once: Callable[[], Any], *, once: bool = False
-    ) -> Reply | None:
-        """Call ``attempt_once`` until a 2xx (``None``) or a refusal (the reply).
-
-        With ``once``, a failed attempt is not retried: it raises :class:`RequestTimeout`.
-        """
-        attempt = 0
-        while True:
-            at_least = 0.0
-            try:
-                with attempt_deadline(self.timeout):
-                    reply: Reply = await attempt_once()
-            except Exception as exc:
-                if not self._transient(exc):
-                    raise
-            else:
-                if reply.ok:
-                    return None
-                self._last_error = reply.describe()
-                if not retryable(reply.status):
-                    return reply
-                at_least = retry_after(reply.headers.get("retry-after"))
-            if once:
-                raise RequestTimeout(f"not retried, the run is closing: {self._last_error}")
-            attempt += 1
-            self.retries += 1
-            if self._close_done is not None:
-                self._failed_in_close = True
-                self._check_close(anyio.current_time())
-            await self._backoff(attempt, at_least)
-
-    async def _backoff(self, attempt: int, at_least: float) -> None:
-        delay = backoff_delay(attempt, self.backoff, self.max_backoff, self._rng)
-        if at_least:
-            await anyio.sleep(max(delay, at_least))  # the server asked: close waits too
-        else:
-            sleeper = self._sleeper = anyio.Event()
-            with anyio.move_on_after(delay):
-                await sleeper.wait()
-            self._sleeper = None
+        return await self._retry.until_answered(lambda: self._attempt(client, batch))
 
     # -- reporting -----------------------------------------------------------------------------
 

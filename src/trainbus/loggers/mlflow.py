@@ -291,7 +291,7 @@ class MLflowLogger(BatchingDestination):
             "status": "FINISHED" if completed else "FAILED",
             "end_time": int(time.time() * 1000),
         }
-        reply = await self._retrying(
+        reply = await self._retry.until_answered(
             lambda: self._call(client, "POST", "runs/update", body), once=self._gave_up
         )
         if reply is not None:
