@@ -190,6 +190,23 @@ def test_requests_stay_within_mlflows_limits(mlflow_server: MLflowServer) -> Non
     assert stats.batches_sent == 3 + 3  # 100+100+50 params; 1000+1000+502 metrics
 
 
+def test_names_mlflow_refuses_are_renamed_not_lost(mlflow_server: MLflowServer) -> None:
+    class Odd(Callback):
+        def fit_start(self, state: Any, logger: Any) -> None:
+            logger.log_hyperparameters({"opt(lr)": 0.1})
+            logger.log_metrics({"acc@1": 0.5, "ok/name-1.x": 1.0}, step=1)
+
+    mlflow_logger = MLflowLogger(mlflow_server.url, experiment_name=experiment(), **FAST)
+    with pytest.warns(MetricsUploadWarning, match=r"\{'opt\(lr\)': 'opt_lr_', 'acc@1': 'acc_1'\}"):
+        make_trainer(1, callbacks=[Odd()], loggers=[mlflow_logger],
+                     log_train_loss=False).fit_sync()
+    assert mlflow_logger.run_id is not None
+    run = client(mlflow_server).get_run(mlflow_logger.run_id)
+    assert run.data.metrics == {"acc_1": 0.5, "ok/name-1.x": 1.0}
+    assert run.data.params == {"opt_lr_": "0.1"}
+    assert mlflow_logger.statistics().rejected_batches == 0
+
+
 def test_tracking_uri_and_token_come_from_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

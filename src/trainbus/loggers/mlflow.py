@@ -20,18 +20,27 @@ import json
 import math
 import numbers
 import os
+import re
 import time
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from trainbus._exceptions import TrackingServerError
 from trainbus.loggers._batching import BatchingDestination
-from trainbus.loggers._delivery import Reply, RetryableReply, require_httpx, retryable, send
+from trainbus.loggers._delivery import (
+    MetricsUploadWarning,
+    Reply,
+    RetryableReply,
+    require_httpx,
+    retryable,
+    send,
+)
 
 if TYPE_CHECKING:
     import httpx
 
-    from trainbus._logger import LogRecord
+    from trainbus._logger import Logger, LogRecord
     from trainbus._state import State
     from trainbus.loggers._spool import Batch
 
@@ -41,6 +50,8 @@ MAX_METRICS = 1000  # per runs/log-batch request, as MLflow enforces (400 beyond
 MAX_PARAMS = 100
 MAX_BYTES = 1_000_000
 MAX_PARAM_VALUE = 6000  # characters; longer values are cut (MLflow refuses them)
+MAX_KEY = 250
+_BAD_KEY_CHARS = re.compile(r"[^\w./\- :]")  # MLflow refuses a request with other characters
 _NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
 
 
@@ -169,18 +180,29 @@ class MLflowLogger(BatchingDestination):
             pair = base64.b64encode(f"{user}:{password}".encode()).decode()
             self._headers["Authorization"] = f"Basic {pair}"
         self._ssl_context = httpx.create_ssl_context()
+        self._keys_seen: dict[str, str] = {}
+        self._renamed: dict[str, str] = {}
 
     def _client_options(self) -> dict[str, Any]:
         return {**super()._client_options(), "verify": self._ssl_context}
 
     # -- items and batches -----------------------------------------------------------------
 
+    def _key(self, name: str) -> str:
+        """``name`` as MLflow accepts it: other characters become ``_``, 250 at most."""
+        key = self._keys_seen.get(name)
+        if key is None:
+            key = self._keys_seen[name] = _BAD_KEY_CHARS.sub("_", name)[:MAX_KEY]
+            if key != name:
+                self._renamed[name] = key
+        return key
+
     def _items(self, record: LogRecord) -> list[dict[str, Any]]:
         """Metrics as ``{"key", "value", "timestamp", "step"}``; hyperparameters as params."""
         if record.hyperparameters:
             self._seal(partial=True)  # params travel in batches of their own
             return [
-                {"key": str(k)[:250], "value": str(v)[:MAX_PARAM_VALUE], "param": True}
+                {"key": self._key(k), "value": str(v)[:MAX_PARAM_VALUE], "param": True}
                 for k, v in record.metrics.items()
             ]
         step, stamp, items = int(record.step), int(record.wall_time * 1000), []
@@ -189,8 +211,25 @@ class MLflowLogger(BatchingDestination):
             if number is None:
                 self._skipped += 1
                 continue
-            items.append({"key": name, "value": number, "timestamp": stamp, "step": step})
+            items.append({"key": self._key(name), "value": number, "timestamp": stamp,
+                          "step": step})
         return items
+
+    async def close(self, state: State, logger: Logger) -> None:
+        """Deliver, end the run (``FINISHED`` or ``FAILED``), report (see the base class).
+
+        Also warns once about names MLflow would refuse, which were renamed.
+        """
+        if self._renamed:
+            renamed, self._renamed = self._renamed, {}
+            warnings.warn(
+                f"MLflowLogger: MLflow accepts only letters, digits, '_', '-', '.', ' ', ':' "
+                f"and '/' in names (at most {MAX_KEY} characters); logged as: {renamed}. "
+                "Rename them where they are logged to choose the names yourself",
+                MetricsUploadWarning,
+                stacklevel=2,
+            )
+        await super().close(state, logger)
 
     def _cut(self, buffer: list[dict[str, Any]]) -> int:
         """Items of one kind, within MLflow's count and size limits per request."""
