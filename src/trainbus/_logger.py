@@ -115,7 +115,7 @@ def _copy_metrics(values: Mapping[Any, Any], call: str) -> dict[str, Any]:
                 f"{call}: metric names must be str, got the key {key!r} "
                 f"({type(key).__qualname__}){also}; use str keys, e.g. {{{str(key)!r}: ...}}"
             )
-        out[key] = copy_value(value)
+        out[key if type(key) is str else str(key)] = copy_value(value)  # str subclasses too
     return out
 
 
