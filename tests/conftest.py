@@ -1,4 +1,5 @@
-"""Shared fixtures: every ``@pytest.mark.anyio`` test runs under asyncio and trio."""
+"""Shared fixtures: every ``@pytest.mark.anyio`` test runs under asyncio and trio; one real
+``mlflow server`` per session (for tests/loggers/test_mlflow.py and docs/loggers.md)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+
+from tests.loggers.mlflow_server import MLflowServer
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -19,3 +22,14 @@ def no_leaked_threads() -> Iterator[None]:
     yield
     alive = [t.name for t in threading.enumerate() if t.name.startswith("trainbus-")]
     assert not alive, f"threads outlived the test: {alive}"
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MLflowServer]:
+    """A tracking server shared by the session (starting one takes tens of seconds)."""
+    server = MLflowServer(tmp_path_factory.mktemp("mlflow"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -32,14 +32,20 @@ SETUP, SECTIONS = _sections()
 
 def test_the_page_has_examples() -> None:
     assert SETUP
-    assert {"ConsoleLogger", "JSONLinesLogger", "TensorBoardLogger"} <= set(SECTIONS)
+    assert {"ConsoleLogger", "JSONLinesLogger", "TensorBoardLogger", "MLflowLogger"} <= set(
+        SECTIONS
+    )
 
 
 @pytest.mark.parametrize("title", sorted(SECTIONS))
 def test_section_examples_run(
-    title: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    title: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest,
 ) -> None:
     monkeypatch.chdir(tmp_path)
+    if title == "MLflowLogger":  # the page's example talks to a real server, as users do
+        server = request.getfixturevalue("mlflow_server")
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
     namespace: dict[str, object] = {"__name__": f"docs_loggers_{title}"}
     for i, code in enumerate([*SETUP, *SECTIONS[title]]):
         exec(compile(code, f"{DOC.name}[{title} #{i}]", "exec"), namespace)

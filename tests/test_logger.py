@@ -155,6 +155,42 @@ def test_bad_level_names_the_valid_ones(logger: Logger) -> None:
         logger.data(7, {"x": 1.0})
 
 
+def test_keys_must_be_str_and_a_collision_is_named(logger: Logger) -> None:
+    # issue 12.8: {1: 1.0, "1": 2.0} used to keep one value silently
+    with pytest.raises(TypeError, match=r"must be str.*1 and '1' would both be named '1'"):
+        logger.log_metrics({1: 1.0, "1": 2.0})
+    with pytest.raises(TypeError, match=r"must be str.*use str keys"):
+        logger.log_metrics({("a", "b"): 1.0})
+    with pytest.raises(TypeError, match=r"log_hyperparameters.*must be str"):
+        logger.log_hyperparameters({0.1: "lr"})
+
+
+@pytest.mark.parametrize("bad", [1.7, 2.0, "3", True, float("nan")])
+def test_step_must_be_an_int(logger: Logger, bad: Any) -> None:
+    # issue 12.8: step=1.7 used to be logged as step 1
+    with pytest.raises(TypeError, match=r"step=.*must be an int"):
+        logger.log_metrics({"x": 1.0}, step=bad)
+
+
+def test_integral_steps_are_accepted() -> None:
+    import numpy as np
+
+    from trainbus import Time
+
+    dest = InMemoryLogger()
+
+    class Steps(Callback):
+        def fit_start(self, state: Any, logger: Logger) -> None:
+            logger.log_metrics({"x": 1.0}, step=5)
+            logger.log_metrics({"x": 2.0}, step=np.int64(6))
+            logger.log_metrics({"x": 3.0}, step=torch.tensor(7))
+            logger.log_metrics({"x": 4.0}, step=Time(8, "ba"))
+
+    make_trainer(n_batches=1, callbacks=[Steps()], loggers=[dest], log_train_loss=False).fit_sync()
+    assert dest.steps["x"] == [5, 6, 7, 8]
+    assert all(type(step) is int for step in dest.steps["x"])
+
+
 # --- hyperparameters, async destinations ------------------------------------------------------
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import pickle
 import threading
 from typing import Any
@@ -119,7 +120,8 @@ def test_arithmetic_same_unit() -> None:
     assert 12 - a == Time(2, "ba")
     assert a * 2 == Time(20, "ba")
     assert 2 * a == Time(20, "ba")
-    assert a / 4 == Time(2.5, "ba")
+    assert a / 4 == 2.5
+    assert (a / 4).unit is TimeUnit.BATCH
     assert a / b == pytest.approx(2.5)
     assert isinstance(a / b, float)
     assert type((a + b).value) is int
@@ -150,7 +152,6 @@ def test_comparison_same_unit_and_numbers() -> None:
         lambda x, y: x <= y,
         lambda x, y: x > y,
         lambda x, y: x >= y,
-        lambda x, y: x == y,
     ],
 )
 def test_mixed_units_raise_type_error_naming_both(op: Any) -> None:
@@ -158,6 +159,43 @@ def test_mixed_units_raise_type_error_naming_both(op: Any) -> None:
         op(Time(1, "ep"), Time(1, "ba"))
     assert "ep" in str(info.value)
     assert "ba" in str(info.value)
+
+
+def test_equality_across_units_is_false_not_an_error() -> None:
+    # issue 12.8: Time(1, "ep") == Time(3, "ba") used to raise TypeError
+    assert (Time(1, "ep") == Time(3, "ba")) is False
+    assert (Time(1, "ep") != Time(1, "ba")) is True
+    assert Time(1, "ep") in {Time(1, "ba"), Time(1, "ep")}
+    assert {Time(1, "ep"): "a", Time(1, "ba"): "b"}[Time(1, "ba")] == "b"
+    assert [Time(2, "sp"), Time(1, "ba")].index(Time(1, "ba")) == 1
+
+
+@pytest.mark.parametrize(("value", "unit"), [(1.5, "ep"), (0.5, "ba"), (2.25, "sp"), (1.1, "tok")])
+def test_fractional_counts_are_rejected_like_the_string_form(value: float, unit: str) -> None:
+    # issue 12.8: Time(1.5, "ep") was accepted while "1.5ep" is rejected
+    with pytest.raises(ValueError, match=r"counts whole .*use an int.*'dur'"):
+        Time(value, unit)
+    with pytest.raises(ValueError, match="whole"):
+        Time.from_timestring(f"{value}{unit}")
+
+
+def test_whole_floats_become_ints_and_durations_stay_floats() -> None:
+    assert type(Time(3.0, "ep").value) is int
+    assert Time(3.0, "ep") == Time(3, "ep")
+    assert Time(0.5, "dur").value == 0.5
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("unit", ["ep", "ba", "dur"])
+def test_non_finite_values_are_rejected(value: float, unit: str) -> None:
+    with pytest.raises(ValueError, match="finite"):
+        Time(value, unit)
+
+
+def test_ensure_time_rejects_fractional_counts_from_arithmetic() -> None:
+    with pytest.raises(ValueError, match=r"eval_interval=.*fractional.*'0.5dur'"):
+        ensure_time(Time(1, "ep") * 0.5, name="eval_interval")
+    assert ensure_time(Time(2, "ep") * 0.5, name="x") == Time(1, "ep")
 
 
 def test_unsupported_operands() -> None:

@@ -6,12 +6,16 @@ Hierarchy::
     ├── EngineThreadError (TrainbusError, RuntimeError)   wrong thread: would deadlock
     ├── FitInProgressError (TrainbusError, RuntimeError)  fit() while a fit is running
     ├── CallbackSignatureError (TrainbusError, TypeError) a handler cannot be called
-    └── StreamOverflowError                               an EventStream subscriber fell behind
+    ├── StreamOverflowError                               an EventStream subscriber fell behind
+    └── TrackingServerError (TrainbusError, RuntimeError) a tracking server refused a request
     TrainbusWarning (UserWarning)
     ├── SlowCallbackWarning                               handlers slower than the batch
     ├── MetricsUploadWarning                              points refused or not delivered
     ├── CallbackTimeoutWarning                            a callback missed close_timeout
     └── UnknownHandlerWarning                             a handler-like method no event calls
+
+Each class shows as the public module users import it from (``trainbus.X``, or
+``trainbus.loggers.X`` / ``trainbus.callbacks.X``), in tracebacks and ``repr``.
 
 Errors raised by callbacks are never wrapped: ``fit()`` raises the callback's own
 exception, with a note naming the callback and the event.
@@ -27,6 +31,7 @@ __all__ = [
     "MetricsUploadWarning",
     "SlowCallbackWarning",
     "StreamOverflowError",
+    "TrackingServerError",
     "TrainbusError",
     "TrainbusWarning",
     "UnknownHandlerWarning",
@@ -61,6 +66,10 @@ class StreamOverflowError(TrainbusError):
     """A subscriber fell ``buffer_size`` items behind under ``on_overflow="disconnect"``."""
 
 
+class TrackingServerError(TrainbusError, RuntimeError):
+    """A tracking server (MLflow) refused a request that retrying cannot fix."""
+
+
 class MetricsUploadWarning(TrainbusWarning):
     """Points were refused by the server, or not delivered before ``close_timeout``."""
 
@@ -71,6 +80,7 @@ class CallbackTimeoutWarning(TrainbusWarning):
 
 class UnknownHandlerWarning(TrainbusWarning):
     """A callback method looks like a handler (``on_batch_end``) but no event calls it."""
+
 
 # -- checkpoints (trainbus.callbacks.CheckpointSaver, Trainer(load_path=...)) -----------------
 
@@ -83,3 +93,25 @@ class CheckpointLoadError(TrainbusError, RuntimeError):
 
 class CheckpointWarning(TrainbusWarning):
     """A callback's state is in the checkpoint but not in the run, or the other way round."""
+
+
+# Tracebacks and ``repr`` show where users import a class from, not this private module:
+# ``trainbus.FitInProgressError``, not ``trainbus._exceptions.FitInProgressError``. Each is
+# importable from the module named here, so pickling (e.g. across processes) still works.
+for _cls in (
+    TrainbusError,
+    EngineThreadError,
+    FitInProgressError,
+    CallbackSignatureError,
+    TrainbusWarning,
+    SlowCallbackWarning,
+    CallbackTimeoutWarning,
+    UnknownHandlerWarning,
+    CheckpointLoadError,
+    CheckpointWarning,
+):
+    _cls.__module__ = "trainbus"
+StreamOverflowError.__module__ = "trainbus.callbacks"
+MetricsUploadWarning.__module__ = "trainbus.loggers"
+TrackingServerError.__module__ = "trainbus.loggers"
+del _cls

@@ -9,6 +9,8 @@ concurrently with training and with the other destinations.
 from __future__ import annotations
 
 import inspect
+import math
+import operator
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainbus._callback import Callback, Handler, HandlerTable
 from trainbus._scalars import copy_value, resolve_value
+from trainbus._time import Time
 
 if TYPE_CHECKING:
     from trainbus._state import State
@@ -98,6 +101,42 @@ class _Hub:
 DataArg = Mapping[str, Any] | Callable[[], Mapping[str, Any]]
 
 
+def _copy_metrics(values: Mapping[Any, Any], call: str) -> dict[str, Any]:
+    """Copies of ``values``; every key must be a ``str`` (no silent ``str(key)``)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if type(key) is not str and not isinstance(key, str):
+            clash = [k for k in values if k is not key and str(k) == str(key)]
+            also = (
+                f"; {key!r} and {clash[0]!r} would both be named {str(key)!r}, one value lost"
+                if clash else ""
+            )
+            raise TypeError(
+                f"{call}: metric names must be str, got the key {key!r} "
+                f"({type(key).__qualname__}){also}; use str keys, e.g. {{{str(key)!r}: ...}}"
+            )
+        out[key if type(key) is str else str(key)] = copy_value(value)  # str subclasses too
+    return out
+
+
+def _check_step(step: Any) -> int:
+    """``step`` as an ``int``: ints (numpy's too), 0-d integer tensors, a count ``Time``."""
+    if not isinstance(step, bool):
+        if isinstance(step, Time) and isinstance(step.value, int):
+            return step.value
+        try:
+            return operator.index(step)
+        except TypeError:
+            pass
+    hint = ""
+    if isinstance(step, float) and math.isfinite(step):
+        hint = f" (round it yourself, e.g. step={round(step)})"
+    raise TypeError(
+        f"log_metrics(step={step!r}): step must be an int{hint}, "
+        "or None for the batch count of the caller's event"
+    )
+
+
 class Logger:
     """Where callbacks log metrics; it forwards copies to every destination.
 
@@ -152,8 +191,14 @@ class Logger:
 
         Args:
             metrics: Names to values.
-            step: The step; defaults to ``int(state.timer.batch)`` of the caller's event.
+            step: The step, an ``int``; defaults to ``int(state.timer.batch)`` of the
+                caller's event.
             level: The :class:`LogLevel` recorded with the values.
+
+        Raises:
+            TypeError: ``metrics`` is not a mapping, a key is not a ``str`` (the error
+                names the key, and any other key it would collide with as a string), or
+                ``step`` is not an ``int`` (``1.7`` is not silently truncated).
         """
         if not isinstance(metrics, Mapping):
             raise TypeError(
@@ -162,8 +207,8 @@ class Logger:
             )
         ts = self._state.timestamp
         record = LogRecord(
-            metrics={str(k): copy_value(v) for k, v in metrics.items()},
-            step=int(ts.batch) if step is None else int(step),
+            metrics=_copy_metrics(metrics, "log_metrics(metrics=...)"),
+            step=int(ts.batch) if step is None else _check_step(step),
             wall_time=time.time(),
             level=_to_level(level),
             timestamp=ts,
@@ -171,11 +216,20 @@ class Logger:
         self._emit(record)
 
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
-        """Log the run's hyperparameters (copied) to every destination."""
+        """Log the run's hyperparameters (copied) to every destination.
+
+        Raises:
+            TypeError: ``hyperparameters`` is not a mapping, or a key is not a ``str``.
+        """
+        if not isinstance(hyperparameters, Mapping):
+            raise TypeError(
+                "log_hyperparameters(...) takes a mapping of names to values, "
+                f"got {type(hyperparameters).__qualname__}; e.g. {{'lr': 0.1}}"
+            )
         ts = self._state.timestamp
         self._emit(
             LogRecord(
-                metrics={str(k): copy_value(v) for k, v in hyperparameters.items()},
+                metrics=_copy_metrics(hyperparameters, "log_hyperparameters(...)"),
                 step=int(ts.batch),
                 wall_time=time.time(),
                 level=LogLevel.FIT,
@@ -281,3 +335,10 @@ def resolve_log_handler(table: HandlerTable) -> Handler | None:
         else:
             fn = dest.log_record
     return Handler(dest, f"{cls.__qualname__}.log_record", fn, is_async, False)
+
+
+# Shown as ``trainbus.X`` in tracebacks and reprs (each is exported there; pickling works).
+LogLevel.__module__ = "trainbus"
+LogRecord.__module__ = "trainbus"
+Logger.__module__ = "trainbus"
+LoggerDestination.__module__ = "trainbus"

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 from collections.abc import Callable
@@ -68,6 +69,23 @@ def _new_time(value: _N, unit: TimeUnit) -> Time[_N]:
     return time
 
 
+def _checked_float(value: float, unit: TimeUnit) -> float | int:
+    """A float Time value: finite; a whole ``int`` for counts (``"1.5ep"`` is refused too)."""
+    if not math.isfinite(value):
+        raise ValueError(
+            f"Time({value!r}, {unit.value!r}): the value must be a finite number, {_EXAMPLES}"
+        )
+    if unit is TimeUnit.DURATION:
+        return value
+    if not value.is_integer():
+        raise ValueError(
+            f"Time({value!r}, {unit.value!r}): {unit.value!r} counts whole "
+            f"{_COUNT_NAMES[unit]}; use an int such as Time({math.floor(value)}, "
+            f"{unit.value!r}), or Time(0.5, 'dur') for a fraction of the run"
+        )
+    return int(value)
+
+
 def _bad_timestring(timestring: str, reason: str) -> NoReturn:
     raise ValueError(
         f"invalid time string {timestring!r}: {reason}; a time string is a non-negative "
@@ -78,15 +96,29 @@ def _bad_timestring(timestring: str, reason: str) -> NoReturn:
 class Time(Generic[TValue]):
     """An amount of training time: a number and a :class:`TimeUnit`.
 
-    Times are immutable and hashable. ``+``, ``-`` and comparisons need the same unit
-    (a plain number is read in the other operand's unit); ``*`` and ``/`` take a number;
-    ``Time / Time`` of one unit is their float ratio. Mixing units raises ``TypeError``.
-    ``Time == number`` compares the value, so ``timer.epoch == 0`` works; the hash of a
-    Time is only consistent with equality between Times.
+    Times are immutable and hashable. ``+``, ``-`` and ordering (``<``, ``<=``, ...) need
+    the same unit (a plain number is read in the other operand's unit); ``*`` and ``/``
+    take a number; ``Time / Time`` of one unit is their float ratio. Mixing units in
+    arithmetic or ordering raises ``TypeError``; ``==`` between Times of different units
+    is ``False`` (``Time(1, "ep") == Time(3, "ba")`` cannot be known without the loader),
+    so Times of mixed units can share a set or a dict. ``Time == number`` compares the
+    value, so ``timer.epoch == 0`` works; the hash of a Time is only consistent with
+    equality between Times.
+
+    Counts (``ep``, ``ba``, ``sp``, ``tok``) are whole numbers, as in time strings
+    (``"1.5ep"`` is rejected): ``Time(1.5, "ep")`` raises ``ValueError`` (use an ``int``,
+    or ``Time(0.5, "dur")`` for a fraction of the run); a whole float such as ``3.0``
+    becomes the ``int`` ``3``. Arithmetic on Times (``Time(3, "ba") / 2``) may still
+    give a fractional value. NaN and infinities are rejected in every unit.
 
     Args:
         value: The amount, an ``int`` (or a ``float``, for durations).
         unit: A :class:`TimeUnit` or its string value, e.g. ``"ba"``.
+
+    Raises:
+        TypeError: ``value`` is not an ``int`` or a ``float`` (``bool`` included).
+        ValueError: ``value`` is not finite, or is a fractional count; or ``unit`` is
+            not a unit.
 
     Example:
         >>> t = Time(10, "ba")
@@ -103,8 +135,13 @@ class Time(Generic[TValue]):
     def __init__(self, value: TValue, unit: TimeUnit | str) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise TypeError(f"Time value must be an int or a float, got {value!r}")
+        time_unit = _to_unit(unit)
+        if isinstance(value, float):
+            _set(self, "_unit", time_unit)
+            _set(self, "_value", _checked_float(value, time_unit))
+            return
         _set(self, "_value", value)
-        _set(self, "_unit", _to_unit(unit))
+        _set(self, "_unit", time_unit)
 
     @property
     def value(self) -> TValue:
@@ -254,7 +291,13 @@ class Time(Generic[TValue]):
         return NotImplemented if value is None else op(self._value, value)
 
     def __eq__(self, other: object) -> bool:
+        if isinstance(other, Time) and other._unit is not self._unit:
+            return False  # different units are never equal (unknowable without the loader)
         return self._compare(other, operator.eq)
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
 
     def __lt__(self, other: object) -> bool:
         return self._compare(other, operator.lt)
@@ -301,7 +344,8 @@ def ensure_time(value: Time[Any] | str | int, *, name: str = "duration") -> Time
         name: The argument's name, used in error messages (e.g. ``"max_duration"``).
 
     Raises:
-        ValueError: A bad time string or a negative amount.
+        ValueError: A bad time string, a negative or non-finite amount, or a fractional
+            count (``Time(2, "ep") * 0.25``).
         TypeError: Any other type (``bool`` and ``float`` included).
 
     Example:
@@ -310,8 +354,16 @@ def ensure_time(value: Time[Any] | str | int, *, name: str = "duration") -> Time
     """
     hint = "pass a Time, a time string such as '10ep' or '500ba', or an int number of epochs"
     if isinstance(value, Time):
-        if value.value < 0:
+        amount = value.value
+        if not math.isfinite(amount):
+            raise ValueError(f"{name} must be finite, got {value!r}; {hint}")
+        if amount < 0:
             raise ValueError(f"{name} must not be negative, got {value!r}; {hint}")
+        if value.unit is not TimeUnit.DURATION and amount != int(amount):
+            raise ValueError(
+                f"{name}={value!r} is a fractional count of {_COUNT_NAMES[value.unit]}; "
+                f"use a whole number, or a fraction of the run such as '0.5dur'"
+            )
         return value
     if isinstance(value, str):
         try:
@@ -324,3 +376,8 @@ def ensure_time(value: Time[Any] | str | int, *, name: str = "duration") -> Time
     if value < 0:
         raise ValueError(f"{name} must not be negative, got {value}; {hint}")
     return Time(value, TimeUnit.EPOCH)
+
+
+# Shown as ``trainbus.X`` in tracebacks and reprs (each is exported there; pickling works).
+Time.__module__ = "trainbus"
+TimeUnit.__module__ = "trainbus"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -624,3 +625,163 @@ def test_importing_the_loggers_does_not_import_httpx() -> None:
     code = "import sys, trainbus.loggers; assert 'httpx' not in sys.modules, 'httpx imported'"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env=env)
+
+
+# -- bounded requests and prompt cancellation (issue 12.5) ---------------------------------
+
+
+class RawServer:
+    """A TCP server on 127.0.0.1 whose answer to each connection is ``answer(n, conn)``.
+
+    ``sent`` counts the bytes each connection managed to send before the client went away.
+    """
+
+    def __init__(self, answer: Callable[[int, Any], None]) -> None:
+        import socket
+
+        self._answer = answer
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/metrics"
+        self.bodies: list[bytes] = []
+        self.sent: list[int] = []
+        self.counted = threading.Event()  # set once a _send_counted answer has ended
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        n = 0
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(n, conn), daemon=True).start()
+            n += 1
+
+    def _handle(self, n: int, conn: Any) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            while len(body) < length:
+                body += conn.recv(65536)
+            self.bodies.append(body)
+            try:
+                self._answer(n, conn)
+            except OSError:  # the client hung up: what the tests want
+                pass
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def _send_counted(server: RawServer, conn: Any, chunks: Iterator[bytes]) -> None:
+    sent = 0
+    try:
+        for chunk in chunks:
+            conn.sendall(chunk)
+            sent += len(chunk)
+    finally:
+        server.sent.append(sent)
+        server.counted.set()
+
+
+def _drip(data: bytes) -> Iterator[bytes]:
+    """One byte every 50 ms (the 400-odd bytes above: 20 s)."""
+    for i in range(len(data)):
+        time.sleep(0.05)
+        yield data[i:i + 1]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_timeout_bounds_the_whole_request_not_each_read(anyio_backend: str) -> None:
+    # A server answering one byte every 50 ms never trips httpx's per-read timeout of 0.3 s;
+    # the first attempt must still end at 0.3 s and count as a failed, retried attempt.
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+
+    def answer(n: int, conn: Any) -> None:
+        if n == 0:
+            _send_counted(server, conn, _drip(b"HTTP/1.1 200 OK\r\nX-Pad: " + b"x" * 400))
+        else:
+            conn.sendall(ok)
+
+    server = RawServer(answer)
+    try:
+        uploader = HTTPMetricsUploader(server.url, timeout=0.3, close_timeout=5, **FAST)
+        with anyio.fail_after(15):
+            await make_trainer(2, loggers=[uploader]).fit()
+    finally:
+        server.close()
+    stats = uploader.statistics()
+    assert stats.points_sent == 2
+    assert stats.retries == 1
+    assert stats.last_error is not None
+    assert "timeout=0.3" in stats.last_error
+    assert await anyio.to_thread.run_sync(server.counted.wait, 10)
+    assert server.sent[0] < 400  # cut off long before the slow answer ended
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_a_huge_response_body_is_not_read_whole(anyio_backend: str) -> None:
+    size = 200 * 2**20
+    head = f"HTTP/1.1 503 Service Unavailable\r\nContent-Length: {size}\r\n\r\n".encode()
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+
+    def answer(n: int, conn: Any) -> None:
+        if n == 0:
+            block = b"e" * 2**20
+            _send_counted(server, conn, itertools.chain([head], itertools.repeat(block, 200)))
+        else:
+            conn.sendall(ok)
+
+    server = RawServer(answer)
+    try:
+        uploader = HTTPMetricsUploader(server.url, **FAST)
+        with anyio.fail_after(30):
+            await make_trainer(2, loggers=[uploader]).fit()
+    finally:
+        server.close()
+    stats = uploader.statistics()
+    assert stats.points_sent == 2
+    assert stats.retries == 1
+    assert stats.last_error is not None
+    assert stats.last_error.startswith("HTTP 503 'eeee")
+    assert await anyio.to_thread.run_sync(server.counted.wait, 10)
+    assert server.sent[0] < 40 * 2**20  # the client hung up after a small prefix
+
+
+@pytest.mark.anyio
+async def test_cancelling_fit_with_everything_spooled_does_not_wait_for_a_dead_server(
+    anyio_backend: str, servers: Callable[..., MetricsServer], tmp_path: Path
+) -> None:
+    down = servers(listen=False)  # every connection refused, for the whole test
+    uploader = HTTPMetricsUploader(down.url, batch_size=3, spool_dir=tmp_path,
+                                   close_timeout=3600, **FAST)  # waiting it out would hang
+
+    class CancelAt(Callback):
+        def __init__(self, scope: anyio.CancelScope) -> None:
+            self.scope = scope
+
+        async def batch_end(self, state: Any, logger: Any) -> None:
+            if int(state.timer.batch) == 10:
+                self.scope.cancel()
+
+    memory = InMemoryLogger()
+    with anyio.fail_after(60), pytest.warns(MetricsUploadWarning, match=r"spool_dir"):
+        with anyio.CancelScope() as scope:
+            await make_trainer(1000, callbacks=[CancelAt(scope)], loggers=[memory, uploader],
+                               warn_slow_callbacks=False).fit()
+    assert scope.cancelled_caught
+    spooled = Counter()
+    for path in batch_files(tmp_path):
+        for point in json.loads(path.read_bytes())["body"]["points"]:
+            spooled[(point["name"], point["step"])] += 1
+    assert spooled == logged_points(memory)  # everything logged is safe on disk
+    assert sum(spooled.values()) >= 10
+    assert uploader.points_sent == 0

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.helpers import make_trainer
-from trainbus import Callback, LogLevel, LogRecord
+from trainbus import Callback, LogLevel, LogRecord, TrainbusWarning
 from trainbus.loggers import InMemoryLogger, JSONLinesLogger
 from trainbus.loggers.jsonl import to_json_value
 
@@ -181,3 +181,46 @@ def test_to_json_value_of_containers() -> None:
             return "opaque"
 
     assert to_json_value(Opaque()) == "opaque"
+
+
+# -- a torn last line (issue 12.6) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("ends_with_newline_before", [True, False])
+def test_a_torn_last_line_is_moved_aside_before_appending(
+    tmp_path: Path, ends_with_newline_before: bool
+) -> None:
+    path = tmp_path / "m.jsonl"
+    make_trainer(2, loggers=[JSONLinesLogger(path)]).fit_sync()
+    complete = path.read_bytes()
+    fragment = b'{"name":"loss/train","value":0.5,"step":3,"wall_time":1.0,"level":"batch",'
+    if not ends_with_newline_before:  # the whole file is one torn line
+        complete = b""
+        path.write_bytes(fragment)
+    else:
+        path.write_bytes(complete + fragment)  # a full disk stopped the last write here
+
+    with pytest.warns(TrainbusWarning, match=r"m\.jsonl.*torn.*m\.jsonl\.torn"):
+        make_trainer(2, loggers=[JSONLinesLogger(path)]).fit_sync()
+
+    lines = read(path)  # every line parses: nothing glued onto the fragment
+    assert path.read_bytes().startswith(complete)
+    assert len(metric(lines, "loss/train")) == (4 if complete else 2)
+    torn = path.with_name("m.jsonl.torn")
+    assert torn.read_bytes() == fragment + b"\n"
+
+
+def test_torn_fragments_accumulate_and_intact_files_are_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b'{"a":1}\n{"b"')
+    with pytest.warns(TrainbusWarning, match="torn"):
+        make_trainer(1, loggers=[JSONLinesLogger(path)]).fit_sync()
+    with path.open("ab") as f:
+        f.write(b'{"c":')
+    with pytest.warns(TrainbusWarning, match="torn"):
+        make_trainer(1, loggers=[JSONLinesLogger(path)]).fit_sync()
+    assert path.with_name("m.jsonl.torn").read_bytes() == b'{"b"\n{"c":\n'
+    before = path.read_bytes()
+    make_trainer(1, loggers=[JSONLinesLogger(path)]).fit_sync()  # no warning: intact
+    assert path.read_bytes().startswith(before)
+    assert len(read(path)) == 1 + 3

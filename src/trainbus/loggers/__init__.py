@@ -8,6 +8,8 @@ from trainbus.loggers.http_uploader import MetricsUploadWarning as MetricsUpload
 from trainbus.loggers.http_uploader import UploaderStatistics as UploaderStatistics
 from trainbus.loggers.in_memory import InMemoryLogger as InMemoryLogger
 from trainbus.loggers.jsonl import JSONLinesLogger as JSONLinesLogger
+from trainbus.loggers.mlflow import MLflowLogger as MLflowLogger
+from trainbus.loggers.mlflow import TrackingServerError as TrackingServerError
 from trainbus.loggers.tensorboard import TensorBoardLogger as TensorBoardLogger
 
 __all__ = (
@@ -15,7 +17,9 @@ __all__ = (
     "HTTPMetricsUploader",
     "InMemoryLogger",
     "JSONLinesLogger",
+    "MLflowLogger",
     "MetricsUploadWarning",
     "TensorBoardLogger",
+    "TrackingServerError",
     "UploaderStatistics",
 )

@@ -1,4 +1,14 @@
-"""HTTP delivery for ``HTTPMetricsUploader``: retry policy, redirects, reports, statistics.
+"""HTTP delivery shared by the batching destinations: requests, retries, reports, statistics.
+
+Used by :class:`~trainbus.loggers.HTTPMetricsUploader` and
+:class:`~trainbus.loggers.MLflowLogger` (through ``_batching.py``).
+
+Every attempt is bounded as a whole (:func:`attempt_deadline`): ``anyio.fail_after(timeout)`` covers
+connecting, writing, every redirect hop and reading the answer, so a server that drips
+its answer a byte at a time cannot hold a request longer than ``timeout`` (httpx's own
+timeouts apply per read). The answer's body is streamed and only its first
+:data:`BODY_LIMIT` bytes are kept (an error message needs no more); the connection of a
+longer answer is closed, not drained.
 
 Retry policy: connection errors, timeouts, 408, 429 and 5xx are retried
 (:func:`retryable`); the wait before retry *n* is drawn from ``[cap/2, cap]`` with
@@ -16,10 +26,12 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -28,26 +40,51 @@ from trainbus._exceptions import MetricsUploadWarning
 if TYPE_CHECKING:
     import httpx
 
-    from trainbus.loggers._spool import Batch
-
 __all__ = [
+    "BODY_LIMIT",
     "MetricsUploadWarning",
+    "Reply",
+    "RequestTimeout",
+    "RetryableReply",
     "Signal",
     "UploaderStatistics",
     "Unreported",
+    "attempt_deadline",
     "backoff_delay",
-    "post_batch",
+    "positive",
+    "require_httpx",
     "retry_after",
     "retryable",
+    "send",
     "undelivered_message",
 ]
 
 MAX_REDIRECTS = 5
+BODY_LIMIT = 64 * 1024  # bytes of an answer's body kept; the rest is never read
+
+
+def require_httpx(label: str) -> Any:
+    """The ``httpx`` module, or an ``ImportError`` naming the extra to install."""
+    try:
+        import httpx
+    except ImportError:
+        raise ImportError(
+            f"{label} needs httpx, which is not installed; "
+            "install it with: pip install 'trainbus[http]'"
+        ) from None
+    return httpx
+
+
+def positive(name: str, value: Any, example: str) -> float:
+    """``value`` as a positive float, or a ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name}={value!r} must be a positive number of seconds, e.g. {example}")
+    return float(value)
 
 
 @dataclass(frozen=True, slots=True)
 class UploaderStatistics:
-    """What an ``HTTPMetricsUploader`` has done so far (cumulative over fits).
+    """What an ``HTTPMetricsUploader`` or ``MLflowLogger`` has done so far (cumulative).
 
     Attributes:
         points_sent: Points in batches the server acknowledged with a 2xx.
@@ -118,28 +155,93 @@ def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random) -> 
     return ceiling / 2 + rng.uniform(0, ceiling / 2)
 
 
-async def post_batch(
-    client: httpx.AsyncClient, url: httpx.URL, headers: dict[str, str], batch: Batch
-) -> httpx.Response:
-    """One attempt at delivering ``batch`` to ``url``, following 307/308 redirects.
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An answer: its status, headers, and at most :data:`BODY_LIMIT` bytes of its body."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """Whether the status is a 2xx."""
+        return 200 <= self.status < 300
+
+    def describe(self) -> str:
+        """``HTTP <status> '<start of the body>'`` for ``last_error`` and warnings."""
+        text = self.body[:200].decode("utf-8", "replace")
+        return f"HTTP {self.status} {text!r}"
+
+
+class RequestTimeout(Exception):
+    """An attempt did not complete within its total ``timeout``."""
+
+
+class RetryableReply(Exception):
+    """A setup request got an answer worth retrying (408, 429, 5xx)."""
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(reply.describe())
+        self.reply = reply
+
+
+async def _bounded(
+    client: httpx.AsyncClient, method: str, url: httpx.URL, headers: dict[str, str],
+    body: bytes | None,
+) -> Reply:
+    async with client.stream(method, url, content=body, headers=headers) as response:
+        chunks: list[bytes] = []
+        kept = 0
+        truncated = False
+        async for chunk in response.aiter_bytes():
+            chunks.append(chunk[: BODY_LIMIT - kept])
+            kept += len(chunks[-1])
+            if kept >= BODY_LIMIT:
+                truncated = True  # closing the stream closes the connection: not drained
+                break
+        return Reply(response.status_code, dict(response.headers), b"".join(chunks), truncated)
+
+
+async def send(
+    client: httpx.AsyncClient, method: str, url: httpx.URL, headers: dict[str, str],
+    body: bytes | None = None,
+) -> Reply:
+    """One attempt: ``method url``, following 307/308 redirects; the body read is bounded.
 
     ``headers`` (the user's, e.g. credentials) go only to ``url``'s host, and never from
     https to http; other hops carry only ``Content-Type`` and ``Idempotency-Key``. After
-    :data:`MAX_REDIRECTS` hops the last 3xx is returned (and counts as a refusal).
+    :data:`MAX_REDIRECTS` hops the last 3xx is returned (and counts as a refusal). The
+    caller bounds the whole attempt (``anyio.fail_after``; see :func:`attempt_deadline`).
+
+    Raises:
+        httpx.TransportError: The connection failed.
     """
-    base = {"Content-Type": "application/json", "Idempotency-Key": batch.key}
-    sent = {**headers, **base}
-    body = batch.body()
+    base = {k: v for k, v in headers.items() if k in ("Content-Type", "Idempotency-Key")}
+    sent = headers
     target = url
     for _ in range(MAX_REDIRECTS):
-        response = await client.post(target, content=body, headers=sent)
-        location = response.headers.get("location")
-        if response.status_code not in (307, 308) or not location:
-            return response
+        reply = await _bounded(client, method, target, sent, body)
+        location = reply.headers.get("location")
+        if reply.status not in (307, 308) or not location:
+            return reply
         target = target.join(location)
         if target.host != url.host or (url.scheme == "https" and target.scheme != "https"):
             sent = base
-    return await client.post(target, content=body, headers=sent)
+    return await _bounded(client, method, target, sent, body)
+
+
+@contextmanager
+def attempt_deadline(seconds: float) -> Iterator[None]:
+    """Bound an attempt as a whole; raise :class:`RequestTimeout` when it runs out."""
+    try:
+        with anyio.fail_after(seconds):
+            yield
+    except TimeoutError:
+        raise RequestTimeout(
+            f"no complete answer within timeout={seconds:g}s (the whole request)"
+        ) from None
 
 
 @dataclass
@@ -150,8 +252,11 @@ class Unreported:
     rejected_points: int = 0
     statuses: set[int] = field(default_factory=set)
     spool_failures: int = 0
+    finish_error: str | None = None  # the request that ends the run failed
 
-    def messages(self, url: str, spool: Path | None, last_error: str | None) -> list[str]:
+    def messages(
+        self, label: str, url: str, spool: Path | None, last_error: str | None
+    ) -> list[str]:
         """The warnings to emit (one per kind of problem); resets the counts."""
         out = []
         if self.rejected_batches:
@@ -162,40 +267,48 @@ class Unreported:
                 else "they were dropped (pass spool_dir=... to keep refused batches)"
             )
             out.append(
-                f"HTTPMetricsUploader: {url} refused {self.rejected_batches} batch(es) "
+                f"{label}: {url} refused {self.rejected_batches} batch(es) "
                 f"({self.rejected_points} points) with HTTP {codes}; they were not retried "
                 f"and {kept}. Last response: {last_error}. Check the URL, the headers "
                 "(credentials) and the wire format the server expects"
             )
         if self.spool_failures:
             out.append(
-                f"HTTPMetricsUploader: {self.spool_failures} spool operation(s) failed in "
+                f"{label}: {self.spool_failures} spool operation(s) failed in "
                 f"spool_dir={str(spool)!r} (last error: {last_error}); the batches concerned "
                 "were kept in memory only, and files of earlier runs may not have been "
                 "resent. Free space or fix the directory's permissions"
             )
+        if self.finish_error is not None:
+            out.append(
+                f"{label}: ending the run at {url} failed ({self.finish_error}); the run "
+                "keeps its last status on the server"
+            )
+            self.finish_error = None
         self.rejected_batches = self.rejected_points = self.spool_failures = 0
         self.statuses.clear()
         return out
 
 
 def undelivered_message(
-    url: str, batches: int, points: int, close_timeout: float, spool: Path | None,
+    label: str, url: str, batches: int, points: int, reason: str, spool: Path | None,
     last_error: str | None,
 ) -> str:
-    """The warning for batches still undelivered when ``close_timeout`` ran out."""
+    """The warning for batches still undelivered when ``close`` stopped waiting.
+
+    ``reason`` says why it stopped, e.g. ``"within close_timeout=30s"``.
+    """
     if spool is not None:
         fate = (
-            f"they stay in spool_dir={str(spool)!r} and the next HTTPMetricsUploader "
-            "started with that spool_dir resends them with their Idempotency-Keys"
+            f"they stay in spool_dir={str(spool)!r} and the next {label} started with "
+            "that spool_dir resends them unchanged (same run, same keys)"
         )
     else:
         fate = (
             "they are lost when this process exits (unless this trainer fits again); "
-            "pass spool_dir=... to keep undelivered points on disk"
+            "pass spool_dir=... to keep undelivered points on disk, or raise close_timeout"
         )
     return (
-        f"HTTPMetricsUploader: {points} points in {batches} batch(es) were not delivered "
-        f"to {url} within close_timeout={close_timeout:g}s (last error: {last_error}); "
-        f"{fate}, or raise close_timeout"
+        f"{label}: {points} points in {batches} batch(es) were not delivered to {url} "
+        f"{reason} (last error: {last_error}); {fate}"
     )

@@ -13,6 +13,12 @@ The file is opened (append mode, parent folders created) at ``fit_start``, writt
 through a buffer on the destination's own thread, flushed when ``flush_interval`` seconds
 have passed since the last flush and a point is written, and flushed and ``fsync``-ed at
 ``close``, which runs also when training fails: a failure loses no logged point.
+
+A torn last line (a write cut short by a full disk or a crash, so the file does not end
+with a newline) is repaired when the file is opened: the fragment after the last newline
+is appended, with a newline, to ``<file>.torn`` beside it, the file is cut back to its
+last complete line, and a :class:`~trainbus.TrainbusWarning` names both files. The next
+record therefore starts a line of its own, and every line of the file parses.
 """
 
 from __future__ import annotations
@@ -22,11 +28,13 @@ import math
 import numbers
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
+from trainbus._exceptions import TrainbusWarning
 from trainbus._logger import LoggerDestination, LogRecord
 
 if TYPE_CHECKING:
@@ -36,6 +44,42 @@ if TYPE_CHECKING:
 __all__ = ["JSONLinesLogger", "to_json_value"]
 
 _NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+_CHUNK = 1 << 16
+
+
+def _cut_torn_tail(path: Path) -> Path | None:
+    """Move a last line without its newline to ``<path>.torn``; return that file, or None."""
+    try:
+        f = open(path, "r+b")  # noqa: SIM115
+    except FileNotFoundError:
+        return None
+    with f:
+        end = f.seek(0, os.SEEK_END)
+        if end == 0:
+            return None
+        f.seek(end - 1)
+        if f.read(1) == b"\n":
+            return None
+        cut, pos = 0, end
+        while pos > 0:  # the last newline, searched backwards a chunk at a time
+            start = max(0, pos - _CHUNK)
+            f.seek(start)
+            found = f.read(pos - start).rfind(b"\n")
+            if found >= 0:
+                cut = start + found + 1
+                break
+            pos = start
+        f.seek(cut)
+        fragment = f.read()
+        torn = path.with_name(path.name + ".torn")
+        with open(torn, "ab") as aside:  # kept first, durably: only then is it cut
+            aside.write(fragment + b"\n")
+            aside.flush()
+            os.fsync(aside.fileno())
+        f.truncate(cut)
+        f.flush()
+        os.fsync(f.fileno())
+    return torn
 
 
 def to_json_value(value: Any) -> Any:
@@ -80,7 +124,8 @@ class JSONLinesLogger(LoggerDestination):
     ``fsync``-ed, when it does.
 
     Args:
-        path: The file; parent folders are created. Each ``fit()`` appends to it.
+        path: The file; parent folders are created. Each ``fit()`` appends to it,
+            after moving a torn last line (no newline) aside to ``<path>.torn``.
         flush_interval: Seconds between flushes of the write buffer while training
             (checked whenever a point is written); ``0`` flushes after every record.
 
@@ -113,6 +158,15 @@ class JSONLinesLogger(LoggerDestination):
     def _open(self) -> IO[str]:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            torn = _cut_torn_tail(self.path)
+            if torn is not None:
+                warnings.warn(
+                    f"JSONLinesLogger: {str(self.path)!r} ended with a torn line (no "
+                    f"newline; a full disk or a crash cut a write short); it was moved to "
+                    f"{str(torn)!r} and the file now ends at its last complete line",
+                    TrainbusWarning,
+                    stacklevel=2,
+                )
             self._file = open(self.path, "a", encoding="utf-8", newline="\n")  # noqa: SIM115
             self._last_flush = time.monotonic()
         return self._file

@@ -1,0 +1,337 @@
+"""``MLflowLogger``: metrics and hyperparameters to an MLflow tracking server, over REST.
+
+It speaks MLflow's REST API (``/api/2.0/mlflow/...``) with httpx on the event loop; the
+``mlflow`` package is not needed at run time. At the start of each ``fit()`` it finds or
+creates the experiment (``experiments/get-by-name``, ``experiments/create``) and creates
+the run (``runs/create``; a continued ``fit()`` reuses it). Points go through
+``runs/log-batch`` in batches within MLflow's limits, delivered by the machinery shared
+with :class:`~trainbus.loggers.HTTPMetricsUploader` (``_batching.py``: batching by size and
+interval, retries with backoff, the spool, the close deadline). ``close`` marks the run
+``FINISHED``, or ``FAILED`` when ``fit()`` did not complete (``runs/update``).
+
+Retries are safe: MLflow's SQL store keeps one copy of a metric logged twice with the same
+key, step, timestamp and value, and accepts a parameter logged again with the same value.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import numbers
+import os
+import re
+import time
+import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from trainbus._exceptions import TrackingServerError
+from trainbus.loggers._batching import BatchingDestination
+from trainbus.loggers._delivery import (
+    MetricsUploadWarning,
+    Reply,
+    RetryableReply,
+    require_httpx,
+    retryable,
+    send,
+)
+
+if TYPE_CHECKING:
+    import httpx
+
+    from trainbus._logger import Logger, LogRecord
+    from trainbus._state import State
+    from trainbus.loggers._spool import Batch
+
+__all__ = ["MLflowLogger", "TrackingServerError"]
+
+MAX_METRICS = 1000  # per runs/log-batch request, as MLflow enforces (400 beyond)
+MAX_PARAMS = 100
+MAX_BYTES = 1_000_000
+MAX_PARAM_VALUE = 6000  # characters; longer values are cut (MLflow refuses them)
+MAX_KEY = 250
+_BAD_KEY_CHARS = re.compile(r"[^\w./\- :]")  # MLflow refuses a request with other characters
+_NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+def _metric_value(value: Any) -> float | str | None:
+    """A number as MLflow's JSON takes it (NaN and infinities as strings), else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    number = float(value)
+    if math.isfinite(number):
+        return number
+    return "NaN" if math.isnan(number) else _NON_FINITE[number]
+
+
+class MLflowLogger(BatchingDestination):
+    """Logs metrics and hyperparameters to an MLflow tracking server, off the training path.
+
+    Requires the ``http`` extra (``pip install 'trainbus[http]'``); not the ``mlflow``
+    package. The tracking URI and token default to ``MLFLOW_TRACKING_URI`` and
+    ``MLFLOW_TRACKING_TOKEN`` (sent as ``Authorization: Bearer``), or
+    ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD`` (basic auth), as MLflow's
+    own client reads them. The section "MLflowLogger" of ``docs/loggers.md`` has the rest.
+
+    Args:
+        tracking_uri: The server, e.g. ``"http://127.0.0.1:5000"``; default
+            ``MLFLOW_TRACKING_URI``. Only ``http(s)`` servers (not ``file:`` stores).
+        experiment_name: Found or created; default ``MLFLOW_EXPERIMENT_NAME`` or
+            ``"Default"``.
+        run_name: The run's name; default ``state.run_name``.
+        tags: Tags of the run (names to strings).
+        token: A bearer token; default ``MLFLOW_TRACKING_TOKEN``.
+        batch_size: Metrics per request at most (MLflow's limit: 1000).
+        flush_interval: Seconds; buffered points are sent at least this often.
+        spool_dir: A directory where each batch is written before its first attempt
+            (resent by the next logger started on it, to the same run).
+        timeout: Seconds one request may take as a whole.
+        close_timeout: Seconds ``close`` waits for delivery.
+        backoff: Seconds before the first retry; doubles per retry.
+        max_backoff: Seconds; the cap of the doubling.
+
+    Attributes:
+        run_id: The MLflow run's id once created, else ``None``.
+        experiment_id: The experiment's id once known, else ``None``.
+
+    Raises:
+        ImportError: httpx is not installed.
+        ValueError: No tracking URI, or an argument is out of range; the message names it.
+
+    Example:
+        >>> mlflow_logger = MLflowLogger("http://127.0.0.1:5000", experiment_name="demo")
+        >>> await Trainer(model, loader, "2ep", loggers=[mlflow_logger]).fit()
+        >>> mlflow_logger.run_id
+        '3f2a...'
+    """
+
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        *,
+        experiment_name: str | None = None,
+        run_name: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        token: str | None = None,
+        batch_size: int = MAX_METRICS,
+        flush_interval: float = 1.0,
+        spool_dir: str | os.PathLike[str] | None = None,
+        timeout: float = 10.0,
+        close_timeout: float = 30.0,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+    ) -> None:
+        httpx = require_httpx("MLflowLogger")
+        uri = tracking_uri if tracking_uri is not None else os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            raise ValueError(
+                "MLflowLogger needs a tracking server: pass tracking_uri='http://host:5000' "
+                "or set MLFLOW_TRACKING_URI"
+            )
+        try:
+            parsed = httpx.URL(uri)
+        except (httpx.InvalidURL, TypeError):
+            parsed = None
+        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(
+                f"tracking_uri={uri!r} is not an http(s) URL; MLflowLogger speaks to a "
+                "tracking server (start one with: mlflow server --port 5000) and takes e.g. "
+                "'http://127.0.0.1:5000'"
+            )
+        if isinstance(batch_size, int) and not isinstance(batch_size, bool) and (
+            batch_size > MAX_METRICS
+        ):
+            raise ValueError(
+                f"batch_size={batch_size!r} is above MLflow's limit of {MAX_METRICS} "
+                f"metrics per request; use at most {MAX_METRICS}"
+            )
+        for name, value in (("experiment_name", experiment_name), ("run_name", run_name)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise TypeError(f"{name}={value!r} must be a non-empty str or None")
+        if tags is not None and not isinstance(tags, Mapping):
+            raise TypeError(f"tags must be a mapping of names to strings, got {tags!r}")
+        super().__init__(
+            str(parsed),
+            batch_size=batch_size,
+            flush_interval=flush_interval,
+            spool_dir=spool_dir,
+            timeout=timeout,
+            close_timeout=close_timeout,
+            backoff=backoff,
+            max_backoff=max_backoff,
+        )
+        self.tracking_uri = str(parsed).rstrip("/")
+        self.experiment_name = (
+            experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "Default"
+        )
+        self.run_name = run_name
+        self.tags = {str(k): str(v) for k, v in (tags or {}).items()}
+        self.run_id: str | None = None
+        self.experiment_id: str | None = None
+        self._api = httpx.URL(self.tracking_uri + "/api/2.0/mlflow/")
+        self._headers = {"Content-Type": "application/json"}
+        token = token if token is not None else os.environ.get("MLFLOW_TRACKING_TOKEN")
+        user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        elif user:
+            password = os.environ.get("MLFLOW_TRACKING_PASSWORD", "")
+            pair = base64.b64encode(f"{user}:{password}".encode()).decode()
+            self._headers["Authorization"] = f"Basic {pair}"
+        self._ssl_context = httpx.create_ssl_context()
+        self._keys_seen: dict[str, str] = {}
+        self._renamed: dict[str, str] = {}
+
+    def _client_options(self) -> dict[str, Any]:
+        return {**super()._client_options(), "verify": self._ssl_context}
+
+    # -- items and batches -----------------------------------------------------------------
+
+    def _key(self, name: str) -> str:
+        """``name`` as MLflow accepts it: other characters become ``_``, 250 at most."""
+        key = self._keys_seen.get(name)
+        if key is None:
+            key = self._keys_seen[name] = _BAD_KEY_CHARS.sub("_", name)[:MAX_KEY]
+            if key != name:
+                self._renamed[name] = key
+        return key
+
+    def _items(self, record: LogRecord) -> list[dict[str, Any]]:
+        """Metrics as ``{"key", "value", "timestamp", "step"}``; hyperparameters as params."""
+        if record.hyperparameters:
+            self._seal(partial=True)  # params travel in batches of their own
+            return [
+                {"key": self._key(k), "value": str(v)[:MAX_PARAM_VALUE], "param": True}
+                for k, v in record.metrics.items()
+            ]
+        step, stamp, items = int(record.step), int(record.wall_time * 1000), []
+        for name, value in record.metrics.items():
+            number = _metric_value(value)
+            if number is None:
+                self._skipped += 1
+                continue
+            items.append({"key": self._key(name), "value": number, "timestamp": stamp,
+                          "step": step})
+        return items
+
+    async def close(self, state: State, logger: Logger) -> None:
+        """Deliver, end the run (``FINISHED`` or ``FAILED``), report (see the base class).
+
+        Also warns once about names MLflow would refuse, which were renamed.
+        """
+        if self._renamed:
+            renamed, self._renamed = self._renamed, {}
+            warnings.warn(
+                f"MLflowLogger: MLflow accepts only letters, digits, '_', '-', '.', ' ', ':' "
+                f"and '/' in names (at most {MAX_KEY} characters); logged as: {renamed}. "
+                "Rename them where they are logged to choose the names yourself",
+                MetricsUploadWarning,
+                stacklevel=2,
+            )
+        await super().close(state, logger)
+
+    def _cut(self, buffer: list[dict[str, Any]]) -> int:
+        """Items of one kind, within MLflow's count and size limits per request."""
+        params = "param" in buffer[0]
+        limit = MAX_PARAMS if params else min(self.batch_size, MAX_METRICS)
+        size = 0
+        for n, item in enumerate(buffer[:limit]):
+            size += len(item["key"]) + len(str(item["value"])) + 64
+            if ("param" in item) is not params or (size > MAX_BYTES and n > 0):
+                return n
+        return min(len(buffer), limit)
+
+    # -- requests --------------------------------------------------------------------------
+
+    async def _call(
+        self, client: httpx.AsyncClient, method: str, path: str, body: Any = None
+    ) -> Reply:
+        content = None if body is None else json.dumps(body, allow_nan=False).encode()
+        url = self._api.join(path)
+        if method == "GET" and body is not None:
+            url = url.copy_merge_params(body)
+            content = None
+        return await send(client, method, url, self._headers, content)
+
+    async def _json(
+        self, client: httpx.AsyncClient, method: str, path: str, body: Any = None,
+        *, missing: str | None = None,
+    ) -> dict[str, Any] | None:
+        """The answer's JSON; ``None`` when its ``error_code`` is ``missing``.
+
+        Raises:
+            RetryableReply: 408, 429 or 5xx (retried by the caller).
+            TrackingServerError: Any other refusal.
+        """
+        reply = await self._call(client, method, path, body)
+        if reply.ok and not reply.truncated:
+            parsed: dict[str, Any] = json.loads(reply.body or b"{}")
+            return parsed
+        if retryable(reply.status):
+            raise RetryableReply(reply)
+        if missing is not None and missing.encode() in reply.body:
+            return None
+        raise TrackingServerError(
+            f"MLflowLogger: {method} {path} at {self.tracking_uri} was refused: "
+            f"{reply.describe()}; check tracking_uri, the token "
+            "(MLFLOW_TRACKING_TOKEN) and the experiment name"
+        )
+
+    async def _open(self, client: httpx.AsyncClient, state: State) -> str:
+        """Find or create the experiment, then create the run (a continued fit reuses it)."""
+        if self.run_id is not None:  # a continued fit(): the run is running again
+            body = {"run_id": self.run_id, "status": "RUNNING"}
+            await self._json(client, "POST", "runs/update", body)
+            return self.run_id
+        if self.experiment_id is None:
+            name = {"experiment_name": self.experiment_name}
+            found = await self._json(client, "GET", "experiments/get-by-name", name,
+                                     missing="RESOURCE_DOES_NOT_EXIST")
+            if found is None:
+                created = await self._json(client, "POST", "experiments/create",
+                                           {"name": self.experiment_name},
+                                           missing="RESOURCE_ALREADY_EXISTS")
+                if created is None:  # created meanwhile by someone else: look it up again
+                    found = await self._json(client, "GET", "experiments/get-by-name", name)
+                    assert found is not None
+                    created = found["experiment"]
+                self.experiment_id = str(created["experiment_id"])
+            else:
+                self.experiment_id = str(found["experiment"]["experiment_id"])
+        run_name = self.run_name if self.run_name is not None else state.run_name
+        tags = {"mlflow.runName": run_name, "mlflow.source.name": "trainbus", **self.tags}
+        run = await self._json(client, "POST", "runs/create", {
+            "experiment_id": self.experiment_id,
+            "run_name": run_name,
+            "start_time": int(time.time() * 1000),
+            "tags": [{"key": k, "value": v} for k, v in tags.items()],
+        })
+        assert run is not None
+        self.run_id = str(run["run"]["info"]["run_id"])
+        return self.run_id
+
+    async def _attempt(self, client: httpx.AsyncClient, batch: Batch) -> Reply:
+        metrics, params = [], []
+        for item in batch.points:
+            if "param" in item:
+                params.append({"key": item["key"], "value": item["value"]})
+            else:
+                metrics.append(item)
+        body = {"run_id": batch.run, "metrics": metrics, "params": params}
+        return await self._call(client, "POST", "runs/log-batch", body)
+
+    async def _finish(self, client: httpx.AsyncClient, completed: bool) -> None:
+        """Mark the run ``FINISHED`` (or ``FAILED`` when ``fit()`` did not complete)."""
+        if self.run_id is None:
+            return
+        body = {
+            "run_id": self.run_id,
+            "status": "FINISHED" if completed else "FAILED",
+            "end_time": int(time.time() * 1000),
+        }
+        reply = await self._retry.until_answered(
+            lambda: self._call(client, "POST", "runs/update", body), once=self._gave_up
+        )
+        if reply is not None:
+            raise TrackingServerError(f"runs/update was refused: {reply.describe()}")
