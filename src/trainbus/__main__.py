@@ -96,6 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as exc:
         print(f"trainbus demo: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the callbacks were closed; the shell's status for Ctrl-C
+        print("trainbus demo: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -271,6 +271,21 @@ class Engine:
         """Stop the training thread at its next event (any thread)."""
         self._bus.stop()
 
+    # -- Ctrl-C (``_interrupt.py``; safe from a signal handler) -----------------------------
+
+    def _describe_waiting(self) -> str:
+        session = self._bus._session
+        return session.describe_waiting() if session is not None else ""
+
+    def _interrupt(self, cancel: Callable[[], None]) -> None:
+        self._bus.stop()
+        cancel()
+
+    def _abandon(self) -> None:
+        session = self._bus._session
+        if session is not None:
+            session.loop.call_soon(session.abandon)
+
 
 class _Standing:
     """A session held open on a loop thread of its own, for calls from plain code."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import random
 import secrets
@@ -17,12 +16,14 @@ from trainbus._bus import (
     DEFAULT_CLOSE_TIMEOUT,
     DEFAULT_INLINE_MAX,
     BusOptions,
+    LoopHandle,
     no_running_loop,
 )
 from trainbus._callback import Callback, resolve_callback
 from trainbus._engine import Engine
 from trainbus._events import Event
 from trainbus._exceptions import EngineThreadError, FitInProgressError
+from trainbus._interrupt import sigint_handled
 from trainbus._logger import Logger, LoggerDestination
 from trainbus._loop import LoopConfig, TrainingLoop
 from trainbus._resume import attach_handler_drain, read_checkpoint, restore_checkpoint
@@ -340,13 +341,32 @@ class Trainer:
     ) -> None:
         """Run :meth:`fit` from plain synchronous code (starts an event loop).
 
+        Ctrl-C (on the main thread) stops training at the next event and closes every
+        callback, then raises ``KeyboardInterrupt``; a second Ctrl-C abandons handlers that
+        are stuck and closes the rest under a short deadline.
+
         Raises:
             EngineThreadError: Called on a thread that runs an event loop; use
                 ``await trainer.fit()`` there.
+            KeyboardInterrupt: Ctrl-C was pressed (after every callback closed).
         """
         if not no_running_loop():
             raise EngineThreadError(
                 "fit_sync() starts its own event loop, but this thread already runs one; "
                 "use `await trainer.fit()` instead"
             )
-        anyio.run(functools.partial(self.fit, duration=duration), backend=backend)
+        running: list[tuple[LoopHandle, anyio.CancelScope]] = []
+
+        async def fit() -> None:
+            with anyio.CancelScope() as scope:
+                running.append((LoopHandle(), scope))
+                await self.fit(duration=duration)
+
+        def cancel() -> None:  # from the SIGINT handler: cancel on the loop
+            for loop, scope in running:
+                loop.call_soon(scope.cancel)
+
+        with sigint_handled(self.engine, cancel) as presses:
+            anyio.run(fit, backend=backend)
+        if presses is not None and presses.count:
+            raise KeyboardInterrupt

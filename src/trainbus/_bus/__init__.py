@@ -6,7 +6,7 @@ and ``docs/concurrency.md`` for the model it implements.
 
 from __future__ import annotations
 
-from trainbus._bus._bridge import LoopThread, no_running_loop
+from trainbus._bus._bridge import LoopHandle, LoopThread, no_running_loop
 from trainbus._bus._bus import EventBus
 from trainbus._bus._options import DEFAULT_CLOSE_TIMEOUT, DEFAULT_INLINE_MAX, BusOptions
 from trainbus._bus._statistics import BusStatistics, CallbackStatistics
@@ -21,6 +21,7 @@ __all__ = [
     "BusStatistics",
     "CallbackStatistics",
     "EventBus",
+    "LoopHandle",
     "LoopThread",
     "Stopped",
     "TraceRecorder",

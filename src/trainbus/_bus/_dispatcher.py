@@ -252,9 +252,10 @@ class Dispatcher:
         task.lane = lane
         while True:
             task.item, task.t0 = item, t0
-            # Only event handlers are cancelled (D11); a log record or a close in flight
-            # is delivered in full.
-            lane.scope = task.scope if isinstance(item, EventItem) else None
+            # Event handlers and calls (close) can be cancelled (D11, close_timeout); a log
+            # record in flight is delivered in full.
+            lane.scope = None if isinstance(item, LogItem) else task.scope
+            lane.current = _label(lane, item)
             error: BaseException | None = None
             try:
                 await awaitable
@@ -268,6 +269,7 @@ class Dispatcher:
                 next_item = lane.take()
                 if next_item is None:
                     task.lane = lane.scope = None
+                    lane.current = None
                     return
                 item = next_item
                 t0 = _perf()
@@ -293,6 +295,14 @@ class _Task:
         self.lane: Lane | None = None
         self.item: WorkItem | None = None
         self.t0 = 0.0
+
+
+def _label(lane: Lane, item: WorkItem) -> str | None:
+    if isinstance(item, EventItem):
+        return lane.slots[item.event].handler.qualname
+    if isinstance(item, CallItem):
+        return item.label or None
+    return None
 
 
 class _Skipped(Exception):

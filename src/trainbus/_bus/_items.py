@@ -55,17 +55,20 @@ class CallItem:
     ``fn()`` is called (and awaited if ``is_async``); then ``on_done(error)`` on the loop.
     """
 
-    __slots__ = ("fn", "is_async", "on_done")
+    __slots__ = ("fn", "is_async", "label", "on_done")
 
     def __init__(
         self,
         fn: Callable[[], Any],
         is_async: bool,
         on_done: Callable[[BaseException | None], None],
+        label: str = "",
     ) -> None:
         self.fn: Final = fn
         self.is_async: Final = is_async
         self.on_done: Final = on_done
+        #: What the call is, for messages (``"Upload.close"``).
+        self.label: Final = label
 
 
 class StopItem:

@@ -45,6 +45,7 @@ class Lane:
 
     __slots__ = (
         "abandoned",
+        "current",
         "deferred",
         "done",
         "due",
@@ -114,6 +115,8 @@ class Lane:
         self.tokens: SimpleQueue[None] = SimpleQueue()
         #: Set when the lane missed its close deadline: nobody waits for it any more.
         self.abandoned = False
+        #: The handler its driver runs now (``"Class.method"``), for messages; else ``None``.
+        self.current: str | None = None
         #: Set when one of its handlers raised: it runs nothing more but its close (D10).
         self.failed = False
 

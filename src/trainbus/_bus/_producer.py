@@ -53,7 +53,7 @@ class Producer:
         counters: Counters,
         inline: InlinePath,
         dispatcher: Dispatcher,
-        warn: Callable[[str], None],
+        warn: Callable[[str, object], None],
     ) -> None:
         self.state = state
         self.logger = logger

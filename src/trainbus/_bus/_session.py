@@ -16,6 +16,7 @@ closes.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import warnings
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -43,7 +44,10 @@ if TYPE_CHECKING:
     from trainbus._logger import Logger
     from trainbus._state import State
 
-__all__ = ["Session"]
+__all__ = ["ABANDON_TIMEOUT", "Session"]
+
+#: Seconds each callback still gets to close after a second Ctrl-C (``abandon``).
+ABANDON_TIMEOUT = 2.0
 
 
 class Session:
@@ -79,6 +83,9 @@ class Session:
             dispatcher=self.dispatcher,
             warn=self._warn_slow,
         )
+        # Scopes of the waits that close_timeout bounds; a second Ctrl-C ends them at once.
+        self._bounded_scopes: set[anyio.CancelScope] = set()
+        self.abandoning = False
         self._drivers: dict[int, ThreadDriver] = {}
         for lane in self.lanes:
             lane.notify = self.gate.reached
@@ -203,12 +210,14 @@ class Session:
         except BaseException:
             self.stop()
             self.cancel_in_flight()
-            with anyio.move_on_after(self.options.close_timeout, shield=True):
+            with anyio.move_on_after(self._timeout(), shield=True) as scope:
+                self._bounded_scopes.add(scope)
                 await finished.wait()
+            self._bounded_scopes.discard(scope)
             if finished.is_set():
                 thread.join()
             else:
-                _warn_stuck("the training thread", "its current step", self.options)
+                self._warn_stuck("the training thread", "its current step")
             raise
         thread.join()
         if box:
@@ -226,7 +235,9 @@ class Session:
 
     # -- calls in lane order (loop thread) -------------------------------------------------
 
-    async def _in_lane(self, lane: Lane, fn: Callable[[], Any], is_async: bool) -> None:
+    async def _in_lane(
+        self, lane: Lane, fn: Callable[[], Any], is_async: bool, label: str = ""
+    ) -> None:
         """Run ``fn`` as the next item of ``lane`` and wait for it; re-raise its error."""
         finished = anyio.Event()
         box: list[BaseException] = []
@@ -236,7 +247,7 @@ class Session:
                 box.append(error)
             finished.set()
 
-        lane.pending.append(CallItem(fn, is_async, on_done))
+        lane.pending.append(CallItem(fn, is_async, on_done, label))
         lane.wake()
         await finished.wait()
         if box:
@@ -244,20 +255,46 @@ class Session:
 
     async def _bounded(self, lane: Lane, fn: Callable[[], Any], is_async: bool, what: str) -> None:
         """:meth:`_in_lane` within ``close_timeout``; abandon the lane if it misses it."""
-        with anyio.move_on_after(self.options.close_timeout) as scope:
-            await self._in_lane(lane, fn, is_async)
+        with anyio.move_on_after(self._timeout()) as scope:
+            self._bounded_scopes.add(scope)
+            await self._in_lane(lane, fn, is_async, what)
+        self._bounded_scopes.discard(scope)
         if scope.cancelled_caught:
             lane.abandoned = True
+            doing = what or lane.current or "what it had queued"
             if lane.scope is not None:
                 lane.scope.cancel()
-            _warn_stuck(f"callback {lane.name}", what, self.options)
+            self._warn_stuck(f"callback {lane.name}", doing, lane.member.table.callback)
+
+    def _timeout(self) -> float:
+        return ABANDON_TIMEOUT if self.abandoning else self.options.close_timeout
+
+    def abandon(self) -> None:
+        """Give up on what is stuck now; close the rest under a short deadline (loop)."""
+        self.abandoning = True
+        self.stop()
+        now = anyio.current_time()
+        for scope in self._bounded_scopes:
+            scope.deadline = min(scope.deadline, now)
+        self.cancel_in_flight()
+
+    def describe_waiting(self) -> str:
+        """What runs or waits now, e.g. ``"Upload.batch_end, Metrics"`` (any thread)."""
+        busy = []
+        for lane in self.lanes:
+            current = lane.current
+            if current is not None:
+                busy.append(current)
+            elif lane.done < lane.enq:
+                busy.append(lane.name)
+        return ", ".join(busy)
 
     async def drain(self) -> None:
         """Wait until every lane has run everything queued so far (or was abandoned)."""
         async with anyio.create_task_group() as tg:
             for lane in self.lanes:
                 if not lane.abandoned:
-                    tg.start_soon(self._bounded, lane, _noop, False, "what it had queued")
+                    tg.start_soon(self._bounded, lane, _noop, False, "")
 
     async def close_callbacks(self) -> list[BaseException]:
         """Run every ``close`` (destinations last), then every ``post_close``.
@@ -296,15 +333,35 @@ class Session:
 
     # -- warnings on the loop --------------------------------------------------------------
 
-    def _warn_slow(self, message: str) -> None:
-        """Emit a SlowCallbackWarning on the loop thread, where the caller's filters apply."""
-        self.loop.call_soon(self._emit_slow, message)
+    def _warn_stuck(self, who: str, what: str, where: object = None) -> None:
+        when = (
+            "by the second Ctrl-C"
+            if self.abandoning
+            else f"within close_timeout={self.options.close_timeout:g} s"
+        )
+        self._emit(
+            f"{who} did not finish {what} {when} and was abandoned; a thread stuck in a "
+            "plain handler is left running as a daemon. The other callbacks were closed.",
+            CallbackTimeoutWarning,
+            where,
+        )
 
-    def _emit_slow(self, message: str) -> None:
+    def _emit(self, message: str, category: type[Warning], where: object = None) -> None:
+        """Warn on the loop thread, pointing at ``where``'s code (the user's callback or
+        handler) rather than at trainbus; a warning turned into an error fails the run."""
         try:
-            warnings.warn(message, SlowCallbackWarning, stacklevel=1)
-        except Warning as exc:  # warnings turned into errors: fail like a handler would
+            filename, lineno = _code_location(where)
+            if filename is None:
+                warnings.warn(message, category, stacklevel=2)
+            else:
+                module = getattr(where, "__module__", None) or type(where).__module__
+                warnings.warn_explicit(message, category, filename, lineno, module, {})
+        except Warning as exc:
             self.gate.fail(exc, None, None)
+
+    def _warn_slow(self, message: str, where: object) -> None:
+        """Emit a SlowCallbackWarning on the loop thread, where the caller's filters apply."""
+        self.loop.call_soon(self._emit, message, SlowCallbackWarning, where)
 
 
 async def _run_internal(
@@ -318,6 +375,21 @@ async def _run_internal(
             await anyio.sleep_forever()
 
 
+def _code_location(obj: object) -> tuple[str | None, int]:
+    """Where ``obj`` (a function, a method, a class or an instance's class) is defined."""
+    if obj is None:
+        return None, 0
+    fn = getattr(obj, "__func__", obj)
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        return code.co_filename, code.co_firstlineno
+    cls = obj if isinstance(obj, type) else type(obj)
+    try:
+        return inspect.getsourcefile(cls), inspect.getsourcelines(cls)[1]
+    except (OSError, TypeError):
+        return None, 0
+
+
 def _put_token(lane: Lane) -> None:
     lane.tokens.put(None)
 
@@ -326,11 +398,3 @@ def _noop() -> None:
     return None
 
 
-def _warn_stuck(who: str, what: str, options: BusOptions) -> None:
-    warnings.warn(
-        f"{who} did not finish {what} within close_timeout={options.close_timeout:g} s and "
-        "was abandoned (a thread stuck in a plain handler is left running as a daemon); "
-        "the other callbacks were closed",
-        CallbackTimeoutWarning,
-        stacklevel=2,
-    )

@@ -44,7 +44,10 @@ class SlowCallbacks:
         return self.checks <= CHECK_BATCHES
 
     def at_batch_end(
-        self, members: Sequence[Member], counters: Counters, warn: Callable[[str], None]
+        self,
+        members: Sequence[Member],
+        counters: Counters,
+        warn: Callable[[str, object], None],
     ) -> None:
         """Check the batch that just ended; ``warn`` once the checks are done."""
         now = time.perf_counter()
@@ -63,7 +66,9 @@ class SlowCallbacks:
         if self.checks > CHECK_BATCHES:
             for member in members:
                 if self.slow_batches.get(member.index, 0) >= CHECK_BATCHES - 1:
-                    warn(_message(member))
+                    slowest = max(member.slots.values(), key=lambda s: s.total_time, default=None)
+                    where = slowest.handler.fn if slowest is not None else member.table.callback
+                    warn(_message(member), where)
 
 
 def _message(member: Member) -> str:

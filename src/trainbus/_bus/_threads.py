@@ -58,6 +58,7 @@ class ThreadDriver:
             if isinstance(item, StopItem):
                 return
             self._run_item(item)
+            lane.current = None
 
     def _run_item(self, item: EventItem | LogItem | CallItem) -> None:
         lane = self.lane
@@ -66,6 +67,7 @@ class ThreadDriver:
             if self.gate.stopping:
                 skip_event(lane)
                 return
+            lane.current = slot.handler.qualname
             t0 = _perf()
             try:
                 if slot.is_async:
@@ -84,9 +86,10 @@ class ThreadDriver:
                 lane.count_log_done()
         else:
             error: BaseException | None = None
+            lane.current = item.label or None
             try:
                 if item.is_async:
-                    self.spawner.run(lane, item.fn)
+                    self.spawner.run(lane, item.fn, cancellable=True)
                 else:
                     item.fn()
             except BaseException as exc:
