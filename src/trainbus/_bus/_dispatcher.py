@@ -202,7 +202,7 @@ class Dispatcher:
         if isinstance(error, _Skipped):
             if isinstance(item, EventItem):
                 skip_event(lane)
-            elif isinstance(item, LogItem) and item.counted:
+            elif isinstance(item, LogItem):
                 lane.count_log_done()
             return
         elapsed = _perf() - t0
@@ -219,13 +219,14 @@ class Dispatcher:
             if error is not None:
                 self.gate.fail(error, log_slot.handler, None, lane)
             log_slot.account(elapsed)
-            if item.counted:
-                lane.count_log_done()
+            lane.count_log_done()
 
     def _drain_eagerly(
         self, lane: Lane
     ) -> tuple[WorkItem, Coroutine[Any, Any, Any], Any, float] | None:
-        """Run ``lane``'s items in this task until it is empty or a handler suspends."""
+        """Run ``lane``'s items in this task until it is empty or a handler suspends.
+
+        """
         while True:
             item = lane.take()
             if item is None:

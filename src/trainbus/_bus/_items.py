@@ -36,17 +36,12 @@ class EventItem:
 
 
 class LogItem:
-    """One logged record for every destination.
+    """One logged record for every destination (counted in each one's ``log_enq``)."""
 
-    ``counted`` is true when the training thread logged it: then it counts in each
-    destination's ``log_enq`` and is bounded by ``queue_size`` (D12) there.
-    """
+    __slots__ = ("record",)
 
-    __slots__ = ("counted", "record")
-
-    def __init__(self, record: LogRecord, counted: bool) -> None:
+    def __init__(self, record: LogRecord) -> None:
         self.record: Final = record
-        self.counted: Final = counted
 
 
 class CallItem:

@@ -15,7 +15,7 @@ first and then looks at the queue once more (:meth:`Lane.take`): an item appende
 the producer read ``ACTIVE`` is seen by that second look.
 
 Counting: ``enq`` (written by the producer) and ``done`` (written by whoever runs the lane)
-count event items; ``log_enq``/``log_done`` count records the producer logged (D12). The
+count event items; ``log_enq``/``log_done`` count records, from any thread (D12). The
 producer waits for these counts through the gate (``_gate.py``).
 """
 
@@ -63,6 +63,8 @@ class Lane:
         "notify",
         "on_thread",
         "pending",
+        "room",
+        "room_waiters",
         "scope",
         "slots",
         "state",
@@ -95,8 +97,14 @@ class Lane:
         self.want_claim = False
         self.enq = 0
         self.done = 0
+        # Invariant: ``log_enq`` changes under ``lock`` (records come from any thread);
+        # ``log_done`` only on the thread running the lane.
         self.log_enq = 0
         self.log_done = 0
+        #: Threads other than the producer wait here for room among its records (D12).
+        self.room = threading.Condition(threading.Lock())
+        self.room_waiters = 0
+
         self.wait_done: int | None = None
         self.wait_log: int | None = None
         #: Holds items queued without a wake-up (run at the next barrier; ``_inline.py``).
@@ -231,11 +239,32 @@ class Lane:
             self.notify(self)
 
     def count_log_done(self) -> None:
-        """Count one delivered record that the producer counted in ``log_enq``."""
+        """Count one delivered (or skipped) record; tell whoever waits for room."""
         self.log_done += 1
         target = self.wait_log
         if target is not None and self.log_done >= target:
             self.notify(self)
+        if self.room_waiters:
+            with self.room:
+                self.room.notify_all()
+
+    def add_record(self, item: WorkItem) -> None:
+        """Queue a record (any thread) and wake the lane."""
+        with self.lock:
+            self.log_enq += 1
+        self.pending.append(item)
+        self.wake()
+
+    def wait_for_room(self, bound: int, stopping: Callable[[], bool]) -> None:
+        """Block this (non-producer, non-loop) thread until fewer than ``bound`` records
+        wait here, or the session stops."""
+        with self.room:
+            self.room_waiters += 1
+            try:
+                while self.log_enq - self.log_done >= bound and not stopping():
+                    self.room.wait(0.05)
+            finally:
+                self.room_waiters -= 1
 
 
 def _unstarted(lane: Lane) -> None:

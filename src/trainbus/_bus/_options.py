@@ -34,7 +34,9 @@ class BusOptions:
             (0 turns it off).
         warn_slow: Whether to emit :class:`~trainbus.SlowCallbackWarning`.
         close_timeout: Seconds each callback's ``close`` / ``post_close`` may take before
-            it is reported and abandoned (``math.inf``: wait for ever).
+            it is reported and abandoned (``math.inf``: wait for ever). A callback with a
+            ``close_timeout`` of its own (the uploaders retry that long) gets that plus 5 s
+            when it is longer.
     """
 
     barriers: frozenset[Event] = frozenset({Event.BATCH_END})

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from trainbus._bus._items import EventItem, LogItem
-from trainbus._bus._lane import IDLE
+from trainbus._bus._lane import CLAIMED, IDLE
 from trainbus._bus._running import call_plain, finish_event
 from trainbus._bus._slow import SlowCallbacks
 from trainbus._bus._stopped import Stopped
@@ -77,6 +77,8 @@ class Producer:
             self.subs[event] = subs
         #: The thread that may publish now (the training thread, or a plain-code caller).
         self.ident: int | None = None
+        #: The event loop's thread.
+        self.loop_ident = dispatcher.loop.thread_id
         # Lanes this burst moved to ACTIVE whose drivers are not woken yet (woken once per
         # burst, and before any wait).
         self._to_kick: list[Lane] = []
@@ -291,19 +293,38 @@ class Producer:
     def submit_log(self, record: LogRecord) -> None:
         """Queue ``record`` on every destination's lane (any thread).
 
-        Records the training thread logs are bounded by ``queue_size`` per destination
-        (D12): a destination that far behind makes the training thread wait. Barriers do
-        not wait for records.
+        Records are bounded by ``queue_size`` per destination (D12), whoever logs them: a
+        destination that far behind makes the logging thread wait (the training thread
+        through the gate, a lane thread on the lane's condition). The event loop never
+        blocks, so records logged from ``async def`` handlers are not bounded this way (their
+        own lanes' ``queue_size`` bounds how many such handlers run ahead). A thread never
+        waits for a lane it runs itself.
+        Barriers do not wait for records.
         """
-        counted = self.is_producer()
-        item = LogItem(record, counted)
+        item = LogItem(record)
+        bound = self.queue_size
+        ident = threading.get_ident()
         for lane in self.destinations:
-            if counted:
-                if lane.log_enq - lane.log_done >= self.queue_size:
-                    self._wait([(lane, lane.log_enq - self.queue_size + 1)], "records")
-                lane.log_enq += 1
-            lane.pending.append(item)
-            lane.wake()
+            if lane.log_enq - lane.log_done >= bound and not (lane.failed or lane.abandoned):
+                self._wait_for_room(lane, ident, bound)
+            lane.add_record(item)
+            depth = lane.log_enq - lane.log_done
+            member = lane.member
+            if depth > member.peak_records:
+                member.peak_records = depth
+
+    def _wait_for_room(self, lane: Lane, ident: int, bound: int) -> None:
+        if lane.state == CLAIMED:  # the training thread runs that lane's items now
+            return
+        if ident == self.ident:
+            self._wait([(lane, lane.log_enq - bound + 1)], "records")
+        elif ident == self.loop_ident:
+            pass  # the loop must not block: a limit of this bound, see the docstring
+        elif lane.thread is None or lane.thread.ident != ident:
+            lane.wait_for_room(bound, self._stopping)
+
+    def _stopping(self) -> bool:
+        return self.gate.stopping
 
 
 def _due(slot: Slot, when: Callable[[Any], bool], ts: Any) -> bool:

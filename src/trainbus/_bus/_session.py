@@ -48,6 +48,8 @@ __all__ = ["ABANDON_TIMEOUT", "Session"]
 
 #: Seconds each callback still gets to close after a second Ctrl-C (``abandon``).
 ABANDON_TIMEOUT = 2.0
+#: Seconds added to a callback's own ``close_timeout`` (its retries) before it is abandoned.
+OWN_TIMEOUT_MARGIN = 5.0
 
 
 class Session:
@@ -255,7 +257,7 @@ class Session:
 
     async def _bounded(self, lane: Lane, fn: Callable[[], Any], is_async: bool, what: str) -> None:
         """:meth:`_in_lane` within ``close_timeout``; abandon the lane if it misses it."""
-        with anyio.move_on_after(self._timeout()) as scope:
+        with anyio.move_on_after(self._timeout(lane)) as scope:
             self._bounded_scopes.add(scope)
             await self._in_lane(lane, fn, is_async, what)
         self._bounded_scopes.discard(scope)
@@ -264,10 +266,18 @@ class Session:
             doing = what or lane.current or "what it had queued"
             if lane.scope is not None:
                 lane.scope.cancel()
-            self._warn_stuck(f"callback {lane.name}", doing, lane.member.table.callback)
+            self._warn_stuck(f"callback {lane.name}", doing, lane.member.table.callback, lane)
 
-    def _timeout(self) -> float:
-        return ABANDON_TIMEOUT if self.abandoning else self.options.close_timeout
+    def _timeout(self, lane: Lane | None = None) -> float:
+        """The deadline for ``lane``'s close: ``close_timeout``, or longer when the callback
+        has its own ``close_timeout`` (an uploader retrying that long) plus a margin."""
+        if self.abandoning:
+            return ABANDON_TIMEOUT
+        timeout = self.options.close_timeout
+        own = getattr(lane.member.table.callback, "close_timeout", None) if lane else None
+        if isinstance(own, int | float) and not isinstance(own, bool):
+            timeout = max(timeout, float(own) + OWN_TIMEOUT_MARGIN)
+        return timeout
 
     def abandon(self) -> None:
         """Give up on what is stuck now; close the rest under a short deadline (loop)."""
@@ -333,11 +343,13 @@ class Session:
 
     # -- warnings on the loop --------------------------------------------------------------
 
-    def _warn_stuck(self, who: str, what: str, where: object = None) -> None:
+    def _warn_stuck(
+        self, who: str, what: str, where: object = None, lane: Lane | None = None
+    ) -> None:
         when = (
             "by the second Ctrl-C"
             if self.abandoning
-            else f"within close_timeout={self.options.close_timeout:g} s"
+            else f"within {self._timeout(lane):g} s (close_timeout)"
         )
         self._emit(
             f"{who} did not finish {what} {when} and was abandoned; a thread stuck in a "

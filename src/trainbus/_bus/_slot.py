@@ -75,9 +75,20 @@ class Member:
         on_thread: Whether it runs on a thread lane (it has plain, non-blocking handlers).
         lags: The distinct lags (batches) of its slots.
         peak: The most event items ever queued at once for it, over every session.
+        peak_records: For a destination, the most records ever queued at once for it.
     """
 
-    __slots__ = ("index", "lags", "log_slot", "name", "on_thread", "peak", "slots", "table")
+    __slots__ = (
+        "index",
+        "lags",
+        "log_slot",
+        "name",
+        "on_thread",
+        "peak",
+        "peak_records",
+        "slots",
+        "table",
+    )
 
     def __init__(
         self, table: HandlerTable, index: int, log_handler: Handler | None, default_lag: int
@@ -93,6 +104,7 @@ class Member:
         self.on_thread = table.has_sync or plain_log
         self.lags = frozenset(slot.lag for slot in self.slots.values()) or frozenset({0})
         self.peak = 0
+        self.peak_records = 0
 
     @property
     def is_destination(self) -> bool:

@@ -29,6 +29,9 @@ class CallbackStatistics:
         pending: Event handler calls queued or running now.
         peak_pending: The most event handler calls ever queued at once.
         on_thread: Whether the callback has a thread lane (it has plain handlers).
+        pending_records: For a destination, log records queued or being delivered now.
+        peak_pending_records: For a destination, the most records ever queued at once
+            (bounded by ``queue_size``, D12).
     """
 
     name: str
@@ -40,6 +43,8 @@ class CallbackStatistics:
     pending: int
     peak_pending: int
     on_thread: bool
+    pending_records: int = 0
+    peak_pending_records: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +144,8 @@ def collect_statistics(
                 pending=pending,
                 peak_pending=member.peak,
                 on_thread=member.on_thread,
+                pending_records=lane.log_enq - lane.log_done if lane is not None else 0,
+                peak_pending_records=member.peak_records,
             )
         )
         depth += pending

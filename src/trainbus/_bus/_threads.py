@@ -82,8 +82,7 @@ class ThreadDriver:
         elif isinstance(item, LogItem):
             if not lane.failed:  # a failed destination gets no more records (D10)
                 self._deliver(item.record)
-            if item.counted:
-                lane.count_log_done()
+            lane.count_log_done()
         else:
             error: BaseException | None = None
             lane.current = item.label or None
@@ -124,8 +123,7 @@ class ThreadDriver:
             elif isinstance(item, EventItem):
                 skip_event(lane)
             elif isinstance(item, LogItem):
-                if item.counted:
-                    lane.count_log_done()
+                lane.count_log_done()
             elif isinstance(item, CallItem):
                 self.loop.call_soon(item.on_done, error)
             else:
