@@ -329,13 +329,17 @@ class EventStream(LoggerDestination):
                 a :class:`StreamGap` first. ``None``: only new items.
 
         Returns:
-            An async iterator (and async context manager) of :data:`StreamItem`; it has
-            ended already if the run has closed.
+            An async iterator (and async context manager) of :data:`StreamItem`. If the
+            run has closed it yields only the kept history asked for with ``since=``,
+            then ends.
         """
         size = self.buffer_size if buffer_size is None else _check_buffer_size(buffer_size)
         policy = self.on_overflow if on_overflow is None else _check_policy(on_overflow)
-        if self._ended:
-            return Subscription(None, size, policy)
+        if self._ended:  # the run closed: replay what is kept (since=), then end
+            done = Subscription(None, size, policy)
+            if since is not None:
+                self._replay(done, since)
+            return done
         sub = Subscription(self, size, policy)
         if since is not None:
             self._replay(sub, since)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from trainbus.callbacks.event_stream import StreamOverflowError, Subscription
+from trainbus.serve._body import parse_params
 from trainbus.serve._jobs import (
     Job,
     JobFactory,
@@ -38,7 +39,10 @@ from trainbus.serve._jobs import (
     TooManyJobsError,
 )
 
-__all__ = ["create_app", "sse_message"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "sse_message"]
+
+#: The largest ``POST /jobs`` body :func:`create_app` accepts by default (1 MiB).
+DEFAULT_MAX_BODY_BYTES = 1 << 20
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -51,6 +55,10 @@ def sse_message(event: str, data: Any) -> str:
         'event: end\\ndata: {"status":"completed"}\\n\\n'
     """
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -75,25 +83,47 @@ async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok", "running": _manager(request).running})
 
 
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing (before reading it whole) one over ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _BodyTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def start_job(request: Request) -> Response:
     """``POST /jobs``: build a job from the JSON body and start it."""
-    body = await request.body()
-    params: Any = {}
-    if body.strip():
-        try:
-            params = json.loads(body)
-        except ValueError as exc:
-            return _error(400, f"the body is not JSON ({exc}); send an object, e.g. {{}}")
-    if not isinstance(params, dict):
-        return _error(400, f"the body must be a JSON object of parameters, got {params!r}")
+    limit: int = request.app.state.max_body_bytes
+    try:
+        body = await _read_body(request, limit)
+    except _BodyTooLarge:
+        return _error(
+            413,
+            f"the body is larger than max_body_bytes={limit}; send the job's parameters "
+            "only (or raise create_app(max_body_bytes=...))",
+        )
+    params = parse_params(body)
+    if isinstance(params, str):
+        return _error(400, params)
     try:
         job = await _manager(request).start(params)
     except JobFactoryError as exc:
         return _error(500, str(exc))
     except (ValueError, TypeError, KeyError) as exc:
-        return _error(400, str(exc.args[0]) if exc.args else repr(exc))
+        return _error(400, _short(str(exc.args[0]) if exc.args else repr(exc)))
     except TooManyJobsError as exc:
-        return _error(429, str(exc))
+        return JSONResponse({"error": str(exc)}, status_code=429, headers={"Retry-After": "1"})
     except ServiceClosedError as exc:
         return _error(503, str(exc))
     return JSONResponse(job.to_dict(), status_code=201, headers={"Location": f"/jobs/{job.id}"})
@@ -195,7 +225,8 @@ async def _sse_body(job: Job, sub: Subscription) -> AsyncIterator[str]:
 def create_app(
     job_factory: JobFactory | None = None,
     *,
-    max_running: int | None = None,
+    max_running: int | Literal["auto"] | None = "auto",
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     keep_finished: int = 100,
     stream_buffer: int = 256,
     stream_events: Any = None,
@@ -207,7 +238,12 @@ def create_app(
     Args:
         job_factory: Builds a job's trainer from a :class:`JobContext` (the request's
             parameters and the loggers to attach); default :func:`demo_job_factory`.
-        max_running: At most this many jobs at once; more get 429.
+        max_running: At most this many jobs at once; more get 429 with ``Retry-After: 1``
+            (nothing queues: the client decides when to retry). ``"auto"`` (default):
+            :func:`default_max_running`, one per CPU core this process may use; ``None``:
+            no limit.
+        max_body_bytes: The largest ``POST /jobs`` body accepted; larger ones get 413
+            before they are read whole (default 1 MiB).
         keep_finished: Finished jobs kept for the status endpoints.
         stream_buffer: Items each SSE client may have waiting server-side; a client that
             reads slower loses its oldest items (an ``event: gap`` tells how many).
@@ -227,6 +263,10 @@ def create_app(
         from trainbus.serve._demo import demo_job_factory
 
         job_factory = demo_job_factory
+    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or (
+        max_body_bytes < 1
+    ):
+        raise ValueError(f"max_body_bytes={max_body_bytes!r} must be an int >= 1, e.g. 1048576")
     manager = JobManager(
         job_factory,
         max_running=max_running,
@@ -251,4 +291,5 @@ def create_app(
     ]
     app = Starlette(debug=debug, routes=routes, lifespan=lifespan)
     app.state.jobs = manager
+    app.state.max_body_bytes = max_body_bytes
     return app
