@@ -484,7 +484,9 @@ async def test_quickstart_replays_a_finished_job() -> None:
     assert got.count("batch_end") == 40
     assert got.count("metrics") >= 40
     assert got[-2:] == ["fit_end", "end"]
-    assert [d["seq"] for _, d in items[:-1]] == list(range(len(items) - 1))
+    seqs = [d["seq"] for _, d in items[:-1]]
+    assert seqs[0] == 0
+    assert seqs == sorted(set(seqs))  # in order, no repeats (bus snapshots are left out)
 
 
 @pytest.mark.asyncio

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from trainbus.callbacks.dashboard import Dashboard as Dashboard
 from trainbus.callbacks.early_stopper import EarlyStopper as EarlyStopper
 from trainbus.callbacks.event_stream import EventStream as EventStream
+from trainbus.callbacks.event_stream import StreamBusSnapshot as StreamBusSnapshot
 from trainbus.callbacks.event_stream import StreamEvent as StreamEvent
 from trainbus.callbacks.event_stream import StreamGap as StreamGap
 from trainbus.callbacks.event_stream import StreamItem as StreamItem
@@ -19,6 +21,7 @@ from trainbus.callbacks.speed_monitor import SpeedMonitor as SpeedMonitor
 from trainbus.callbacks.threshold_stopper import ThresholdStopper as ThresholdStopper
 
 __all__ = (
+    "Dashboard",
     "EarlyStopper",
     "EventStream",
     "GradMonitor",
@@ -26,6 +29,7 @@ __all__ = (
     "MemoryMonitor",
     "ProgressBar",
     "SpeedMonitor",
+    "StreamBusSnapshot",
     "StreamEvent",
     "StreamGap",
     "StreamItem",

@@ -232,6 +232,8 @@ class JobManager:
         stream_buffer: Items each event-stream subscriber may have waiting.
         stream_events: The events jobs' streams publish (see :class:`EventStream`).
         stream_history: Items each job's stream keeps for late subscribers (``since=``).
+        watch_bus: Whether each job's stream also publishes bus snapshots
+            (:meth:`EventStream.watch`), for the dashboard.
 
     Example:
         >>> async with JobManager(my_factory) as jobs:
@@ -251,6 +253,7 @@ class JobManager:
         stream_buffer: int = 256,
         stream_events: Any = None,
         stream_history: int = 1024,
+        watch_bus: bool = False,
     ) -> None:
         if not callable(job_factory):
             raise TypeError(
@@ -275,6 +278,7 @@ class JobManager:
         self.stream_buffer = stream_buffer
         self.stream_events = stream_events
         self.stream_history = stream_history
+        self.watch_bus = bool(watch_bus)
         self._jobs: dict[str, Job] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._stack: AsyncExitStack | None = None
@@ -375,6 +379,8 @@ class JobManager:
             )
         if self._closing:  # shutdown began while an async factory ran
             raise ServiceClosedError("the job manager is shutting down; no new jobs")
+        if self.watch_bus:
+            stream.watch(trainer.engine)
         job = Job(ctx, trainer)
         self._jobs[job.id] = job
         self._forget_old()
