@@ -165,7 +165,7 @@ class Dashboard(LoggerDestination):
 
         async def main() -> None:
             self._loop = asyncio.get_running_loop()
-            self._flush()  # what the run published before the server started
+            self._flush()  # what the run published before (or while) the server was down
             ticker = asyncio.create_task(snapshots())
             try:
                 await server.serve(sockets=[sock])
@@ -227,7 +227,11 @@ class Dashboard(LoggerDestination):
                 self._flush_scheduled = False
 
     def _flush(self) -> None:
-        """On the server's loop: publish what waits in the outbox."""
+        """On the server's loop: publish what waits in the outbox.
+
+        Also called when a server starts, which clears a wake-up the previous server's
+        loop may have dropped when it stopped.
+        """
         self._flush_scheduled = False
         outbox = self._outbox
         while outbox:
