@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["Dashboard"]
 
 _END = object()  # the outbox's marker: the run closed
+_SEND_BUFFER = 64 * 1024
 
 
 class Dashboard(LoggerDestination):
@@ -91,6 +92,7 @@ class Dashboard(LoggerDestination):
         self._server: Any = None
         self._hub: ConnectionHub | None = None
         self._started = threading.Event()
+        self._delivered = threading.Event()
         self._status = "running"
         for event in DEFAULT_STREAM_EVENTS:
             setattr(self, event.value, self._forwarder(event))
@@ -123,6 +125,9 @@ class Dashboard(LoggerDestination):
             ) from exc
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # A small send buffer (inherited by each connection): a tab that stops reading is
+        # absorbed by its stream's bounded buffer, not by megabytes of kernel memory.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
         try:
             sock.bind((self.host, self.port))
         except OSError as exc:
@@ -241,6 +246,7 @@ class Dashboard(LoggerDestination):
                 if self._feed is not None:  # the run's last snapshot
                     self.stream.publish(self._feed.snapshot())
                 self.stream.end()
+                self._delivered.set()
             else:
                 if isinstance(item, StreamEvent) and item.event in (Event.INIT, Event.FIT_START):
                     self._running = True
@@ -273,4 +279,7 @@ class Dashboard(LoggerDestination):
         """The run is over: a last snapshot, then the page's stream ends (``end``)."""
         if self._status == "running":
             self._status = "stopped"
+        self._delivered.clear()
         self._send(_END)
+        if self._loop is not None:  # so that the page has everything when fit() returns
+            self._delivered.wait(timeout=5.0)
