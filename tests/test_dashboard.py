@@ -113,6 +113,15 @@ async def test_job_dashboard_page_static_files_and_the_bus_opt_in() -> None:
             assert "bus" not in names(plain)  # curl users see what they saw before
             with_bus = await read_all(c, job_id, "?bus=1")
             assert names(with_bus)[-3:] == ["bus", "fit_end", "end"]
+            # ?pack=1: bursts arrive as one `items` message, its id the last item's seq.
+            async with c.stream("GET", f"/jobs/{job_id}/events?bus=1&pack=1") as response:
+                raw = [line async for line in response.aiter_lines()]
+            packed = [json.loads(line[6:]) for line in raw if line.startswith("data: [")]
+            flat = [item for message in packed for item in message]
+            assert [i["seq"] for i in flat] == [d["seq"] for _, d in with_bus[:-1]]
+            ids = [int(line[4:]) for line in raw if line.startswith("id: ")]
+            assert ids == [message[-1]["seq"] for message in packed]
+            assert raw[-2] == 'data: {"status":"completed","error":null,"dropped":0}'
             # Last-Event-ID wins over ?since= (a reconnecting EventSource sends both).
             last = with_bus[-3][1]["seq"]
             async with c.stream(

@@ -63,7 +63,7 @@ class BusFeed:
         self.recorder: TraceRecorder = engine.record_trace()
         self.timeline_batches = timeline_batches
         self.max_spans = max_spans
-        self._recent: deque[_Span] = deque(maxlen=8192)
+        self._recent: deque[_Span] = deque(maxlen=4096)
         self._batch_ends: list[float] = []
         self._last_handlers: deque[tuple[float, str]] = deque(maxlen=32)
         self._last_end: dict[str, float] = {}

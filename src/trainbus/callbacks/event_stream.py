@@ -188,6 +188,17 @@ class Subscription:
             wakeup = self._wakeup = anyio.Event()
             await wakeup.wait()
 
+    def take_ready(self) -> list[StreamItem]:
+        """The items buffered now, without waiting (a :class:`StreamGap` first if any were
+        dropped): lets a writer send a burst in one write after ``__anext__`` woke it."""
+        ready: list[StreamItem] = []
+        if self._missed:
+            ready.append(StreamGap(self._missed))
+            self._missed = 0
+        ready.extend(self._buffer)
+        self._buffer.clear()
+        return ready
+
     def close(self) -> None:
         """Unsubscribe now: buffered items are discarded and iteration ends."""
         stream = self._stream

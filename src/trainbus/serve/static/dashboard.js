@@ -1,13 +1,14 @@
 // trainbus dashboard: follows a run's server-sent events (no polling, no build step).
 //
 // Responsiveness at high event rates: EventSource handlers only queue the raw message;
-// one flush per animation frame (or every 250 ms while the tab is hidden, when frames
-// stop) parses the queue, folds it into the series and redraws each chart once. Series
+// at most five times a second (on an animation frame; on a timer while the tab is hidden)
+// one flush parses the queue, folds it into the series and redraws each chart once. Series
 // keep at most MAX_POINTS points: past that, neighbouring points are averaged in pairs,
 // so a long run shows its whole history at a coarser resolution and memory stays flat.
 "use strict";
 (function () {
   const MAX_POINTS = 4000;
+  const RENDER_MS = 200;
   const EVENTS = ["init", "fit_start", "epoch_start", "batch_end", "epoch_end", "eval_start",
     "eval_end", "fit_end", "metrics", "hyperparameters", "bus", "gap", "end", "disconnected"];
   const UNNUMBERED = new Set(["end", "gap", "disconnected"]);
@@ -96,7 +97,17 @@
   }
 
   function handle(name, raw, id) {
-    const data = JSON.parse(raw);
+    if (name === "items") {
+      for (const d of JSON.parse(raw)) {
+        const kind = d.type === "event" ? d.event : d.type;
+        handleData(kind, d, d.seq === undefined ? "" : String(d.seq));
+      }
+      return;
+    }
+    handleData(name, JSON.parse(raw), id);
+  }
+
+  function handleData(name, data, id) {
     // end, gap and disconnected carry no id (their lastEventId repeats the previous one).
     if (!UNNUMBERED.has(name) && id !== "" && id !== undefined) {
       const seq = Number(id);
@@ -138,8 +149,11 @@
   function schedule() {
     if (scheduled) return;
     scheduled = true;
-    requestAnimationFrame(() => { if (scheduled) flush(); });
-    setTimeout(() => { if (scheduled) flush(); }, 250);  // hidden tabs get no frames
+    // At most RENDER_MS apart, then on the next animation frame (hidden tabs get no
+    // frames: they flush on the timer alone).
+    setTimeout(() => {
+      if (document.hidden) flush(); else requestAnimationFrame(() => { if (scheduled) flush(); });
+    }, RENDER_MS);
   }
 
   // -- charts ---------------------------------------------------------------------------
@@ -271,13 +285,15 @@
 
   // -- the stream -----------------------------------------------------------------------
 
-  const source = new EventSource("events?since=0&bus=1&buffer=20000");
+  const source = new EventSource("events?since=0&bus=1&pack=1&buffer=20000");
   source.onopen = () => { if (!D.ended) setStatus("live"); };
   source.onerror = () => {
     if (D.ended) return;
     if (source.readyState === EventSource.CONNECTING) { D.reconnects += 1; setStatus("reconnecting"); }
     else setStatus("closed");
   };
+  // ?pack=1: the server sends what it has buffered as one `items` message (a JSON array).
+  source.addEventListener("items", (e) => { queue.push(["items", e.data, e.lastEventId]); schedule(); });
   for (const name of EVENTS) {
     source.addEventListener(name, (e) => { queue.push([name, e.data, e.lastEventId]); schedule(); });
   }
