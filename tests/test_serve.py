@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import socket
 import threading
 from collections.abc import AsyncIterator
@@ -22,7 +23,7 @@ import uvicorn
 
 from tests.helpers import TinyModel, make_loader
 from trainbus import Callback, Trainer, blocking
-from trainbus.serve import JobContext, JobManager, create_app, create_server
+from trainbus.serve import JobContext, JobManager, create_app, create_server, default_max_running
 
 # Every test here runs under a deadline, so a regression fails instead of hanging.
 DEADLINE = 30
@@ -213,8 +214,9 @@ async def test_job_runs_and_its_event_stream_reaches_the_end(no_leaked_threads: 
             assert isinstance(status["metrics"]["loss/train"], float)
             rec = factory.recorders[job["id"]]
             assert (rec.batches, rec.closed, rec.post_closed) == (6, 1, 1)
-            # A client arriving after the end gets the end at once.
-            assert names(await read_all(c, job["id"])) == ["end"]
+            # A client arriving after the end replays the kept history, then the end.
+            assert names(await read_all(c, job["id"], "?since=0")) == [*expected, "fit_end", "end"]
+            assert names(await read_all(c, job["id"], "?since=99")) == ["end"]
             listed = (await c.get("/jobs")).json()
             assert [j["id"] for j in listed] == [job["id"]]
 
@@ -384,6 +386,107 @@ async def test_bad_requests_get_errors_that_name_the_fix() -> None:
             assert r.status_code == 400
             assert "buffer='0'" in r.json()["error"]
             assert (await c.delete(f"/jobs/{running}")).json()["status"] == "cancelled"
+
+
+BAD_BODIES: list[tuple[bytes, str]] = [
+    (b"[" * 100_000 + b"]" * 100_000, "nested"),  # RecursionError inside json.loads
+    (b'{"a": ' + b"[" * 5_000 + b"]" * 5_000 + b"}", "nested"),
+    (b'{"epochs": ' + b"[" * 60 + b"]" * 60 + b"}", "nested"),  # parses; too deep to keep
+    (b'{"lr": NaN}', "NaN"),
+    (b'{"lr": Infinity}', "Infinity"),
+    (b'{"\\ud800": 1}', "surrogate"),
+    (b"\xff\xfe{}", "UTF-8"),
+    (b'{"epochs": ' + b"9" * 10_000 + b"}", "JSON"),
+    (b"null", "object"),
+    (b'"jobs"', "object"),
+    (b"[1, 2]", "object"),
+    (b"{not json", "JSON"),
+]
+
+
+@pytest.mark.asyncio
+async def test_bad_bodies_of_any_shape_get_400_with_a_message() -> None:
+    # Issue 12.9: a deeply nested body answered 500 (RecursionError in the log).
+    with anyio.fail_after(DEADLINE):
+        async with serving(create_app(Factory())) as (_, url), httpx.AsyncClient(base_url=url) as c:
+            for body, word in BAD_BODIES:
+                r = await c.post("/jobs", content=body)
+                assert r.status_code == 400, (body[:40], r.text[:200])
+                message = r.json()["error"]
+                assert word in message, (body[:40], message)
+                assert len(message) < 400  # a message, not the body echoed back
+            assert (await c.get("/healthz")).json()["running"] == 0
+
+
+@pytest.mark.asyncio
+async def test_a_body_over_the_limit_is_refused_with_413() -> None:
+    # Issue 12.9: a 200 MB body was read whole (8.4 s, 1.2 GB RSS).
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: chunked
+        for _ in range(64):
+            yield b" " * 1024
+
+    with anyio.fail_after(DEADLINE):
+        async with (
+            serving(create_app(Factory(), max_body_bytes=16_384)) as (_, url),
+            httpx.AsyncClient(base_url=url) as c,
+        ):
+            r = await c.post("/jobs", content=b" " * 20_000)
+            assert r.status_code == 413
+            assert "max_body_bytes=16384" in r.json()["error"]
+            r = await c.post("/jobs", content=chunks())
+            assert r.status_code == 413
+            r = await c.post("/jobs", content=b'{"batches": 2}' + b" " * 16_000)
+            assert r.status_code == 201
+    assert create_app(Factory()).state.max_body_bytes == 1 << 20  # the default: 1 MiB
+    with pytest.raises(ValueError, match="max_body_bytes"):
+        create_app(Factory(), max_body_bytes=0)
+
+
+def test_default_max_running_fits_the_machine() -> None:
+    # Issue 12.9: max_running=None by default let 20 POSTs start 20 training threads.
+    cores = default_max_running()
+    assert cores == (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    assert JobManager(Factory()).max_running == cores
+    assert create_app(Factory()).state.jobs.max_running == cores
+    assert JobManager(Factory(), max_running=None).max_running is None  # explicit: no limit
+
+
+@pytest.mark.asyncio
+async def test_jobs_beyond_the_default_limit_get_429_with_retry_after() -> None:
+    cores = default_max_running()
+    with anyio.fail_after(DEADLINE):
+        async with serving(create_app(Factory())) as (_, url), httpx.AsyncClient(base_url=url) as c:
+            started = [
+                (await c.post("/jobs", json={"batches": 1_000_000})).json()["id"]
+                for _ in range(cores)
+            ]
+            r = await c.post("/jobs", json={"batches": 1_000_000})
+            assert r.status_code == 429
+            assert r.headers["retry-after"] == "1"
+            assert f"max_running={cores}" in r.json()["error"]
+            for job_id in started:
+                assert (await c.delete(f"/jobs/{job_id}")).json()["status"] == "cancelled"
+            assert (await c.post("/jobs", json={"batches": 1})).status_code == 201
+
+
+@pytest.mark.asyncio
+async def test_quickstart_replays_a_finished_job() -> None:
+    # Issue 13: docs/service.md's quickstart, on the demo job: a client that connects after
+    # the job finished gets its history (events and metrics), not only `end`.
+    with anyio.fail_after(DEADLINE):
+        async with serving(create_app()) as (_, url), httpx.AsyncClient(base_url=url) as c:
+            job_id = (await c.post("/jobs", json={"epochs": 2, "batches": 20})).json()["id"]
+            while (await c.get(f"/jobs/{job_id}")).json()["status"] != "completed":
+                await read_all(c, job_id, "?since=999999")  # returns at the job's end
+            items = await read_all(c, job_id, "?since=0")
+    got = names(items)
+    assert got[:2] == ["init", "fit_start"]
+    assert got.count("batch_end") == 40
+    assert got.count("metrics") >= 40
+    assert got[-2:] == ["fit_end", "end"]
+    seqs = [d["seq"] for _, d in items[:-1]]
+    assert seqs[0] == 0
+    assert seqs == sorted(set(seqs))  # in order, no repeats (bus snapshots are left out)
 
 
 @pytest.mark.asyncio

@@ -36,6 +36,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number, e.g. 8050") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a port from 0 to 65535")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainbus",
@@ -65,6 +75,19 @@ def _parser() -> argparse.ArgumentParser:
         help="simulated round trip per upload request, in ms (default 20)",
     )
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    demo.add_argument(
+        "--dashboard",
+        nargs="?",
+        const=0,
+        default=None,
+        type=_port,
+        metavar="PORT",
+        help=(
+            "serve a live dashboard on http://127.0.0.1:PORT/ (default: any free port) "
+            "during the run; in a terminal it stays up after the run until Ctrl-C. Needs "
+            "`pip install 'trainbus[service]'`"
+        ),
+    )
     return parser
 
 
@@ -87,12 +110,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     from trainbus._demo import run_demo
 
     try:
-        run_demo(
-            epochs=args.epochs,
-            out=args.out,
-            upload_latency_ms=args.upload_latency_ms,
-            seed=args.seed,
-        )
+        board = None
+        if args.dashboard is not None:
+            from trainbus.callbacks.dashboard import Dashboard
+
+            board = Dashboard(port=args.dashboard)
+            board.start()
+        try:
+            run_demo(
+                epochs=args.epochs,
+                out=args.out,
+                upload_latency_ms=args.upload_latency_ms,
+                seed=args.seed,
+                dashboard=board if board is not None else False,
+            )
+            if board is not None and sys.stdin.isatty():
+                print(f"dashboard still at {board.url} (Ctrl-C to exit)", flush=True)
+                _wait_for_ctrl_c()
+        finally:
+            if board is not None:
+                board.stop()
     except ImportError as exc:
         print(f"trainbus demo: {exc}", file=sys.stderr)
         return 1
@@ -100,6 +137,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("trainbus demo: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _wait_for_ctrl_c() -> None:
+    import threading
+
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
 
 
 if __name__ == "__main__":

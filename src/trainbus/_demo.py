@@ -29,6 +29,7 @@ from trainbus._trainer import Trainer
 if TYPE_CHECKING:
     from trainbus._logger import Logger
     from trainbus._state import State
+    from trainbus.callbacks.dashboard import Dashboard
 
 __all__ = ["DemoResult", "DigitsMLP", "SimulatedUploader", "load_digits_loaders", "run_demo"]
 
@@ -234,6 +235,20 @@ def _monitors() -> list[Callback]:
     return found
 
 
+def _dashboard(dashboard: Dashboard | bool) -> Dashboard | None:
+    if dashboard is False:
+        return None
+    from trainbus.callbacks.dashboard import Dashboard
+
+    if dashboard is True:
+        return Dashboard()
+    if not isinstance(dashboard, Dashboard):
+        raise TypeError(
+            f"dashboard={dashboard!r} must be True, False or a trainbus.callbacks.Dashboard"
+        )
+    return dashboard
+
+
 def run_demo(
     *,
     epochs: int = 3,
@@ -241,6 +256,7 @@ def run_demo(
     upload_latency_ms: float = 20.0,
     seed: int = 0,
     stream: TextIO | None = None,
+    dashboard: Dashboard | bool = False,
 ) -> DemoResult:
     """Train the digits MLP with the demo's callbacks and report what was hidden.
 
@@ -250,6 +266,9 @@ def run_demo(
         upload_latency_ms: The simulated uploader's round trip per request.
         seed: Seeds the split, the shuffling and the model's initialisation.
         stream: Where the progress bar and the summary go (default ``sys.stdout``).
+        dashboard: ``True``: serve a live dashboard on 127.0.0.1 during the run (its
+            address is printed first; it stops when the demo returns). A
+            :class:`~trainbus.callbacks.Dashboard`: use that one and leave it serving.
 
     Example:
         >>> result = run_demo(epochs=1, out="runs/demo")
@@ -271,6 +290,7 @@ def run_demo(
     model = DigitsMLP()
     uploader = SimulatedUploader(upload_latency_ms / 1000.0, batch_points=64)
     clock = _TrainingClock()
+    board = _dashboard(dashboard)
     trainer = Trainer(
         model,
         train_loader,
@@ -278,14 +298,27 @@ def run_demo(
         eval_dataloader=test_loader,
         optimizers=torch.optim.AdamW(model.parameters(), lr=2e-3),
         callbacks=[*_monitors(), clock],
-        loggers=[_progress_bar(stream), _metrics_file_logger(metrics_path), uploader],
+        loggers=[
+            _progress_bar(stream),
+            _metrics_file_logger(metrics_path),
+            uploader,
+            *([board] if board is not None else []),
+        ],
         device="cpu",
         seed=seed,
         run_name="trainbus-demo",
         warn_slow_callbacks=False,  # the uploader is slow on purpose
     )
+    if board is not None:
+        board.attach(trainer)
+        stream.write(f"dashboard: {board.url}\n")
+        stream.flush()
     started = time.perf_counter()
-    trainer.fit_sync()
+    try:
+        trainer.fit_sync()
+    finally:
+        if board is not None and dashboard is True:
+            board.stop()
     returned = time.perf_counter()
 
     stats = trainer.engine.statistics()

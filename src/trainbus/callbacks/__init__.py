@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from trainbus.callbacks.checkpoint_saver import CheckpointSaver as CheckpointSaver
 from trainbus.callbacks.checkpoint_saver import SaverStatistics as SaverStatistics
+from trainbus.callbacks.dashboard import Dashboard as Dashboard
 from trainbus.callbacks.early_stopper import EarlyStopper as EarlyStopper
 from trainbus.callbacks.event_stream import EventStream as EventStream
+from trainbus.callbacks.event_stream import StreamBusSnapshot as StreamBusSnapshot
 from trainbus.callbacks.event_stream import StreamEvent as StreamEvent
 from trainbus.callbacks.event_stream import StreamGap as StreamGap
 from trainbus.callbacks.event_stream import StreamItem as StreamItem
@@ -22,6 +24,7 @@ from trainbus.callbacks.threshold_stopper import ThresholdStopper as ThresholdSt
 
 __all__ = (
     "CheckpointSaver",
+    "Dashboard",
     "EarlyStopper",
     "EventStream",
     "GradMonitor",
@@ -30,6 +33,7 @@ __all__ = (
     "ProgressBar",
     "SaverStatistics",
     "SpeedMonitor",
+    "StreamBusSnapshot",
     "StreamEvent",
     "StreamGap",
     "StreamItem",

@@ -18,6 +18,7 @@ from trainbus._events import Event
 from trainbus._timer import Timestamp
 
 __all__ = [
+    "StreamBusSnapshot",
     "StreamEvent",
     "StreamGap",
     "StreamItem",
@@ -178,7 +179,49 @@ class StreamGap(_Item):
         return {"type": "gap", "missed": self.missed}
 
 
-StreamItem = StreamEvent | StreamMetrics | StreamGap
+@dataclass(frozen=True, slots=True, repr=False)
+class StreamBusSnapshot(_Item):
+    """The bus's statistics and the latest spans of its timeline, at one moment.
+
+    Published by a stream that watches an engine (:meth:`EventStream.watch`), every
+    ``interval`` seconds and once more at the end of the run; the dashboard's callbacks
+    panel and timeline draw from it.
+
+    Attributes:
+        statistics: ``engine.statistics()`` as plain values, per callback too, with the
+            estimates a dashboard needs (``lag_batches`` and ``barrier_wait_caused`` per
+            callback, from the timeline).
+        timeline: The spans of the last few batches: ``{"row", "label", "start", "dur"}``
+            with times in milliseconds since the recording began.
+        wall_time: ``time.time()`` when it was taken.
+        seq: The stream's running count of items.
+
+    Example:
+        >>> StreamBusSnapshot({"batches": 3, "callbacks": []}, (), 0.0).to_dict()["type"]
+        'bus'
+    """
+
+    statistics: Mapping[str, Any]
+    timeline: tuple[Mapping[str, Any], ...]
+    wall_time: float
+    seq: int = 0
+    kind: ClassVar[str] = "bus"
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"type": "bus", "seq", "wall_time", "statistics": {...}, "timeline": [...]}``."""
+        return {
+            "type": "bus",
+            "seq": self.seq,
+            "wall_time": self.wall_time,
+            "statistics": dict(self.statistics),
+            "timeline": [dict(span) for span in self.timeline],
+        }
+
+    def __repr__(self) -> str:
+        return f"StreamBusSnapshot(batches={self.statistics.get('batches')}, seq={self.seq})"
+
+
+StreamItem = StreamEvent | StreamMetrics | StreamBusSnapshot | StreamGap
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,11 +20,12 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Iterable
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -33,6 +34,7 @@ from trainbus._events import Event
 from trainbus._exceptions import StreamOverflowError
 from trainbus._logger import LoggerDestination, LogRecord
 from trainbus.callbacks._stream_items import (
+    StreamBusSnapshot,
     StreamEvent,
     StreamGap,
     StreamItem,
@@ -42,12 +44,15 @@ from trainbus.callbacks._stream_items import (
 )
 
 if TYPE_CHECKING:
+    from trainbus._engine import Engine
     from trainbus._logger import Logger
     from trainbus._state import State
+    from trainbus.callbacks._bus_feed import BusFeed
 
 __all__ = [
     "DEFAULT_STREAM_EVENTS",
     "EventStream",
+    "StreamBusSnapshot",
     "StreamEvent",
     "StreamGap",
     "StreamItem",
@@ -78,6 +83,8 @@ DEFAULT_STREAM_EVENTS: frozenset[Event] = frozenset(
 _REOPEN = frozenset({Event.INIT, Event.FIT_START})
 
 OverflowPolicy = Literal["drop_oldest", "disconnect"]
+_Numbered = StreamEvent | StreamMetrics | StreamBusSnapshot
+_ItemT = TypeVar("_ItemT", StreamEvent, StreamMetrics, StreamBusSnapshot)
 _POLICIES = ("drop_oldest", "disconnect")
 
 
@@ -180,6 +187,17 @@ class Subscription:
                 raise StopAsyncIteration
             wakeup = self._wakeup = anyio.Event()
             await wakeup.wait()
+
+    def take_ready(self) -> list[StreamItem]:
+        """The items buffered now, without waiting (a :class:`StreamGap` first if any were
+        dropped): lets a writer send a burst in one write after ``__anext__`` woke it."""
+        ready: list[StreamItem] = []
+        if self._missed:
+            ready.append(StreamGap(self._missed))
+            self._missed = 0
+        ready.extend(self._buffer)
+        self._buffer.clear()
+        return ready
 
     def close(self) -> None:
         """Unsubscribe now: buffered items are discarded and iteration ends."""
@@ -291,8 +309,12 @@ class EventStream(LoggerDestination):
         self._seq = 0
         self._dropped_gone = 0  # drops of subscribers that already left
         self._disconnected = 0
-        self._history: deque[StreamEvent | StreamMetrics] = deque(maxlen=history)
+        self._history: deque[_Numbered] = deque(maxlen=history)
         self._cycle_start = 0  # seq of the first item of the current run
+        self._feed: BusFeed | None = None
+        self._feed_interval = 0.5
+        self._feed_next = 0.0
+        self._feed_final = False
         # Handlers are attached to the instance, only for the events it publishes (and
         # INIT and FIT_START, which reopen a closed stream), so the bus queues nothing else.
         for event in self.events | _REOPEN:
@@ -301,14 +323,86 @@ class EventStream(LoggerDestination):
     def _event_handler(self, event: Event, publish: bool) -> Any:
         async def handler(state: State, logger: Logger) -> None:
             if self._ended and event in _REOPEN:  # a new fit() cycle, or a new trainer
-                self._ended = False
-                self._history.clear()
-                self._cycle_start = self._seq
+                self._reopen()
+            if self._feed is not None:
+                self._feed_tick(final=event is Event.FIT_END)
             if publish:
                 self._publish(StreamEvent(event, state.timestamp, time.time(), self._seq))
 
         handler.__qualname__ = f"EventStream.{event.value}"
         return handler
+
+    def _reopen(self) -> None:
+        self._ended = False
+        self._history.clear()
+        self._cycle_start = self._seq
+        self._feed_final = False
+
+    # -- bus snapshots ----------------------------------------------------------------------
+
+    def watch(self, engine: Engine, *, interval: float = 0.5) -> None:
+        """Also publish the bus's statistics and timeline, every ``interval`` seconds.
+
+        From now on the stream's handlers publish a :class:`StreamBusSnapshot` of
+        ``engine`` (``trainer.engine``) at most every ``interval`` seconds of the run, and
+        a last one at ``FIT_END`` (or at ``close`` after an error or a cancellation). It
+        starts recording the engine's timeline (``engine.record_trace()``) and keeps only
+        its latest spans. The snapshots are taken on the event loop, never on the
+        training thread. Call it before ``fit()``.
+
+        Args:
+            engine: The trainer's engine.
+            interval: Seconds between snapshots (> 0), e.g. 0.5.
+
+        Example:
+            >>> stream = EventStream(history=1024)
+            >>> trainer = Trainer(model, loader, "2ep", loggers=[stream])
+            >>> stream.watch(trainer.engine)
+        """
+        if isinstance(interval, bool) or not isinstance(interval, int | float) or not (
+            interval > 0
+        ):
+            raise ValueError(f"interval={interval!r} must be a number of seconds > 0, e.g. 0.5")
+        from trainbus.callbacks._bus_feed import BusFeed
+
+        self._feed = BusFeed(engine)
+        self._feed_interval = float(interval)
+        self._feed_next = time.monotonic() + self._feed_interval
+
+    def _feed_tick(self, *, final: bool = False) -> None:
+        now = time.monotonic()
+        if (final and not self._feed_final) or now >= self._feed_next:
+            self._feed_next = now + self._feed_interval
+            self._feed_final = self._feed_final or final
+            self.publish_snapshot()
+
+    def publish_snapshot(self) -> StreamBusSnapshot | None:
+        """Publish a bus snapshot now (needs :meth:`watch`); returns it, numbered."""
+        if self._feed is None:
+            return None
+        return self.publish(self._feed.snapshot())
+
+    def publish(self, item: _ItemT) -> _ItemT:
+        """Publish an item made elsewhere; the stream numbers it (its ``seq``).
+
+        For feeding a stream from another source, such as a trainer whose events arrive
+        from another event loop (the :class:`~trainbus.callbacks.Dashboard` does this).
+        Call it on the loop the subscribers iterate on. An ``INIT`` or ``FIT_START`` event
+        reopens a stream that has ended.
+
+        Returns:
+            The published item, with its ``seq``.
+        """
+        if not isinstance(item, StreamEvent | StreamMetrics | StreamBusSnapshot):
+            raise TypeError(
+                f"publish() takes a StreamEvent, StreamMetrics or StreamBusSnapshot, got "
+                f"{type(item).__qualname__}"
+            )
+        if self._ended and isinstance(item, StreamEvent) and item.event in _REOPEN:
+            self._reopen()
+        numbered = dataclasses.replace(item, seq=self._seq)
+        self._publish(numbered)
+        return numbered
 
     # -- subscribers ------------------------------------------------------------------------
 
@@ -329,13 +423,17 @@ class EventStream(LoggerDestination):
                 a :class:`StreamGap` first. ``None``: only new items.
 
         Returns:
-            An async iterator (and async context manager) of :data:`StreamItem`; it has
-            ended already if the run has closed.
+            An async iterator (and async context manager) of :data:`StreamItem`. If the
+            run has closed it yields only the kept history asked for with ``since=``,
+            then ends.
         """
         size = self.buffer_size if buffer_size is None else _check_buffer_size(buffer_size)
         policy = self.on_overflow if on_overflow is None else _check_policy(on_overflow)
-        if self._ended:
-            return Subscription(None, size, policy)
+        if self._ended:  # the run closed: replay what is kept (since=), then end
+            done = Subscription(None, size, policy)
+            if since is not None:
+                self._replay(done, since)
+            return done
         sub = Subscription(self, size, policy)
         if since is not None:
             self._replay(sub, since)
@@ -359,7 +457,7 @@ class EventStream(LoggerDestination):
         if self._subscribers.pop(sub, 0) is None:
             self._dropped_gone += sub.dropped
 
-    def _publish(self, item: StreamEvent | StreamMetrics) -> None:
+    def _publish(self, item: _Numbered) -> None:
         self._seq += 1
         self._history.append(item)
         gone: list[Subscription] = []
@@ -410,4 +508,6 @@ class EventStream(LoggerDestination):
 
     async def close(self, state: State, logger: Logger) -> None:
         """End every subscription: the run is over."""
+        if self._feed is not None and not self._ended:
+            self._feed_tick(final=True)  # a run stopped before FIT_END: its last snapshot
         self.end()

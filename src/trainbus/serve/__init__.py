@@ -39,6 +39,7 @@ from trainbus.serve._jobs import JobStatus as JobStatus
 from trainbus.serve._jobs import LatestMetrics as LatestMetrics
 from trainbus.serve._jobs import ServiceClosedError as ServiceClosedError
 from trainbus.serve._jobs import TooManyJobsError as TooManyJobsError
+from trainbus.serve._jobs import default_max_running as default_max_running
 from trainbus.serve._server import TrainbusServer as TrainbusServer
 from trainbus.serve._server import create_server as create_server
 
@@ -56,6 +57,7 @@ __all__ = (
     "TrainbusServer",
     "create_app",
     "create_server",
+    "default_max_running",
     "demo_job_factory",
     "sse_message",
 )

@@ -24,11 +24,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any)")
-    parser.add_argument("--max-running", type=int, default=None, help="jobs at once")
+    parser.add_argument(
+        "--max-running",
+        type=int,
+        default=None,
+        help="jobs at once (default: one per CPU core; more get 429)",
+    )
     parser.add_argument("--stream-buffer", type=int, default=256, help="SSE items per client")
     parser.add_argument("--log-level", default="info", help="uvicorn log level")
     args = parser.parse_args(argv)
-    app = create_app(max_running=args.max_running, stream_buffer=args.stream_buffer)
+    app = create_app(
+        max_running="auto" if args.max_running is None else args.max_running,
+        stream_buffer=args.stream_buffer,
+    )
     server = create_server(app, host=args.host, port=args.port, log_level=args.log_level)
     try:
         server.run()

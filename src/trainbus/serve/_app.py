@@ -7,7 +7,10 @@ Routes::
     GET    /jobs/{id}          status, progress and latest metrics             200 / 404
     GET    /jobs/{id}/events   server-sent events until the job closes         200 / 404
                                (?since=N, or Last-Event-ID: replay from item N;
-                                ?buffer=N: this client's server-side buffer)
+                                ?buffer=N: this client's server-side buffer;
+                                ?bus=1: with the bus snapshots)
+    GET    /jobs/{id}/dashboard  the job's live dashboard (HTML)               200 / 404
+    GET    /static/...         the dashboard's script, style and uPlot         200
     DELETE /jobs/{id}          cancel (waits until its callbacks closed)       200 / 404
     GET    /healthz            liveness                                        200
 
@@ -18,17 +21,18 @@ application shuts down.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount, Route
 
-from trainbus.callbacks.event_stream import StreamOverflowError, Subscription
+from trainbus.callbacks.event_stream import Subscription
+from trainbus.serve._body import parse_params
+from trainbus.serve._dashboard import dashboard_page, sse_message, sse_response, static_files
 from trainbus.serve._jobs import (
     Job,
     JobFactory,
@@ -38,19 +42,13 @@ from trainbus.serve._jobs import (
     TooManyJobsError,
 )
 
-__all__ = ["create_app", "sse_message"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "sse_message"]
 
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+#: The largest ``POST /jobs`` body :func:`create_app` accepts by default (1 MiB).
+DEFAULT_MAX_BODY_BYTES = 1 << 20
 
-
-def sse_message(event: str, data: Any) -> str:
-    """One server-sent event: ``event: <event>\\ndata: <json>\\n\\n``.
-
-    Example:
-        >>> sse_message("end", {"status": "completed"})
-        'event: end\\ndata: {"status":"completed"}\\n\\n'
-    """
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -75,25 +73,47 @@ async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok", "running": _manager(request).running})
 
 
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing (before reading it whole) one over ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _BodyTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def start_job(request: Request) -> Response:
     """``POST /jobs``: build a job from the JSON body and start it."""
-    body = await request.body()
-    params: Any = {}
-    if body.strip():
-        try:
-            params = json.loads(body)
-        except ValueError as exc:
-            return _error(400, f"the body is not JSON ({exc}); send an object, e.g. {{}}")
-    if not isinstance(params, dict):
-        return _error(400, f"the body must be a JSON object of parameters, got {params!r}")
+    limit: int = request.app.state.max_body_bytes
+    try:
+        body = await _read_body(request, limit)
+    except _BodyTooLarge:
+        return _error(
+            413,
+            f"the body is larger than max_body_bytes={limit}; send the job's parameters "
+            "only (or raise create_app(max_body_bytes=...))",
+        )
+    params = parse_params(body)
+    if isinstance(params, str):
+        return _error(400, params)
     try:
         job = await _manager(request).start(params)
     except JobFactoryError as exc:
         return _error(500, str(exc))
     except (ValueError, TypeError, KeyError) as exc:
-        return _error(400, str(exc.args[0]) if exc.args else repr(exc))
+        return _error(400, _short(str(exc.args[0]) if exc.args else repr(exc)))
     except TooManyJobsError as exc:
-        return _error(429, str(exc))
+        return JSONResponse({"error": str(exc)}, status_code=429, headers={"Retry-After": "1"})
     except ServiceClosedError as exc:
         return _error(503, str(exc))
     return JSONResponse(job.to_dict(), status_code=201, headers={"Location": f"/jobs/{job.id}"})
@@ -122,84 +142,43 @@ async def cancel_job(request: Request) -> Response:
     return JSONResponse(job.to_dict())
 
 
-_MAX_CLIENT_BUFFER = 100_000
-
-
-def _buffer(request: Request) -> int | JSONResponse | None:
-    """This client's buffer: ``?buffer=N`` (1 to 100000), or the app's default."""
-    raw = request.query_params.get("buffer")
-    if raw is None:
-        return None
-    try:
-        size = int(raw)
-    except ValueError:
-        size = 0
-    if not 1 <= size <= _MAX_CLIENT_BUFFER:
-        return _error(400, f"buffer={raw!r} must be an int from 1 to {_MAX_CLIENT_BUFFER}")
-    return size
-
-
-def _since(request: Request) -> int | JSONResponse:
-    """Where a stream starts: ``?since=N``, after ``Last-Event-ID``, or the kept history."""
-    last = request.headers.get("last-event-id")
-    raw = request.query_params.get("since")
-    try:
-        if raw is not None:
-            since = int(raw)
-        elif last is not None:
-            since = int(last) + 1
-        else:
-            return 0
-    except ValueError:
-        return _error(400, f"since={raw!r} / Last-Event-ID={last!r} must be an item number")
-    if since < 0:
-        return _error(400, f"since={since} must be >= 0 (an item number)")
-    return since
-
-
 async def job_events(request: Request) -> Response:
     """``GET /jobs/{id}/events``: the job's stream as server-sent events, then ``end``.
 
-    The stream starts with what the job's stream still keeps (from ``?since=N`` or
-    after ``Last-Event-ID``), then follows the job live. ``?buffer=N`` sets how many
-    items may wait for this client before its oldest are dropped.
+    The stream starts with what the job's stream still keeps (from ``?since=N``, or
+    after ``Last-Event-ID``, which wins), then follows the job live. ``?buffer=N`` sets
+    how many items may wait for this client before its oldest are dropped; ``?bus=1``
+    adds the bus snapshots (``event: bus``) the dashboard draws.
     """
     job = _job(request)
     if isinstance(job, Response):
         return job
-    since = _since(request)
-    if isinstance(since, Response):
-        return since
-    buffer = _buffer(request)
-    if isinstance(buffer, Response):
-        return buffer
-    # Subscribe before the response starts, so that nothing published in between is lost.
-    sub = job.stream.subscribe(since=since, buffer_size=buffer)
-    return StreamingResponse(
-        _sse_body(job, sub), media_type="text/event-stream", headers=_SSE_HEADERS
-    )
+
+    async def end(sub: Subscription) -> dict[str, Any]:
+        status = await job.wait()
+        return {"status": status.value, "error": job.error, "dropped": sub.dropped}
+
+    return sse_response(request, job.stream, end)
 
 
-async def _sse_body(job: Job, sub: Subscription) -> AsyncIterator[str]:
-    async with sub:
-        try:
-            async for item in sub:
-                yield item.to_sse()
-        except StreamOverflowError as exc:
-            yield sse_message("disconnected", {"reason": str(exc), "dropped": sub.dropped})
-            return
-    status = await job.wait()
-    yield sse_message("end", {"status": status.value, "error": job.error, "dropped": sub.dropped})
+async def job_dashboard(request: Request) -> Response:
+    """``GET /jobs/{id}/dashboard``: the job's live dashboard page."""
+    job = _job(request)
+    if isinstance(job, Response):
+        return job
+    return dashboard_page(f"trainbus job {job.id}")
 
 
 def create_app(
     job_factory: JobFactory | None = None,
     *,
-    max_running: int | None = None,
+    max_running: int | Literal["auto"] | None = "auto",
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     keep_finished: int = 100,
     stream_buffer: int = 256,
     stream_events: Any = None,
     stream_history: int = 1024,
+    dashboard: bool = True,
     debug: bool = False,
 ) -> Starlette:
     """A Starlette application that runs training jobs and streams their events.
@@ -207,13 +186,21 @@ def create_app(
     Args:
         job_factory: Builds a job's trainer from a :class:`JobContext` (the request's
             parameters and the loggers to attach); default :func:`demo_job_factory`.
-        max_running: At most this many jobs at once; more get 429.
+        max_running: At most this many jobs at once; more get 429 with ``Retry-After: 1``
+            (nothing queues: the client decides when to retry). ``"auto"`` (default):
+            :func:`default_max_running`, one per CPU core this process may use; ``None``:
+            no limit.
+        max_body_bytes: The largest ``POST /jobs`` body accepted; larger ones get 413
+            before they are read whole (default 1 MiB).
         keep_finished: Finished jobs kept for the status endpoints.
         stream_buffer: Items each SSE client may have waiting server-side; a client that
             reads slower loses its oldest items (an ``event: gap`` tells how many).
         stream_events: The events streamed (see :class:`~trainbus.callbacks.EventStream`).
         stream_history: Items each job keeps for clients that connect late (an SSE client
             first receives what is kept, then follows the job live).
+        dashboard: Whether each job's stream also carries bus snapshots (statistics and
+            timeline, every 0.5 s) for its ``/jobs/{id}/dashboard`` page; this records
+            the job's timeline (``engine.record_trace()``, its latest spans only).
         debug: Starlette's debug mode.
 
     Returns:
@@ -227,6 +214,10 @@ def create_app(
         from trainbus.serve._demo import demo_job_factory
 
         job_factory = demo_job_factory
+    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or (
+        max_body_bytes < 1
+    ):
+        raise ValueError(f"max_body_bytes={max_body_bytes!r} must be an int >= 1, e.g. 1048576")
     manager = JobManager(
         job_factory,
         max_running=max_running,
@@ -234,6 +225,7 @@ def create_app(
         stream_buffer=stream_buffer,
         stream_events=stream_events,
         stream_history=stream_history,
+        watch_bus=dashboard,
     )
 
     @asynccontextmanager
@@ -248,7 +240,10 @@ def create_app(
         Route("/jobs/{job_id}", get_job, methods=["GET"]),
         Route("/jobs/{job_id}", cancel_job, methods=["DELETE"]),
         Route("/jobs/{job_id}/events", job_events, methods=["GET"]),
+        Route("/jobs/{job_id}/dashboard", job_dashboard, methods=["GET"]),
+        Mount("/static", app=static_files(), name="static"),
     ]
     app = Starlette(debug=debug, routes=routes, lifespan=lifespan)
     app.state.jobs = manager
+    app.state.max_body_bytes = max_body_bytes
     return app

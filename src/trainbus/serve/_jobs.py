@@ -9,6 +9,7 @@ within one event and still runs every callback's ``close`` (SPEC D6, D11).
 from __future__ import annotations
 
 import inspect
+import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -16,7 +17,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import anyio.abc
@@ -36,7 +37,24 @@ __all__ = [
     "LatestMetrics",
     "ServiceClosedError",
     "TooManyJobsError",
+    "default_max_running",
 ]
+
+
+def default_max_running() -> int:
+    """Jobs a service runs at once by default: the CPU cores this process may use.
+
+    Each job trains on a thread of its own; more training threads than cores only
+    makes every job slower. Uses the process's CPU affinity where the OS has one.
+
+    Example:
+        >>> default_max_running()   # on a 2-core machine
+        2
+    """
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        return max(1, len(affinity(0)))
+    return max(1, os.cpu_count() or 1)
 
 
 class JobStatus(StrEnum):
@@ -207,11 +225,15 @@ class JobManager:
 
     Args:
         job_factory: Builds each job's :class:`~trainbus.Trainer` (see :data:`JobFactory`).
-        max_running: At most this many jobs run at once (``None``: no limit).
+        max_running: At most this many jobs run at once; more raise
+            :class:`TooManyJobsError` (``"auto"``: :func:`default_max_running`, one per
+            usable CPU core; ``None``: no limit).
         keep_finished: Finished jobs kept for ``get``/``jobs`` (oldest forgotten first).
         stream_buffer: Items each event-stream subscriber may have waiting.
         stream_events: The events jobs' streams publish (see :class:`EventStream`).
         stream_history: Items each job's stream keeps for late subscribers (``since=``).
+        watch_bus: Whether each job's stream also publishes bus snapshots
+            (:meth:`EventStream.watch`), for the dashboard.
 
     Example:
         >>> async with JobManager(my_factory) as jobs:
@@ -226,29 +248,37 @@ class JobManager:
         self,
         job_factory: JobFactory,
         *,
-        max_running: int | None = None,
+        max_running: int | Literal["auto"] | None = "auto",
         keep_finished: int = 100,
         stream_buffer: int = 256,
         stream_events: Any = None,
         stream_history: int = 1024,
+        watch_bus: bool = False,
     ) -> None:
         if not callable(job_factory):
             raise TypeError(
                 f"job_factory must be callable (ctx: JobContext) -> Trainer, "
                 f"got {type(job_factory).__qualname__}"
             )
-        if max_running is not None and (not isinstance(max_running, int) or max_running < 1):
-            raise ValueError(f"max_running={max_running!r} must be None or an int >= 1")
+        if max_running == "auto":
+            max_running = default_max_running()
+        if max_running is not None and (
+            isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1
+        ):
+            raise ValueError(
+                f"max_running={max_running!r} must be 'auto', None (no limit) or an int >= 1"
+            )
         if not isinstance(keep_finished, int) or keep_finished < 0:
             raise ValueError(f"keep_finished={keep_finished!r} must be an int >= 0")
         # Validate the stream's arguments now rather than at the first job.
         EventStream(buffer_size=stream_buffer, events=stream_events, history=stream_history)
         self.job_factory = job_factory
-        self.max_running = max_running
+        self.max_running: int | None = max_running
         self.keep_finished = keep_finished
         self.stream_buffer = stream_buffer
         self.stream_events = stream_events
         self.stream_history = stream_history
+        self.watch_bus = bool(watch_bus)
         self._jobs: dict[str, Job] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._stack: AsyncExitStack | None = None
@@ -349,6 +379,8 @@ class JobManager:
             )
         if self._closing:  # shutdown began while an async factory ran
             raise ServiceClosedError("the job manager is shutting down; no new jobs")
+        if self.watch_bus:
+            stream.watch(trainer.engine)
         job = Job(ctx, trainer)
         self._jobs[job.id] = job
         self._forget_old()

@@ -1,0 +1,169 @@
+"""Snapshots of a trainer's bus for a dashboard: statistics plus the latest timeline.
+
+:class:`BusFeed` turns ``engine.statistics()`` and the spans of ``engine.record_trace()``
+into a :class:`~trainbus.callbacks.StreamBusSnapshot`. It runs on the event loop (from a
+stream's handlers), never on the training thread, and keeps memory flat: it takes the
+recorder's new spans at each snapshot and keeps only the last few thousand.
+
+Two figures per callback are estimates made from the timeline, since the bus does not
+count them per callback:
+
+- ``barrier_wait_caused``: each barrier wait of the training thread is charged to the
+  callback whose handler ended last inside it (the one that released the barrier);
+- ``lag_batches``: for a callback with queued work, the batches the training thread
+  finished since that callback's last handler ended.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from trainbus.callbacks._stream_items import StreamBusSnapshot
+
+if TYPE_CHECKING:
+    from trainbus import Engine, TraceRecorder
+
+__all__ = ["BusFeed"]
+
+#: The timeline row of the training thread (``TraceRecorder``'s producer row).
+PRODUCER_ROW = "training thread"
+
+_Span = tuple[str, str, float, float, int]  # row, label, start, duration, thread
+
+
+def _released_by(handlers: deque[tuple[float, str]], start: float, end: float) -> str | None:
+    """The callback whose handler ended last inside ``[start, end]`` (a little slack)."""
+    best: tuple[float, str] | None = None
+    for handler_end, row in handlers:
+        if start <= handler_end <= end + 0.002 and (best is None or handler_end > best[0]):
+            best = (handler_end, row)
+    return best[1] if best else None
+
+
+class BusFeed:
+    """Makes :class:`StreamBusSnapshot` items of one engine.
+
+    Args:
+        engine: The trainer's engine (``trainer.engine``); recording its timeline starts
+            now (``engine.record_trace()``).
+        timeline_batches: How many of the latest batches the timeline covers.
+        max_spans: The most spans one snapshot carries (the newest are kept).
+
+    Example:
+        >>> feed = BusFeed(trainer.engine)
+        >>> feed.snapshot().statistics["callbacks"][0]["name"]
+        'SpeedMonitor'
+    """
+
+    def __init__(self, engine: Engine, *, timeline_batches: int = 6, max_spans: int = 600) -> None:
+        self.engine = engine
+        self.recorder: TraceRecorder = engine.record_trace()
+        self.timeline_batches = timeline_batches
+        self.max_spans = max_spans
+        self._recent: deque[_Span] = deque(maxlen=4096)
+        self._batch_ends: list[float] = []
+        self._last_handlers: deque[tuple[float, str]] = deque(maxlen=32)
+        self._last_end: dict[str, float] = {}
+        self._caused: dict[str, float] = {}
+        self._read = 0
+
+    def _take_new(self) -> list[_Span]:
+        """The spans recorded since the last call; the recorder forgets them."""
+        spans = getattr(self.recorder, "_spans", None)
+        if isinstance(spans, list):
+            n = len(spans)
+            new: list[_Span] = spans[:n]
+            # Other threads only append, so the first n are the ones just read.
+            del spans[:n]
+            return new
+        every = [(s.row, s.label, s.start, s.duration, s.thread) for s in self.recorder.spans()]
+        new, self._read = every[self._read :], len(every)
+        return new
+
+    def _account(self, new: list[_Span]) -> None:
+        # Spans arrive in the order they ended, so the handler that released a barrier
+        # is among the last few handler spans recorded before the wait's own span.
+        handlers = self._last_handlers
+        for span in new:
+            row, label, start, duration, _ = span
+            end = start + duration
+            if row == PRODUCER_ROW:
+                if label.startswith("batch"):
+                    self._batch_ends.append(end)
+                elif label == "wait: barrier" and duration > 0:
+                    culprit = _released_by(handlers, start, end)
+                    if culprit is not None:
+                        self._caused[culprit] = self._caused.get(culprit, 0.0) + duration
+            else:
+                handlers.append((end, row))
+                if end > self._last_end.get(row, 0.0):
+                    self._last_end[row] = end
+            self._recent.append(span)
+        if len(self._batch_ends) > 8192:
+            del self._batch_ends[:-4096]
+
+    def _lag(self, name: str, pending: int) -> int:
+        if pending <= 0:
+            return 0
+        last = self._last_end.get(name, 0.0)
+        return len(self._batch_ends) - bisect.bisect_right(self._batch_ends, last)
+
+    def _timeline(self) -> tuple[dict[str, Any], ...]:
+        batches = [s for s in self._recent if s[0] == PRODUCER_ROW and s[1].startswith("batch")]
+        if not batches:
+            return ()
+        since = batches[-self.timeline_batches :][0][2]
+        chosen = [s for s in self._recent if s[2] + s[3] >= since][-self.max_spans :]
+        origin = self.recorder.origin
+        return tuple(
+            {
+                "row": row,
+                "label": label,
+                "start": round((start - origin) * 1e3, 3),
+                "dur": round(duration * 1e3, 3),
+            }
+            for row, label, start, duration, _ in chosen
+        )
+
+    def statistics(self) -> dict[str, Any]:
+        """``engine.statistics()`` as plain values, with the per-callback estimates."""
+        self._account(self._take_new())
+        stats = self.engine.statistics()
+        callbacks = [
+            {
+                "name": c.name,
+                "handled": c.handled,
+                "inline": c.inline,
+                "total_time": c.total_time,
+                "max_time": c.max_time,
+                "mean_time": c.total_time / c.handled if c.handled else 0.0,
+                "slowest": c.slowest,
+                "pending": c.pending,
+                "peak_pending": c.peak_pending,
+                "on_thread": c.on_thread,
+                "lag_batches": self._lag(c.name, c.pending),
+                "barrier_wait_caused": self._caused.get(c.name, 0.0),
+            }
+            for c in stats.callbacks
+        ]
+        return {
+            "batches": stats.batches,
+            "events_published": stats.events_published,
+            "queue_depth": stats.queue_depth,
+            "peak_queue_depth": stats.peak_queue_depth,
+            "lag_events": stats.lag_events,
+            "lag_batches": stats.lag_batches,
+            "barrier_waits": stats.barrier_waits,
+            "barrier_wait_time": stats.barrier_wait_time,
+            "backpressure_wait_time": stats.backpressure_wait_time,
+            "handler_time": stats.handler_time,
+            "callbacks": callbacks,
+        }
+
+    def snapshot(self) -> StreamBusSnapshot:
+        """A new snapshot (its ``seq`` is set when a stream publishes it)."""
+        statistics = self.statistics()
+        return StreamBusSnapshot(statistics, self._timeline(), time.time())

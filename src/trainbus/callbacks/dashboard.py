@@ -1,0 +1,294 @@
+"""``Dashboard``: a live page for one local run, served on 127.0.0.1 while it trains.
+
+The page (loss and eval curves, throughput, a callbacks panel and a timeline of the last
+batches; ``docs/dashboard.md``) is the one ``trainbus.serve`` shows for its jobs. The
+server runs on a thread of its own with its own event loop, so browser tabs, slow or
+closed, never touch the training loop: the callback's handlers (plain and cheap) only
+append each item to an outbox, and every 50 ms the server's loop publishes what waits
+there into an :class:`~trainbus.callbacks.EventStream` whose subscribers have bounded
+buffers. The bus snapshots (callbacks panel, timeline) are
+taken on the server's thread every ``interval`` seconds. Needs
+``pip install 'trainbus[service]'`` (Starlette, uvicorn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections import deque
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from trainbus._events import Event
+from trainbus._logger import LoggerDestination, LogRecord
+from trainbus.callbacks._stream_items import StreamEvent, StreamMetrics, json_ready
+from trainbus.callbacks.event_stream import DEFAULT_STREAM_EVENTS, EventStream
+
+if TYPE_CHECKING:
+    from trainbus._logger import Logger
+    from trainbus._state import State
+    from trainbus._trainer import Trainer
+    from trainbus.callbacks._bus_feed import BusFeed
+    from trainbus.serve._dashboard import ConnectionHub
+
+__all__ = ["Dashboard"]
+
+_END = object()  # the outbox's marker: the run closed
+_SEND_BUFFER = 64 * 1024
+_FLUSH_S = 0.05  # how often the server's loop takes what the run sent
+
+
+class Dashboard(LoggerDestination):
+    """Serves a live dashboard of this run at ``http://127.0.0.1:<port>/``.
+
+    Pass it in ``loggers=[...]`` (so it sees logged metrics) and hand it the trainer with
+    :meth:`attach` for the callbacks panel and the timeline (a callback cannot reach the
+    trainer's engine by itself). The server starts at :meth:`start` (or with the run) and
+    keeps serving after the run, so the page can still be read, until :meth:`stop` or
+    the end of a ``with`` block; its thread is a daemon.
+
+    Args:
+        host: The interface to listen on (default ``127.0.0.1``: this machine only).
+        port: The port (``0``: any free port; read :attr:`url`).
+        interval: Seconds between two bus snapshots (callbacks panel, timeline).
+        history: Items kept for tabs that open (or reconnect) later.
+
+    Attributes:
+        stream: The server side's :class:`EventStream` (lives on the server's loop).
+
+    Example:
+        >>> with Dashboard() as dashboard:
+        ...     trainer = Trainer(model, loader, "3ep", loggers=[dashboard])
+        ...     dashboard.attach(trainer)
+        ...     print("open", dashboard.url)
+        ...     trainer.fit_sync()
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        interval: float = 0.5,
+        history: int = 20_000,
+    ) -> None:
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"port={port!r} must be an int from 0 to 65535 (0: any free port)")
+        if isinstance(interval, bool) or not isinstance(interval, int | float) or not (
+            interval > 0
+        ):
+            raise ValueError(f"interval={interval!r} must be seconds > 0, e.g. 0.5")
+        self.host = host
+        self.port = port
+        self.interval = float(interval)
+        self.stream = EventStream(history=history, buffer_size=history)
+        self._feed: BusFeed | None = None
+        self._running = False
+        self._outbox: deque[Any] = deque(maxlen=max(history, 1024))
+        self._flush_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: Any = None
+        self._hub: ConnectionHub | None = None
+        self._started = threading.Event()
+        self._delivered = threading.Event()
+        self._status = "running"
+        for event in DEFAULT_STREAM_EVENTS:
+            setattr(self, event.value, self._forwarder(event))
+
+    # -- the server -------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The page's address (starts the server if needed)."""
+        self.start()
+        return f"http://{self.host}:{self.port}/"
+
+    def attach(self, trainer: Trainer) -> Dashboard:
+        """Show ``trainer``'s callbacks and timeline too (records its timeline from now)."""
+        from trainbus.callbacks._bus_feed import BusFeed
+
+        self._feed = BusFeed(trainer.engine)
+        return self
+
+    def start(self) -> None:
+        """Start serving (on a daemon thread); does nothing if it serves already."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        try:
+            from trainbus.serve._dashboard import ConnectionHub
+        except ImportError as exc:
+            raise ImportError(
+                f"Dashboard needs Starlette and uvicorn ({exc.name} is missing); install them "
+                "with: pip install 'trainbus[service]'"
+            ) from exc
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # A small send buffer (inherited by each connection): a tab that stops reading is
+        # absorbed by its stream's bounded buffer, not by megabytes of kernel memory.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            raise OSError(
+                f"Dashboard cannot listen on {self.host}:{self.port} ({exc.strerror}); "
+                "pick another port=..., or port=0 for any free one"
+            ) from exc
+        self.port = sock.getsockname()[1]
+        self._hub = ConnectionHub()
+        self._started.clear()
+        self._thread = threading.Thread(
+            target=self._serve, args=(sock,), name="trainbus-dashboard", daemon=True
+        )
+        self._thread.start()
+        self._started.wait(timeout=10)
+
+    def _serve(self, sock: socket.socket) -> None:
+        import uvicorn
+
+        from trainbus.serve._dashboard import dashboard_app
+
+        assert self._hub is not None
+        app = dashboard_app(self.stream, self._end_data, self._hub)
+        started = self._started
+
+        class Server(uvicorn.Server):
+            async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+                await super().startup(sockets=sockets)
+                started.set()
+
+        server = Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self._server = server
+
+        async def ticker() -> None:
+            next_snapshot = time.monotonic() + self.interval
+            while True:
+                await asyncio.sleep(_FLUSH_S)
+                self._flush()
+                if time.monotonic() >= next_snapshot:
+                    next_snapshot = time.monotonic() + self.interval
+                    if self._running and self._feed is not None:
+                        self.stream.publish(self._feed.snapshot())
+
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._flush()  # what the run published before (or while) the server was down
+            ticking = asyncio.create_task(ticker())
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                ticking.cancel()
+
+        try:
+            asyncio.run(main())
+        finally:
+            self._loop = None
+            self._started.set()
+            sock.close()
+
+    def stop(self) -> None:
+        """Stop serving: open tabs lose the stream (they retry until it comes back)."""
+        thread, loop, server, hub = self._thread, self._loop, self._server, self._hub
+        if thread is None:
+            return
+        if loop is not None and server is not None and hub is not None:
+
+            def shut() -> None:
+                hub.close_all()
+                server.should_exit = True
+
+            try:
+                loop.call_soon_threadsafe(shut)
+            except RuntimeError:  # the loop closed already
+                pass
+        thread.join(timeout=10)
+        self._thread = None
+
+    def __enter__(self) -> Dashboard:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    async def _end_data(self, sub: Any) -> dict[str, Any]:
+        return {"status": self._status, "error": None, "dropped": sub.dropped}
+
+    # -- forwarding (training loop -> server loop) -------------------------------------------
+
+    def _send(self, item: Any) -> None:
+        # No wake-up per item: the server's loop takes the outbox every FLUSH_S seconds,
+        # so a run of 1,000 batches/s costs the server a few dozen wake-ups a second, and
+        # the training process's other threads a few dozen GIL hand-offs. The run's end
+        # wakes it at once.
+        self._outbox.append(item)
+        if item is _END and not self._flush_scheduled:
+            loop = self._loop
+            if loop is None:
+                return  # flushed when the server starts
+            self._flush_scheduled = True
+            try:
+                loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:  # the server stopped meanwhile
+                self._flush_scheduled = False
+
+    def _flush(self) -> None:
+        """On the server's loop: publish what waits in the outbox.
+
+        Also called when a server starts, which clears a wake-up the previous server's
+        loop may have dropped when it stopped.
+        """
+        self._flush_scheduled = False
+        outbox = self._outbox
+        while outbox:
+            item = outbox.popleft()
+            if item is _END:
+                self._running = False
+                if self._feed is not None:  # the run's last snapshot
+                    self.stream.publish(self._feed.snapshot())
+                self.stream.end()
+                self._delivered.set()
+            else:
+                if isinstance(item, StreamEvent) and item.event in (Event.INIT, Event.FIT_START):
+                    self._running = True
+                self.stream.publish(item)
+
+    # The handlers are plain and cheap (an append, at most one wake-up of the server's
+    # loop): the bus may run them inline on the training thread, which costs far less
+    # than a hop to the event loop at every batch. Snapshots are taken on the server's
+    # thread.
+
+    def _forwarder(self, event: Event) -> Any:
+        def handler(state: State, logger: Logger) -> None:
+            if event is Event.INIT or event is Event.FIT_START:
+                self._status = "running"
+            if event is Event.FIT_START and (self._thread is None or not self._thread.is_alive()):
+                self.start()
+            if event is Event.FIT_END:
+                self._status = "completed"
+            self._send(StreamEvent(event, state.timestamp, time.time()))
+
+        handler.__qualname__ = f"Dashboard.{event.value}"
+        return handler
+
+    def log_record(self, record: LogRecord) -> None:
+        """Forward a logged record to the page."""
+        values = {k: json_ready(v) for k, v in record.metrics.items()}
+        self._send(StreamMetrics(values, record.step, record.wall_time, 0, record.hyperparameters))
+
+    def close(self, state: State, logger: Logger) -> None:
+        """The run is over: a last snapshot, then the page's stream ends (``end``)."""
+        if self._status == "running":
+            self._status = "stopped"
+        self._delivered.clear()
+        self._send(_END)
+        if self._loop is not None:  # so that the page has everything when fit() returns
+            self._delivered.wait(timeout=5.0)

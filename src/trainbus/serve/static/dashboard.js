@@ -1,0 +1,300 @@
+// trainbus dashboard: follows a run's server-sent events (no polling, no build step).
+//
+// Responsiveness at high event rates: EventSource handlers only queue the raw message;
+// at most five times a second (on an animation frame; on a timer while the tab is hidden)
+// one flush parses the queue, folds it into the series and redraws each chart once. Series
+// keep at most MAX_POINTS points: past that, neighbouring points are averaged in pairs,
+// so a long run shows its whole history at a coarser resolution and memory stays flat.
+"use strict";
+(function () {
+  const MAX_POINTS = 4000;
+  const RENDER_MS = 200;
+  const EVENTS = ["init", "fit_start", "epoch_start", "batch_end", "epoch_end", "eval_start",
+    "eval_end", "fit_end", "metrics", "hyperparameters", "bus", "gap", "end", "disconnected"];
+  const UNNUMBERED = new Set(["end", "gap", "disconnected"]);
+  const D = {
+    status: "connecting", lastSeq: -1, duplicates: 0, duplicateSeqs: [], received: 0, reconnects: 0,
+    frames: 0, dropped: 0, epoch: 0, batch: 0, ended: null,
+    loss: { x: [], y: [], count: 0, steps: [] },
+    evals: { x: [], names: [], ys: {} },
+    speed: { x: [], y: [] },
+    bus: null, slowest: null, eventsPerSec: 0,
+  };
+  window.trainbusDashboard = D;
+
+  const $ = (id) => document.getElementById(id);
+  let queue = [];
+  let scheduled = false;
+  let dirty = { loss: false, eval: false, speed: false, bus: false, header: false };
+  let startWall = null;
+  const recentBatches = [];  // [wall_time, batch] of the last second or so
+  let lastSpeedAt = 0;
+  let rateWindow = [];
+
+  function num(v) {
+    const n = typeof v === "number" ? v : Number(v);
+    return Number.isFinite(n) ? n : null;
+  }
+
+  function compact(xs, ys) {  // average neighbours in pairs: half the points, same span
+    const nx = [], ny = [];
+    for (let i = 0; i + 1 < xs.length; i += 2) {
+      nx.push(xs[i + 1]);
+      const a = ys[i], b = ys[i + 1];
+      ny.push(a === null ? b : b === null ? a : (a + b) / 2);
+    }
+    if (xs.length % 2) { nx.push(xs[xs.length - 1]); ny.push(ys[ys.length - 1]); }
+    return [nx, ny];
+  }
+
+  function pushPoint(series, x, y) {
+    series.x.push(x);
+    series.y.push(y);
+    if (series.x.length > MAX_POINTS) [series.x, series.y] = compact(series.x, series.y);
+  }
+
+  function onMetrics(data) {
+    const m = data.metrics || {};
+    for (const [name, value] of Object.entries(m)) {
+      if (name === "loss/train") {
+        pushPoint(D.loss, data.step, num(value));
+        D.loss.count += 1;
+        if (D.loss.steps.length < 100000) D.loss.steps.push(data.step);
+        dirty.loss = true;
+      } else if (name.startsWith("eval/")) {
+        const ev = D.evals;
+        if (!(name in ev.ys)) {
+          ev.names.push(name);
+          ev.ys[name] = ev.x.map(() => null);
+          evalChart = null;  // a new series: rebuild the chart
+        }
+        if (ev.x.length === 0 || ev.x[ev.x.length - 1] !== data.step) {
+          ev.x.push(data.step);
+          for (const n of ev.names) ev.ys[n].push(null);
+        }
+        ev.ys[name][ev.ys[name].length - 1] = num(value);
+        dirty.eval = true;
+      }
+    }
+  }
+
+  function onBatchEnd(data) {
+    D.batch = data.batch;
+    D.epoch = data.epoch;
+    const t = data.wall_time;
+    if (startWall === null) startWall = t;
+    recentBatches.push([t, data.batch]);
+    while (recentBatches.length > 2 && t - recentBatches[0][0] > 1.0) recentBatches.shift();
+    if (t - lastSpeedAt >= 0.25 && recentBatches.length >= 2) {
+      const [t0, b0] = recentBatches[0];
+      if (t > t0) {
+        pushPoint(D.speed, t - startWall, (data.batch - b0) / (t - t0));
+        lastSpeedAt = t;
+        dirty.speed = true;
+      }
+    }
+    dirty.header = true;
+  }
+
+  function handle(name, raw, id) {
+    if (name === "items") {
+      for (const d of JSON.parse(raw)) {
+        const kind = d.type === "event" ? d.event : d.type;
+        handleData(kind, d, d.seq === undefined ? "" : String(d.seq));
+      }
+      return;
+    }
+    handleData(name, JSON.parse(raw), id);
+  }
+
+  function handleData(name, data, id) {
+    // end, gap and disconnected carry no id (their lastEventId repeats the previous one).
+    if (!UNNUMBERED.has(name) && id !== "" && id !== undefined) {
+      const seq = Number(id);
+      if (seq <= D.lastSeq) {
+        D.duplicates += 1;
+        if (D.duplicateSeqs.length < 100) D.duplicateSeqs.push([name, seq, D.lastSeq]);
+        return;
+      }
+      D.lastSeq = seq;
+    }
+    D.received += 1;
+    if (name === "metrics") onMetrics(data);
+    else if (name === "batch_end") onBatchEnd(data);
+    else if (name === "bus") { D.bus = data; dirty.bus = true; }
+    else if (name === "gap") { D.dropped += data.missed; dirty.header = true; }
+    else if (name === "epoch_start" || name === "epoch_end") { D.epoch = data.epoch; dirty.header = true; }
+    else if (name === "end" || name === "disconnected") {
+      D.ended = data;
+      setStatus(name === "end" ? (data.status === "completed" ? "finished" : data.status) : "disconnected");
+      source.close();  // otherwise EventSource reconnects
+    }
+  }
+
+  function flush() {
+    scheduled = false;
+    const batch = queue;
+    queue = [];
+    const now = performance.now();
+    rateWindow.push([now, batch.length]);
+    while (rateWindow.length && now - rateWindow[0][0] > 1000) rateWindow.shift();
+    D.eventsPerSec = rateWindow.reduce((s, r) => s + r[1], 0);
+    for (const [name, raw, id] of batch) {
+      try { handle(name, raw, id); } catch (err) { console.warn("trainbus dashboard:", err); }
+    }
+    render();
+    D.frames += 1;
+  }
+
+  function schedule() {
+    if (scheduled) return;
+    scheduled = true;
+    // At most RENDER_MS apart, then on the next animation frame (hidden tabs get no
+    // frames: they flush on the timer alone).
+    setTimeout(() => {
+      if (document.hidden) flush(); else requestAnimationFrame(() => { if (scheduled) flush(); });
+    }, RENDER_MS);
+  }
+
+  // -- charts ---------------------------------------------------------------------------
+
+  function chartOpts(el, series, xLabel) {
+    return {
+      width: Math.max(300, el.clientWidth), height: 220,
+      scales: { x: { time: false } },
+      axes: [{ label: xLabel }, {}],
+      legend: { live: false },
+      series: [{ label: xLabel }, ...series],
+    };
+  }
+  const COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860"];
+  const lossChart = new uPlot(
+    chartOpts($("loss-chart"), [{ label: "loss/train", stroke: COLORS[0], width: 1.5 }], "batch"),
+    [[], []], $("loss-chart"));
+  const speedChart = new uPlot(
+    chartOpts($("speed-chart"), [{ label: "batches/s", stroke: COLORS[2], width: 1.5 }], "seconds"),
+    [[], []], $("speed-chart"));
+  let evalChart = null;
+
+  function renderEval() {
+    const ev = D.evals;
+    if (!ev.names.length) return;
+    if (evalChart === null) {
+      $("eval-chart").textContent = "";
+      const series = ev.names.map((n, i) => ({
+        label: n, stroke: COLORS[(i + 1) % COLORS.length], width: 1.5, points: { show: true },
+      }));
+      evalChart = new uPlot(chartOpts($("eval-chart"), series, "batch"), [[]], $("eval-chart"));
+    }
+    evalChart.setData([ev.x, ...ev.names.map((n) => ev.ys[n])]);
+  }
+
+  function fmtTime(s) {
+    if (s >= 1) return s.toFixed(2) + " s";
+    if (s >= 1e-3) return (s * 1e3).toFixed(1) + " ms";
+    return (s * 1e6).toFixed(0) + " µs";
+  }
+
+  function renderBus() {
+    const stats = D.bus.statistics;
+    const rows = [...stats.callbacks].sort((a, b) => b.total_time - a.total_time);
+    D.slowest = rows.length && rows[0].total_time > 0 ? rows[0].name : null;
+    $("slowest").textContent = D.slowest || "-";
+    const body = $("callbacks").querySelector("tbody");
+    body.textContent = "";
+    for (const c of rows) {
+      const tr = document.createElement("tr");
+      if (c.name === D.slowest) tr.className = "slowest";
+      const cells = [c.name, fmtTime(c.total_time), fmtTime(c.mean_time), fmtTime(c.max_time),
+        String(c.handled), String(c.lag_batches), `${c.pending} (${c.peak_pending})`,
+        fmtTime(c.barrier_wait_caused)];
+      for (const text of cells) {
+        const td = document.createElement("td");
+        td.textContent = text;
+        tr.appendChild(td);
+      }
+      tr.dataset.callback = c.name;
+      body.appendChild(tr);
+    }
+    $("bus-summary").textContent =
+      `${stats.batches} batches; training waited ${fmtTime(stats.barrier_wait_time)} at barriers ` +
+      `(${stats.barrier_waits} waits) and ${fmtTime(stats.backpressure_wait_time)} for full queues; ` +
+      `handlers ran ${fmtTime(stats.handler_time)} in all; queue depth ${stats.queue_depth}.`;
+    renderTimeline();
+  }
+
+  function renderTimeline() {
+    const canvas = $("timeline");
+    const spans = D.bus.timeline || [];
+    const names = ["training thread", ...D.bus.statistics.callbacks.map((c) => c.name)];
+    const rowH = 22, left = 150;
+    const width = canvas.clientWidth || 800;
+    const ratio = window.devicePixelRatio || 1;
+    canvas.height = (names.length * rowH + 20) * ratio;
+    canvas.width = width * ratio;
+    canvas.style.height = names.length * rowH + 20 + "px";
+    const g = canvas.getContext("2d");
+    g.scale(ratio, ratio);
+    g.clearRect(0, 0, width, names.length * rowH + 20);
+    g.font = "12px system-ui, sans-serif";
+    g.textBaseline = "middle";
+    names.forEach((n, i) => { g.fillStyle = "#1d2330"; g.fillText(n, 4, i * rowH + rowH / 2); });
+    if (!spans.length) return;
+    const t0 = Math.min(...spans.map((s) => s.start));
+    const t1 = Math.max(...spans.map((s) => s.start + s.dur));
+    const scale = (width - left - 10) / Math.max(t1 - t0, 1e-3);
+    for (const s of spans) {
+      const row = names.indexOf(s.row);
+      if (row < 0) continue;
+      g.fillStyle = s.row !== "training thread" ? "#55a868"
+        : s.label.startsWith("wait") ? "#dd8452" : "#4c72b0";
+      g.fillRect(left + (s.start - t0) * scale, row * rowH + 3, Math.max(1, s.dur * scale), rowH - 6);
+    }
+    g.fillStyle = "#6b7280";
+    g.fillText(`${(t1 - t0).toFixed(1)} ms`, width - 60, names.length * rowH + 10);
+  }
+
+  function render() {
+    if (dirty.loss) lossChart.setData([D.loss.x, D.loss.y]);
+    if (dirty.speed) speedChart.setData([D.speed.x, D.speed.y]);
+    if (dirty.eval) renderEval();
+    if (dirty.bus && D.bus) renderBus();
+    $("epoch").textContent = D.epoch;
+    $("batch").textContent = D.batch;
+    $("dropped").textContent = D.dropped;
+    $("rate").textContent = D.eventsPerSec;
+    const sp = D.speed.y.length ? D.speed.y[D.speed.y.length - 1] : null;
+    $("throughput").textContent = sp === null ? "-" : sp.toFixed(1);
+    dirty = { loss: false, eval: false, speed: false, bus: false, header: false };
+  }
+
+  function setStatus(s) {
+    D.status = s;
+    const el = $("status");
+    el.textContent = s;
+    el.className = "pill " + s;
+  }
+
+  window.addEventListener("resize", () => {
+    for (const [chart, el] of [[lossChart, "loss-chart"], [speedChart, "speed-chart"],
+      [evalChart, "eval-chart"]]) {
+      if (chart) chart.setSize({ width: Math.max(300, $(el).clientWidth), height: 220 });
+    }
+    if (D.bus) renderTimeline();
+  });
+
+  // -- the stream -----------------------------------------------------------------------
+
+  const source = new EventSource("events?since=0&bus=1&pack=1&buffer=20000");
+  source.onopen = () => { if (!D.ended) setStatus("live"); };
+  source.onerror = () => {
+    if (D.ended) return;
+    if (source.readyState === EventSource.CONNECTING) { D.reconnects += 1; setStatus("reconnecting"); }
+    else setStatus("closed");
+  };
+  // ?pack=1: the server sends what it has buffered as one `items` message (a JSON array).
+  source.addEventListener("items", (e) => { queue.push(["items", e.data, e.lastEventId]); schedule(); });
+  for (const name of EVENTS) {
+    source.addEventListener(name, (e) => { queue.push([name, e.data, e.lastEventId]); schedule(); });
+  }
+})();

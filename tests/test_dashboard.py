@@ -1,0 +1,187 @@
+"""The dashboard without a browser: bus snapshots in the stream, the HTTP side, the callback."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import torch
+
+from tests.helpers import TinyModel, make_loader
+from trainbus import Callback, Trainer
+from trainbus.callbacks import Dashboard, EventStream, StreamBusSnapshot, StreamEvent
+from trainbus.serve import create_app
+
+ROOT = Path(__file__).resolve().parent.parent
+STATIC = ROOT / "src" / "trainbus" / "serve" / "static"
+DEADLINE = 30
+
+
+class Sleepy(Callback):
+    """A plain handler that blocks 2 ms per batch: it holds the BATCH_END barrier."""
+
+    def batch_end(self, state: Any, logger: Any) -> None:
+        time.sleep(0.002)
+
+
+def trainer_with(stream_or_board: Any, batches: int = 20, callbacks: Any = ()) -> Trainer:
+    model = TinyModel()
+    return Trainer(model, make_loader(batches), "1ep",
+                   optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                   callbacks=list(callbacks), loggers=[stream_or_board],
+                   warn_slow_callbacks=False)
+
+
+@pytest.mark.asyncio
+async def test_a_watching_stream_publishes_bus_snapshots_and_a_last_one_before_fit_end() -> None:
+    stream = EventStream(history=10_000)
+    trainer = trainer_with(stream, batches=30, callbacks=[Sleepy()])
+    stream.watch(trainer.engine, interval=0.01)
+    await trainer.fit()
+    items = [item async for item in stream.subscribe(since=0)]
+    snaps = [i for i in items if isinstance(i, StreamBusSnapshot)]
+    assert len(snaps) >= 2
+    assert isinstance(items[-1], StreamEvent) and items[-1].event.value == "fit_end"
+    assert items[-2] is snaps[-1]  # the final snapshot comes just before FIT_END
+    final = snaps[-1].statistics
+    assert final["batches"] == 30
+    by_name = {c["name"]: c for c in final["callbacks"]}
+    assert by_name["Sleepy"]["handled"] == 30
+    assert by_name["Sleepy"]["barrier_wait_caused"] > 0  # it released the barriers
+    assert by_name["Sleepy"]["barrier_wait_caused"] > by_name["EventStream"][
+        "barrier_wait_caused"
+    ]
+    rows = {span["row"] for span in snaps[-1].timeline}
+    assert {"training thread", "Sleepy"} <= rows
+    assert len({s["label"] for s in snaps[-1].timeline if s["label"].startswith("batch")}) <= 7
+    data = json.loads(snaps[-1].to_json())
+    assert data["type"] == "bus" and data["seq"] == snaps[-1].seq
+    assert snaps[-1].to_sse().split("\n")[1] == "event: bus"
+
+
+@pytest.mark.asyncio
+async def test_the_feed_keeps_the_recorder_flat() -> None:
+    stream = EventStream()
+    trainer = trainer_with(stream, batches=50, callbacks=[Sleepy()])
+    stream.watch(trainer.engine, interval=0.01)
+    await trainer.fit()
+    assert stream._feed is not None
+    assert len(list(stream._feed.recorder.spans())) < 50  # taken at each snapshot
+
+
+def test_watch_and_publish_check_their_arguments() -> None:
+    stream = EventStream()
+    trainer = trainer_with(stream)
+    with pytest.raises(ValueError, match="interval=0"):
+        stream.watch(trainer.engine, interval=0)
+    with pytest.raises(TypeError, match="StreamBusSnapshot"):
+        stream.publish("batch_end")  # type: ignore[type-var]
+    stream = EventStream()  # a fresh one: the trainer's INIT was item 0 of the other
+    first = stream.publish(StreamBusSnapshot({"batches": 0}, (), 0.0, seq=99))
+    second = stream.publish(StreamBusSnapshot({"batches": 1}, (), 0.0))
+    assert (first.seq, second.seq) == (0, 1)
+    with pytest.raises(ValueError, match="port=70000"):
+        Dashboard(port=70000)
+    with pytest.raises(ValueError, match="interval=-1"):
+        Dashboard(interval=-1)
+
+
+@pytest.mark.asyncio
+async def test_job_dashboard_page_static_files_and_the_bus_opt_in() -> None:
+    from tests.test_serve import Factory, names, read_all, serving
+
+    with anyio.fail_after(DEADLINE):
+        async with serving(create_app(Factory())) as (_, url), httpx.AsyncClient(base_url=url) as c:
+            job_id = (await c.post("/jobs", json={"batches": 5})).json()["id"]
+            page = await c.get(f"/jobs/{job_id}/dashboard")
+            assert page.status_code == 200
+            assert page.headers["content-type"].startswith("text/html")
+            assert f"trainbus job {job_id}" in page.text
+            assert "https://" not in page.text and "http://" not in page.text  # no CDN
+            for src in re.findall(r'(?:src|href)="(/static/[^"]+)"', page.text):
+                assert (await c.get(src)).status_code == 200, src
+            assert (await c.get("/jobs/nope/dashboard")).status_code == 404
+            plain = await read_all(c, job_id)
+            assert "bus" not in names(plain)  # curl users see what they saw before
+            with_bus = await read_all(c, job_id, "?bus=1")
+            assert names(with_bus)[-3:] == ["bus", "fit_end", "end"]
+            # ?pack=1: bursts arrive as one `items` message, its id the last item's seq.
+            async with c.stream("GET", f"/jobs/{job_id}/events?bus=1&pack=1") as response:
+                raw = [line async for line in response.aiter_lines()]
+            packed = [json.loads(line[6:]) for line in raw if line.startswith("data: [")]
+            flat = [item for message in packed for item in message]
+            assert [i["seq"] for i in flat] == [d["seq"] for _, d in with_bus[:-1]]
+            ids = [int(line[4:]) for line in raw if line.startswith("id: ")]
+            assert ids == [message[-1]["seq"] for message in packed]
+            assert raw[-2] == 'data: {"status":"completed","error":null,"dropped":0}'
+            # Last-Event-ID wins over ?since= (a reconnecting EventSource sends both).
+            last = with_bus[-3][1]["seq"]
+            async with c.stream(
+                "GET", f"/jobs/{job_id}/events?since=0&bus=1",
+                headers={"Last-Event-ID": str(last)},
+            ) as response:
+                from tests.test_serve import sse_items
+
+                resumed = [item async for item in sse_items(response)]
+            assert names(resumed) == ["fit_end", "end"]
+
+
+def test_a_tab_that_never_reads_does_not_hold_the_run(no_leaked_threads: None) -> None:
+    # Snapshots every 10 ms (tens of KiB each) overflow the socket buffers within a second.
+    with Dashboard(history=64, interval=0.01) as dashboard:
+        trainer = trainer_with(dashboard, batches=1500)
+        dashboard.attach(trainer)
+        silent = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        silent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        silent.connect(("127.0.0.1", dashboard.port))
+        silent.sendall(b"GET /events?since=0&bus=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        silent.recv(1)  # the response has started: the tab is subscribed
+        trainer.fit_sync()  # completes although the tab never reads
+        assert dashboard.stream.ended
+        stats = dashboard.stream.statistics()
+        assert stats.published > 3000
+        assert stats.dropped > 0  # the tab lost items; the run lost nothing
+        silent.close()
+    assert not any(t.name == "trainbus-dashboard" for t in threading.enumerate())
+
+
+def test_demo_cli_takes_a_dashboard_port(capsys: pytest.CaptureFixture[str]) -> None:
+    from trainbus.__main__ import _parser
+
+    assert _parser().parse_args(["demo"]).dashboard is None
+    assert _parser().parse_args(["demo", "--dashboard"]).dashboard == 0
+    assert _parser().parse_args(["demo", "--dashboard", "8050"]).dashboard == 8050
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["demo", "--dashboard", "99999"])
+    assert "port from 0 to 65535" in capsys.readouterr().err
+
+
+def test_the_front_end_ships_in_the_package_with_its_licence() -> None:
+    vendor = STATIC / "vendor" / "uplot"
+    for name in ("uPlot.iife.min.js", "uPlot.min.css", "LICENSE", "README.md"):
+        assert (vendor / name).is_file(), name
+    assert "MIT License" in (vendor / "LICENSE").read_text()
+    assert "1.6.32" in (vendor / "README.md").read_text()
+    for name in ("dashboard.html", "dashboard.js", "dashboard.css"):
+        text = (STATIC / name).read_text()
+        assert "cdn" not in text.lower() and "https://" not in text, name
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"playwright' in pyproject
+
+
+def test_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = (ROOT / "docs" / "dashboard.md").read_text()
+    block = re.search(r"```python\n(.*?)```", text, re.S)
+    assert block is not None
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, Any] = {"__name__": "docs_dashboard"}
+    exec(compile(block.group(1), "docs/dashboard.md", "exec"), namespace)
+    assert namespace["trainer"].state.timestamp.batch == 40

@@ -1,0 +1,230 @@
+"""The dashboard in real headless Chromium (Debian's ``chromium``), driven by Playwright.
+
+CI installs ``chromium`` (``.ci/run``) and ``playwright`` (the ``test`` extra); without
+them these tests FAIL with a message saying what to install, they do not skip. One
+browser is shared by the whole module; each test opens its own page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.helpers import TinyModel, make_loader
+from trainbus import Callback, Trainer
+from trainbus.callbacks import Dashboard
+from trainbus.serve import JobContext, create_app, create_server
+
+CHROMIUM = os.environ.get("TRAINBUS_CHROMIUM", "/usr/bin/chromium")
+WAIT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if shutil.which(CHROMIUM) is None:
+        pytest.fail(
+            f"the browser tests need Chromium at {CHROMIUM}: `apt-get install -y chromium` "
+            "(Debian), or set TRAINBUS_CHROMIUM to a Chromium binary"
+        )
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("the browser tests need Playwright: pip install -e '.[test]' (no browsers "
+                    "download needed: they use the system Chromium)")
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+class Watched:
+    """A page plus every console error and uncaught exception it produced."""
+
+    def __init__(self, browser: Any) -> None:
+        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
+        self.errors: list[str] = []
+        self.page.on(
+            "console", lambda m: self.errors.append(m.text) if m.type == "error" else None
+        )
+        self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+
+    def state(self, expr: str) -> Any:
+        return self.page.evaluate(f"window.trainbusDashboard.{expr}")
+
+    def wait(self, condition: str) -> None:
+        self.page.wait_for_function(f"(D => {condition})(window.trainbusDashboard)",
+                                    timeout=WAIT_MS)
+
+
+class Hold(Callback):
+    """Holds training at the end of batch ``at`` until :attr:`go` is set (a plain handler)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.reached = threading.Event()
+        self.go = threading.Event()
+
+    def batch_end(self, state: Any, logger: Any) -> None:
+        if int(state.timer.batch) == self.at:
+            self.reached.set()
+            self.go.wait(timeout=60)
+
+
+class SlowPoke(Callback):
+    """Deliberately slow: 4 ms of blocking work per batch."""
+
+    def batch_end(self, state: Any, logger: Any) -> None:
+        time.sleep(0.004)
+
+
+class Quick(Callback):
+    async def batch_end(self, state: Any, logger: Any) -> None:
+        pass
+
+
+def local_run(batches: int, callbacks: list[Callback], dashboard: Dashboard) -> Trainer:
+    model = TinyModel()
+    trainer = Trainer(model, make_loader(batches), "1ep",
+                      optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                      callbacks=callbacks, loggers=[dashboard], warn_slow_callbacks=False)
+    dashboard.attach(trainer)
+    return trainer
+
+
+def in_thread(fn: Any) -> threading.Thread:
+    thread = threading.Thread(target=fn, name="test-fit", daemon=True)
+    thread.start()
+    return thread
+
+
+def test_job_page_loads_cleanly_and_its_loss_curve_grows_while_the_job_trains(
+    browser: Any,
+) -> None:
+    hold = Hold(at=10)
+
+    def factory(ctx: JobContext) -> Trainer:
+        model = TinyModel()
+        return Trainer(model, make_loader(40), "1ep",
+                       optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                       callbacks=[hold], loggers=ctx.loggers, warn_slow_callbacks=False)
+
+    app = create_app(factory)
+    server = create_server(app, port=0)
+    ready = threading.Event()
+    original = server.startup
+
+    async def startup(sockets: Any = None) -> None:
+        await original(sockets=sockets)
+        ready.set()
+
+    server.startup = startup  # type: ignore[method-assign]
+    serving = in_thread(lambda: asyncio.run(server.serve()))
+    try:
+        assert ready.wait(timeout=30)
+        base = f"http://127.0.0.1:{server.port}"
+        import httpx
+
+        job = httpx.post(f"{base}/jobs", json={}).json()
+        watched = Watched(browser)
+        watched.page.goto(f"{base}/jobs/{job['id']}/dashboard")
+        assert hold.reached.wait(timeout=30)
+        watched.wait("D.loss.count >= 10")
+        # Training is held at batch 10: the page is live and has the points so far.
+        assert watched.state("status") == "live"
+        assert watched.state("loss.count") == 10
+        assert httpx.get(f"{base}/jobs/{job['id']}").json()["status"] == "running"
+        hold.go.set()
+        watched.wait("D.ended !== null")
+        assert watched.state("loss.count") == 40  # it gained the rest while the job trained
+        assert watched.state("loss.steps") == list(range(1, 41))
+        assert watched.state("status") == "finished"
+        watched.wait("D.bus !== null && D.bus.statistics.batches === 40")
+        assert watched.page.locator("#callbacks tbody tr").count() >= 1
+        assert watched.errors == []
+    finally:
+        hold.go.set()
+        server.should_exit = True
+        serving.join(timeout=30)
+
+
+def test_callbacks_panel_names_the_slow_callback_as_the_slowest(browser: Any) -> None:
+    with Dashboard(interval=0.1) as dashboard:
+        trainer = local_run(60, [Quick(), SlowPoke()], dashboard)
+        watched = Watched(browser)
+        watched.page.goto(dashboard.url)
+        fit = in_thread(trainer.fit_sync)
+        watched.wait("D.ended !== null && D.bus !== null && D.bus.statistics.batches === 60")
+        fit.join(timeout=30)
+        assert watched.state("slowest") == "SlowPoke"
+        assert watched.page.text_content("#slowest") == "SlowPoke"
+        first_row = watched.page.locator("#callbacks tbody tr").first
+        assert first_row.get_attribute("data-callback") == "SlowPoke"
+        assert "slowest" in (first_row.get_attribute("class") or "")
+        rows = watched.state("bus.statistics.callbacks.map(c => c.name)")
+        assert set(rows) >= {"Quick", "SlowPoke", "Dashboard"}
+        timeline_rows = watched.state("bus.timeline.map(s => s.row)")
+        assert "training thread" in timeline_rows and "SlowPoke" in timeline_rows
+        assert watched.errors == []
+
+
+def test_a_restarted_server_resumes_the_stream_without_duplicates(browser: Any) -> None:
+    hold = Hold(at=15)
+    dashboard = Dashboard()
+    try:
+        trainer = local_run(50, [hold], dashboard)
+        watched = Watched(browser)
+        watched.page.goto(dashboard.url)
+        fit = in_thread(trainer.fit_sync)
+        assert hold.reached.wait(timeout=30)
+        watched.wait("D.loss.count >= 15")
+        port = dashboard.port
+        dashboard.stop()  # the server goes away; the page's EventSource retries
+        watched.wait("D.status === 'reconnecting'")
+        dashboard.start()
+        assert dashboard.port == port
+        hold.go.set()
+        watched.wait("D.ended !== null")
+        fit.join(timeout=30)
+        assert watched.state("reconnects") >= 1
+        assert watched.state("duplicates") == 0
+        assert watched.state("loss.steps") == list(range(1, 51))  # none twice, none missing
+        assert watched.state("status") == "finished"
+        assert watched.errors == [] or all("ERR_CONNECTION_REFUSED" in e for e in watched.errors)
+    finally:
+        hold.go.set()
+        dashboard.stop()
+
+
+def test_demo_page_at_the_end_of_the_run(browser: Any, tmp_path: Path) -> None:
+    from trainbus._demo import run_demo
+
+    with Dashboard() as dashboard:
+        watched = Watched(browser)
+        watched.page.goto(dashboard.url)
+        results: list[Any] = []
+        with open(os.devnull, "w") as quiet:
+            # Playwright's sync API runs a loop on this thread: the demo trains on another.
+            in_thread(lambda: results.append(run_demo(
+                epochs=2, out=tmp_path, upload_latency_ms=5, dashboard=dashboard, stream=quiet
+            ))).join(timeout=60)
+        result = results[0]
+        watched.wait("D.ended !== null && D.evals.x.length === 2")
+        assert watched.state("status") == "finished"
+        assert watched.state("loss.count") > 0
+        assert watched.state("evals.names").count("eval/accuracy") == 1
+        assert abs(watched.state("evals.ys['eval/accuracy'][1]") - result.accuracy) < 1e-6
+        shot = tmp_path / "dashboard.png"
+        watched.page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 10_000
+        assert watched.errors == []
