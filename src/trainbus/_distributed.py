@@ -17,26 +17,36 @@ The Trainer calls into this module at a few points and nowhere else:
 - :func:`reduce_eval` (loop, training thread): evaluation sums and counts are summed
   across ranks with one ``all_reduce``;
 - :func:`abort_on_failure` (``fit()``, training thread): a rank whose training raises
-  aborts the default process group, so its peers' pending collectives fail at once
-  instead of waiting for the timeout.
+  aborts an NCCL process group, so its peers' pending collectives fail at once (with
+  gloo they fail when the failing process exits, or after the timeout);
+- :func:`sigterm_stops` (``fit()``, main thread): ``torchrun`` sends ``SIGTERM`` to every
+  other worker once one has failed; during a distributed ``fit()`` that signal stops
+  training at the next batch and lets every callback close before ``fit()`` raises
+  (instead of killing the process mid-close).
 
 ``docs/distributed.md`` is the user's guide.
 """
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import datetime
 import inspect
 import os
+import signal
+import threading
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from trainbus._exceptions import TrainbusWarning
+
+if TYPE_CHECKING:
+    from trainbus._state import State
 
 __all__ = [
     "DEFAULT_DIST_TIMEOUT",
@@ -48,6 +58,7 @@ __all__ = [
     "runs_here",
     "setup",
     "shard_loader",
+    "sigterm_stops",
     "sync_gradients",
     "unwrap",
     "wrap_model",
@@ -153,7 +164,6 @@ def setup(device: torch.device, timeout: float) -> tuple[DistInfo, torch.device]
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=seconds))
-        atexit.register(_destroy)
     info = DistInfo(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
@@ -162,11 +172,6 @@ def setup(device: torch.device, timeout: float) -> tuple[DistInfo, torch.device]
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", info.local_rank)
     return info, device
-
-
-def _destroy() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def _is_fsdp(model: torch.nn.Module) -> bool:
@@ -213,7 +218,7 @@ def wrap_model(
 def _plain_sampler(loader: Any) -> bool:
     from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
-    sampler = loader.sampler
+    sampler: Any = loader.sampler
     if type(sampler) is RandomSampler:
         if sampler.replacement or getattr(sampler, "_num_samples", None) is not None:
             return False
@@ -240,7 +245,7 @@ def shard_loader(loader: Any, info: DistInfo, *, name: str, seed: int) -> Any:
         if isinstance(loader.sampler, DistributedSampler):
             return loader
         if _plain_sampler(loader):
-            sampler = DistributedSampler(
+            sampler: DistributedSampler[Any] = DistributedSampler(
                 loader.dataset,
                 num_replicas=info.world_size,
                 rank=info.rank,
@@ -312,17 +317,48 @@ def reduce_eval(
 def abort_on_failure() -> None:
     """Abort the default process group after this rank failed (training thread).
 
-    Peers waiting in a collective with this rank then fail at once rather than after the
-    timeout. The group is unusable afterwards (this process is about to raise out of
-    ``fit()``).
+    With NCCL, peers waiting in a collective with this rank then fail at once. With gloo
+    the abort does not close the connections (destroying the group would wait for its
+    pending work, that is for the very peers it should release): the peers' collectives
+    fail when this process exits, which the operating system's closing of its sockets
+    signals at once, or after ``dist_timeout``. The group is unusable afterwards.
     """
     if not (dist.is_available() and dist.is_initialized()):
         return
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is None or dist.get_backend() == "gloo":
+        return
     try:
-        if abort is not None:
-            abort()
-        else:  # pragma: no cover - torch without abort: dropping the group closes it
-            dist.destroy_process_group()
+        abort()
     except Exception:  # the group may already be broken by the failure itself
         pass
+
+
+@contextlib.contextmanager
+def sigterm_stops(state: State, enabled: bool) -> Iterator[list[int]]:
+    """While open, ``SIGTERM`` asks ``state`` to stop and is recorded in the yielded list.
+
+    Only the first ``SIGTERM``: a second one kills the process as usual. Only on the main
+    thread and where ``SIGTERM`` still has its default action (a handler the user
+    installed is left alone); elsewhere this does nothing. The caller raises
+    after its callbacks closed when the list is not empty.
+    """
+    received: list[int] = []
+    if (
+        not enabled
+        or threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield received
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        received.append(signum)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills, as usual
+        state.stop_training()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -26,6 +26,7 @@ from trainbus._distributed import (
     runs_here,
     setup,
     shard_loader,
+    sigterm_stops,
     unwrap,
     wrap_model,
 )
@@ -364,7 +365,13 @@ class Trainer:
                     abort_on_failure()
                 raise
 
-        await self.engine.run_cycle(produce)
+        with sigterm_stops(state, self._distributed) as terminated:
+            await self.engine.run_cycle(produce)
+        if terminated:  # torchrun stops the other workers when one fails; all closed
+            raise RuntimeError(
+                f"fit() stopped on rank {state.rank}: the process received SIGTERM (torchrun "
+                "sends it to every worker once one has failed; see that worker's error)"
+            )
 
     def fit_sync(
         self,

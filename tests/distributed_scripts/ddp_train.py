@@ -1,11 +1,12 @@
 """One rank of a small DDP run, for ``tests/test_distributed.py`` and ``gpu_check.py --ddp``.
 
-Launch it with ``python -m torch.distributed.run --standalone --nproc_per_node=2
-tests/distributed_scripts/ddp_train.py OUT --mode train``. Each rank writes
+Launch it with ``python -m torch.distributed.run --standalone --nproc_per_node=2``
+``tests/distributed_scripts/ddp_train.py OUT --mode train``. Each rank writes
 ``OUT/rank<r>.json``: the sample ids it trained on, its final parameters and its eval
 metrics. ``--mode train`` also logs to ``OUT/metrics-rank<r>.jsonl`` and saves a
-checkpoint per epoch in ``OUT/ckpt`` (both rank-zero-only); ``--mode resume --load PATH``
-resumes from a checkpoint; ``--mode fail`` raises on rank 1 at batch 2.
+checkpoint per epoch in ``OUT/ckpt`` (both rank-zero-only); ``--mode resume --load
+PATH`` resumes from a checkpoint; ``--mode fail`` raises on rank 1 at batch 2 (and rank
+0's recorder closes only once torchrun has sent it SIGTERM).
 """
 
 from __future__ import annotations
@@ -42,10 +43,16 @@ class Net(torch.nn.Module):
 
 
 class Recorder(Callback):
-    """Records the sample ids this rank trained on; writes them at close."""
+    """Records the sample ids this rank trained on; writes them at close.
 
-    def __init__(self, path: Path) -> None:
+    With ``wait_for_sigterm`` its close first waits (up to 30 s) until the process got
+    SIGTERM, which trainbus turns into ``state.stop_requested``: torchrun sends it once
+    another worker has exited, so this close is still running when that happens.
+    """
+
+    def __init__(self, path: Path, *, wait_for_sigterm: bool = False) -> None:
         self.path = path
+        self.wait_for_sigterm = wait_for_sigterm
         self.seen: list[list[int]] = []
 
     def epoch_start(self, state: State, logger: trainbus.Logger) -> None:
@@ -55,12 +62,15 @@ class Recorder(Callback):
         self.seen[-1].extend(int(i) for i in state.batch[2])
 
     def close(self, state: State, logger: trainbus.Logger) -> None:
+        if self.wait_for_sigterm:
+            state._stop.wait(timeout=30)  # set by trainbus's SIGTERM handler
         params = {k: v.tolist() for k, v in state.model.state_dict().items()}
         evals = {k: float(v) for k, v in state.current_metrics.get("eval", {}).items()}
         self.path.write_text(json.dumps({
             "rank": state.rank, "world_size": state.world_size, "local_rank": state.local_rank,
             "device": str(state.device), "seen": self.seen, "params": params, "eval": evals,
             "ddp": type(state.ddp_model).__name__, "batch": int(state.timer.batch),
+            "sigterm": state.stop_requested,
         }))  # fmt: skip
 
 
@@ -102,7 +112,9 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     torch.manual_seed(1234 + rank)  # different initial weights: DDP must broadcast rank 0's
     model = Net()
-    callbacks: list[Callback] = [Recorder(out / f"rank{rank}.json"), Marker(out)]
+    wait = args.mode == "fail" and rank == 0
+    recorder = Recorder(out / f"rank{rank}.json", wait_for_sigterm=wait)
+    callbacks: list[Callback] = [recorder, Marker(out)]
     loggers: list[trainbus.LoggerDestination] = []
     if args.mode == "train":
         callbacks.append(CheckpointSaver(out / "ckpt", save_interval="1ep"))
@@ -121,7 +133,7 @@ def main() -> None:
         device=args.device,
         seed=7,
         load_path=args.load,
-        dist_timeout=120.0,
+        dist_timeout=30.0,
     )
     trainer.fit_sync()
 
