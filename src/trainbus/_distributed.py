@@ -282,10 +282,10 @@ def sync_gradients(ddp_model: torch.nn.Module, last: bool) -> Any:
     """A context for one microbatch: DDP's ``no_sync()`` for all but the last one."""
     from contextlib import nullcontext
 
-    no_sync = getattr(ddp_model, "no_sync", None)
-    if last or no_sync is None:
+    if last:  # the common case (grad_accum=1): no attribute lookup
         return nullcontext()
-    return no_sync()
+    no_sync = getattr(ddp_model, "no_sync", None)
+    return nullcontext() if no_sync is None else no_sync()
 
 
 def reduce_eval(
