@@ -152,12 +152,12 @@ def test_an_exception_on_rank_1_stops_both_ranks(tmp_path: Path) -> None:
 
 
 def test_a_single_process_is_rank_zero_of_one() -> None:
-    model = TinyModel()
-    trainer = Trainer(model, make_loader(2), "1ep", device="cpu")
+    model, loader = TinyModel(), make_loader(2)
+    trainer = Trainer(model, loader, "1ep", device="cpu")
     state = trainer.state
     assert (state.rank, state.world_size, state.local_rank) == (0, 1, 0)
     assert state.ddp_model is model
-    assert state.train_dataloader is not None
+    assert state.train_dataloader is loader  # not sharded
 
 
 @pytest.mark.parametrize("timeout", [0, -1.0, "300", True])
