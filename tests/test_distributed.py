@@ -224,3 +224,37 @@ def test_a_loader_that_cannot_be_sharded_warns_that_every_rank_reads_all_of_it()
     with pytest.warns(trainbus.TrainbusWarning, match=r"train_dataloader \(list\) cannot be"):
         kept = shard_loader(batches, DistInfo(world_size=2), name="train_dataloader", seed=0)
     assert kept is batches
+
+
+FSDP_WITH_SAVER = """
+import os, torch, torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel
+from trainbus import Trainer
+from trainbus.callbacks import CheckpointSaver
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("gloo", rank=0, world_size=1)
+model = FullyShardedDataParallel(torch.nn.Linear(4, 2), device_id=torch.device("cpu"))
+batches = [(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long))]
+try:
+    Trainer(model, batches, "1ep", loss_fn=torch.nn.functional.cross_entropy, device="cpu",
+            callbacks=[CheckpointSaver("ckpt")])
+except ValueError as exc:
+    print(exc)
+"""
+
+
+def test_a_checkpoint_saver_with_an_fsdp_model_is_refused(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:  # a free port for this one-process group
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1", PORT=str(port))
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", FSDP_WITH_SAVER],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
+        check=False,
+    )  # fmt: skip
+    assert "callbacks=[CheckpointSaver(...)] cannot save an FSDP model yet" in proc.stdout, (
+        proc.stdout + proc.stderr
+    )

@@ -52,6 +52,7 @@ __all__ = [
     "DEFAULT_DIST_TIMEOUT",
     "DistInfo",
     "abort_on_failure",
+    "check_checkpointing",
     "launched_by_torchrun",
     "rank_zero_only",
     "reduce_eval",
@@ -213,6 +214,27 @@ def wrap_model(
     if device.type == "cuda":
         return DistributedDataParallel(model, device_ids=[device.index])
     return DistributedDataParallel(model)
+
+
+def check_checkpointing(model: torch.nn.Module, callbacks: list[Any]) -> None:
+    """Refuse a ``CheckpointSaver`` with an FSDP model (not supported yet).
+
+    Raises:
+        ValueError: ``model`` is FSDP-wrapped and ``callbacks`` hold a ``CheckpointSaver``:
+            its ``state_dict()`` is a collective that rank zero would run alone (a hang),
+            and saving through ``torch.distributed.checkpoint`` is not done.
+    """
+    if not _is_fsdp(model):
+        return
+    from trainbus.callbacks.checkpoint_saver import CheckpointSaver
+
+    if any(isinstance(cb, CheckpointSaver) for cb in callbacks):
+        raise ValueError(
+            "callbacks=[CheckpointSaver(...)] cannot save an FSDP model yet: its state_dict() "
+            "is a collective that rank zero would run alone, and saving through "
+            "torch.distributed.checkpoint is not done; remove the saver and save the model "
+            "with torch.distributed.checkpoint yourself (docs/distributed.md, 'Checkpoints')"
+        )
 
 
 def _plain_sampler(loader: Any) -> bool:

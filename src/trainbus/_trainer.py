@@ -23,6 +23,7 @@ from trainbus._callback import Callback, resolve_callback
 from trainbus._distributed import (
     DEFAULT_DIST_TIMEOUT,
     abort_on_failure,
+    check_checkpointing,
     runs_here,
     setup,
     shard_loader,
@@ -249,6 +250,7 @@ class Trainer:
         callbacks = _as_list(callbacks, "callbacks")
         loggers = _as_list(loggers, "loggers")
         check_callbacks(callbacks, loggers)
+        check_checkpointing(model, callbacks)
         opt_list = [] if optimizers is None else _optimizer_list(optimizers)
         check_optimizers(opt_list)
         for i, dest in enumerate(loggers):
