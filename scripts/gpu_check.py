@@ -21,6 +21,8 @@ Usage::
 
     python scripts/gpu_check.py                 # on a CUDA machine (about a minute)
     python scripts/gpu_check.py --cpu --steps 5 # a dry run of the same code on the CPU
+    python scripts/gpu_check.py --ddp           # two-process DDP check (nccl, 2+ GPUs)
+    python scripts/gpu_check.py --ddp --cpu     # the same with gloo on the CPU
 
 Without CUDA (and without ``--cpu``) it says so and exits 0. Exit status 1 means a
 callback (or the bus) synchronised with the device, or the control did not trip.
@@ -348,6 +350,20 @@ def time_configs(
     return {name: statistics.median(v) if v else float("nan") for name, v in samples.items()}
 
 
+def _ddp_check(cpu: bool) -> int:
+    """``--ddp``: the two-process check of ``scripts/ddp_check.py`` (nccl, or gloo with --cpu)."""
+    import importlib.util
+
+    path = Path(__file__).with_name("ddp_check.py")
+    spec = importlib.util.spec_from_file_location("ddp_check", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    code: int = module.run_ddp_check(cpu)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
     parser.add_argument("--cpu", action="store_true", help="dry run on the CPU (no sync check)")
@@ -356,7 +372,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check-steps", type=int, default=None, help="steps per sync check")
     parser.add_argument("--width", type=int, default=None, help="MLP width (GPU 2048, CPU 64)")
     parser.add_argument("--batch-size", type=int, default=None, help="(GPU 512, CPU 32)")
+    parser.add_argument(
+        "--ddp", action="store_true", help="two-process DDP check instead (scripts/ddp_check.py)"
+    )
     args = parser.parse_args(argv)
+    if args.ddp:
+        return _ddp_check(args.cpu)
     if args.steps < 3 or args.rounds < 1:
         parser.error("--steps must be >= 3 and --rounds >= 1")
     cuda = not args.cpu

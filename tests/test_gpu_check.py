@@ -35,3 +35,20 @@ def test_without_cuda_it_says_so_and_exits_0(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert _load().main([]) == 0
     assert "gpu_check needs CUDA" in capsys.readouterr().out
+
+
+def test_ddp_without_cuda_is_skipped_with_a_reason(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _load().main(["--ddp"]) == 0
+    assert "gpu_check --ddp skipped: CUDA is not available" in capsys.readouterr().out
+
+
+def test_ddp_with_one_gpu_is_skipped_with_a_reason(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert _load().main(["--ddp"]) == 0
+    assert "NCCL needs one GPU per rank and this machine has 1" in capsys.readouterr().out

@@ -21,6 +21,7 @@ from trainbus._bus import CallbackStatistics as CallbackStatistics
 from trainbus._bus import TraceRecorder as TraceRecorder
 from trainbus._callback import Callback as Callback
 from trainbus._callback import blocking as blocking
+from trainbus._distributed import rank_zero_only as rank_zero_only
 from trainbus._engine import Engine as Engine
 from trainbus._events import Event as Event
 from trainbus._exceptions import CallbackSignatureError as CallbackSignatureError
@@ -81,5 +82,6 @@ __all__ = (
     "blocking",
     "every",
     "once",
+    "rank_zero_only",
     "trailing",
 )

@@ -37,14 +37,19 @@ class BatchCalls:
     Args:
         model: The model; if it has a callable ``loss``, that is the loss.
         loss_fn: The loss for a model without ``loss``.
+        module: What :meth:`forward` calls, when not ``model`` itself (the
+            ``DistributedDataParallel`` wrapper of ``model`` under ``torchrun``).
     """
 
     __slots__ = ("loss_fn", "model", "model_loss")
 
     def __init__(
-        self, model: torch.nn.Module, loss_fn: Callable[[Any, Any], torch.Tensor] | None
+        self,
+        model: torch.nn.Module,
+        loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+        module: torch.nn.Module | None = None,
     ) -> None:
-        self.model = model
+        self.model = model if module is None else module
         model_loss = getattr(model, "loss", None)
         self.model_loss: Callable[[Any, Any], torch.Tensor] | None = (
             model_loss if callable(model_loss) else None

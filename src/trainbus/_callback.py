@@ -71,7 +71,16 @@ class Callback(Serializable):
 
     Overriding :meth:`run_event` routes every event through it; the per-event methods
     are then not called.
+
+    Attributes:
+        rank_zero_only: Under ``torchrun``, whether the callback acts on rank zero only
+            (it is then not registered with the engine on the other ranks; see
+            :func:`trainbus.rank_zero_only` and ``docs/distributed.md``). ``False`` here;
+            ``True`` on the file and network loggers, ``EventStream`` and
+            ``CheckpointSaver``. An instance may override its class's value.
     """
+
+    rank_zero_only: bool = False
 
     def run_event(self, event: Event, state: State, logger: Logger) -> Any:
         """Handle ``event``; by default, call the method named ``event.value``."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainbus._batch import BatchCalls
+from trainbus._distributed import reduce_eval, sync_gradients
 from trainbus._events import Event
 from trainbus._logger import LogLevel
 from trainbus._resume import epoch_batches
@@ -109,6 +110,8 @@ class TrainingLoop:
         self.publish = publish
         self.model = state.model
         self.calls = BatchCalls(state.model, config.loss_fn)
+        # Training goes through the DDP wrapper (state.ddp_model is state.model without one).
+        self.train_calls = BatchCalls(state.model, config.loss_fn, module=state.ddp_model)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = self.config.autocast_dtype
@@ -125,7 +128,7 @@ class TrainingLoop:
         publish, state = self.publish, self.state
         publish(E.BEFORE_FORWARD)
         with self._autocast():
-            outputs = self.calls.forward(micro)
+            outputs = self.train_calls.forward(micro)
         state.outputs = outputs
         publish(E.AFTER_FORWARD, E.BEFORE_LOSS)
         with self._autocast():
@@ -152,16 +155,17 @@ class TrainingLoop:
         total = state.batch_num_samples
         micro_losses = []
         micros = split_microbatches(batch, state.grad_accum)
-        for micro in micros:
-            loss = self._forward_loss(micro)
-            if len(micros) == 1:
-                micro_losses.append(state.loss)  # already detached
-            else:
-                loss = loss * (batch_size_of(micro) / total if total else 1.0)
-                micro_losses.append(loss.detach())
-            if scaler is not None:
-                loss = scaler.scale(loss)  # fp16: small gradients do not underflow
-            loss.backward()  # type: ignore[no-untyped-call]
+        for i, micro in enumerate(micros):
+            with sync_gradients(state.ddp_model, last=i == len(micros) - 1):  # DDP: once
+                loss = self._forward_loss(micro)
+                if len(micros) == 1:
+                    micro_losses.append(state.loss)  # already detached
+                else:
+                    loss = loss * (batch_size_of(micro) / total if total else 1.0)
+                    micro_losses.append(loss.detach())
+                if scaler is not None:
+                    loss = scaler.scale(loss)  # fp16: small gradients do not underflow
+                loss.backward()  # type: ignore[no-untyped-call]
             publish(E.AFTER_BACKWARD)
         if scaler is not None:
             for opt in state.optimizers:
@@ -196,7 +200,7 @@ class TrainingLoop:
     def run(self, *, deliver_init: bool) -> None:
         """Train until ``state.max_duration`` or a stop request; publish every event."""
         state, publish = self.state, self.publish
-        state.model.train()
+        state.ddp_model.train()  # the user's module, and its DDP wrapper if any
         if deliver_init:
             publish(E.INIT)
         publish(E.FIT_START)
@@ -276,7 +280,9 @@ class TrainingLoop:
                 sums[name] = sums[name] + v if name in sums else v
             total += n
             publish(E.EVAL_BATCH_END)
-        means = {name: DeferredScalar.start(s / max(total, 1)) for name, s in sums.items()}
+        sums, count = reduce_eval(sums, total, state.device)  # under torchrun: all ranks
+        divisor = count.clamp(min=1) if isinstance(count, torch.Tensor) else max(count, 1)
+        means = {name: DeferredScalar.start(s / divisor) for name, s in sums.items()}
         metrics = dict(state.current_metrics)
         metrics["eval"] = means
         state.current_metrics = metrics

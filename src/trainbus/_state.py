@@ -110,6 +110,9 @@ class State(Serializable):
             ``state.scaler``), else ``None``. The trainer scales each backward with it and
             unscales the gradients before ``AFTER_TRAIN_BATCH``; its state is in
             :meth:`state_dict`.
+        rank: This process's global rank under ``torchrun`` (``0`` in a single process).
+        world_size: The number of training processes (``1`` in a single process).
+        local_rank: This process's rank on its machine (``0`` in a single process).
     """
 
     batch = _frame_property("batch", "The current batch as the data loader produced it.")
@@ -155,6 +158,9 @@ class State(Serializable):
         self.device = torch.device(device)
         self.run_name = run_name
         self.scaler: torch.amp.GradScaler | None = None
+        self.rank = 0
+        self.world_size = 1
+        self.local_rank = 0
 
     # -- Composer-compatible fields ---------------------------------------------------------
 

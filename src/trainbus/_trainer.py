@@ -20,6 +20,17 @@ from trainbus._bus import (
     no_running_loop,
 )
 from trainbus._callback import Callback, resolve_callback
+from trainbus._distributed import (
+    DEFAULT_DIST_TIMEOUT,
+    abort_on_failure,
+    check_checkpointing,
+    runs_here,
+    setup,
+    shard_loader,
+    sigterm_stops,
+    unwrap,
+    wrap_model,
+)
 from trainbus._engine import Engine
 from trainbus._events import Event
 from trainbus._exceptions import EngineThreadError, FitInProgressError
@@ -156,6 +167,11 @@ class Trainer:
         load_path: A checkpoint file, or a ``CheckpointSaver`` folder (its newest
             complete checkpoint; an empty folder starts fresh), to resume from. See
             ``docs/checkpoints.md``.
+        dist_timeout: Seconds a collective waits for the other ranks before it fails, when
+            the trainer initialises the process group under ``torchrun`` (Composer's
+            name). See ``docs/distributed.md``: under ``torchrun`` the model is wrapped in
+            ``DistributedDataParallel``, the data sharded, evaluation metrics reduced
+            across ranks, and rank-zero-only callbacks act on rank zero only.
 
     Example:
         >>> trainer = Trainer(model, loader, "2ep", loss_fn=F.cross_entropy,
@@ -191,12 +207,14 @@ class Trainer:
         inline_max: float = DEFAULT_INLINE_MAX,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
         load_path: str | os.PathLike[str] | None = None,
+        dist_timeout: float = DEFAULT_DIST_TIMEOUT,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(
                 f"model must be a torch.nn.Module, got {type(model).__qualname__}; "
                 "wrap your function in an nn.Module"
             )
+        model, ddp_wrapper = unwrap(model)  # state.model is the user's module, never DDP
         if not callable(getattr(model, "loss", None)) and loss_fn is None:
             raise ValueError(
                 "no loss: define model.loss(outputs, batch) (Composer's convention) or pass "
@@ -233,6 +251,7 @@ class Trainer:
         callbacks = _as_list(callbacks, "callbacks")
         loggers = _as_list(loggers, "loggers")
         check_callbacks(callbacks, loggers)
+        check_checkpointing(model, callbacks)
         opt_list = [] if optimizers is None else _optimizer_list(optimizers)
         check_optimizers(opt_list)
         for i, dest in enumerate(loggers):
@@ -242,11 +261,20 @@ class Trainer:
                     f"loggers[{i}] is a {type(dest).__qualname__}, not a LoggerDestination; "
                     "pass plain callbacks in callbacks=[...]"
                 )
+        dist_info, resolved_device = setup(resolved_device, dist_timeout)
+        train_dataloader = shard_loader(
+            train_dataloader, dist_info, name="train_dataloader", seed=seed or 0
+        )
+        if eval_dataloader is not None:
+            eval_dataloader = shard_loader(
+                eval_dataloader, dist_info, name="eval_dataloader", seed=seed or 0
+            )
 
         if seed is not None:
             random.seed(seed)
             torch.manual_seed(seed)
         model.to(resolved_device)
+        ddp_model = wrap_model(model, ddp_wrapper, dist_info, resolved_device)
         if not opt_list:
             opt_list = [torch.optim.AdamW(model.parameters(), lr=1e-3)]
         if schedulers is None:
@@ -269,13 +297,17 @@ class Trainer:
             device=resolved_device,
             run_name=run_name or _default_run_name(),
         )
+        self.state.ddp_model = ddp_model
+        self.state.rank, self.state.world_size = dist_info.rank, dist_info.world_size
+        self.state.local_rank = dist_info.local_rank
+        self._distributed = dist_info.distributed
         if _PRECISIONS[precision] is torch.float16:  # bf16 has fp32's range: no scaler
             self.state.scaler = torch.amp.GradScaler(resolved_device.type)
         self.logger = Logger(self.state)
         self.engine = Engine(
             self.state,
             self.logger,
-            self.state.callbacks,
+            [cb for cb in self.state.callbacks if runs_here(cb, dist_info)],
             barriers=bus_options.barriers,
             max_lag=bus_options.max_lag,
             queue_size=bus_options.queue_size,
@@ -329,9 +361,20 @@ class Trainer:
         self._init_delivered = True
 
         def produce() -> None:
-            loop.run(deliver_init=deliver_init)
+            try:
+                loop.run(deliver_init=deliver_init)
+            except BaseException:
+                if self._distributed:  # peers waiting in a collective fail now, not later
+                    abort_on_failure()
+                raise
 
-        await self.engine.run_cycle(produce)
+        with sigterm_stops(state, self._distributed) as terminated:
+            await self.engine.run_cycle(produce)
+        if terminated:  # torchrun stops the other workers when one fails; all closed
+            raise RuntimeError(
+                f"fit() stopped on rank {state.rank}: the process received SIGTERM (torchrun "
+                "sends it to every worker once one has failed; see that worker's error)"
+            )
 
     def fit_sync(
         self,

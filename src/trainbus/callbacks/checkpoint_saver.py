@@ -106,6 +106,8 @@ class CheckpointSaver(Callback):
         >>> Trainer(model, loader, "4ep", load_path="ckpt").fit_sync()  # resumes
     """
 
+    rank_zero_only = True  # under torchrun: rank 0 only (docs/distributed.md)
+
     def __init__(
         self,
         folder: str | os.PathLike[str] = "checkpoints",

@@ -289,6 +289,8 @@ class EventStream(LoggerDestination):
         ...     print(item.to_json())
     """
 
+    rank_zero_only = True  # under torchrun: rank 0 only (docs/distributed.md)
+
     def __init__(
         self,
         *,

@@ -109,6 +109,8 @@ class ConsoleLogger(LoggerDestination):
         [epoch 1 batch 10] loss/train=0.4123
     """
 
+    rank_zero_only = True  # under torchrun: rank 0 only (docs/distributed.md)
+
     def __init__(
         self,
         log_interval: Time[Any] | str | int = "1ep",

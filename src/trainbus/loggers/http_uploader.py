@@ -92,6 +92,8 @@ class HTTPMetricsUploader(BatchingDestination):
         400
     """
 
+    rank_zero_only = True  # under torchrun: rank 0 only (docs/distributed.md)
+
     def __init__(
         self,
         url: str,

@@ -136,6 +136,8 @@ class JSONLinesLogger(LoggerDestination):
         '{"name":"loss/train","value":1.309,"step":1,"wall_time":1718000000.1,...}\\n'
     """
 
+    rank_zero_only = True  # under torchrun: rank 0 only (docs/distributed.md)
+
     def __init__(self, path: str | os.PathLike[str], *, flush_interval: float = 1.0) -> None:
         if not isinstance(path, str | os.PathLike):
             raise TypeError(

@@ -106,6 +106,8 @@ class MLflowLogger(BatchingDestination):
         '3f2a...'
     """
 
+    rank_zero_only = True  # under torchrun: rank 0 only (docs/distributed.md)
+
     def __init__(
         self,
         tracking_uri: str | None = None,

@@ -69,6 +69,8 @@ class TensorBoardLogger(LoggerDestination):
         >>> trainer.fit_sync()          # then: tensorboard --logdir runs
     """
 
+    rank_zero_only = True  # under torchrun: rank 0 only (docs/distributed.md)
+
     def __init__(self, log_dir: str | os.PathLike[str], *, flush_secs: float = 30.0) -> None:
         if not isinstance(log_dir, str | os.PathLike):
             raise TypeError(

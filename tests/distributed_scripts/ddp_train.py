@@ -1,0 +1,142 @@
+"""One rank of a small DDP run, for ``tests/test_distributed.py`` and ``gpu_check.py --ddp``.
+
+Launch it with ``python -m torch.distributed.run --standalone --nproc_per_node=2``
+``tests/distributed_scripts/ddp_train.py OUT --mode train``. Each rank writes
+``OUT/rank<r>.json``: the sample ids it trained on, its final parameters and its eval
+metrics. ``--mode train`` also logs to ``OUT/metrics-rank<r>.jsonl`` and saves a
+checkpoint per epoch in ``OUT/ckpt`` (both rank-zero-only); ``--mode resume --load
+PATH`` resumes from a checkpoint; ``--mode fail`` raises on rank 1 at batch 2 (and rank
+0's recorder closes only once torchrun has sent it SIGTERM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import trainbus
+from trainbus import Callback, State, Trainer
+from trainbus.callbacks import CheckpointSaver
+from trainbus.loggers import JSONLinesLogger
+
+
+class Net(torch.nn.Module):
+    """A linear regressor on batches ``(x, y, sample_id)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        out: torch.Tensor = self.lin(batch[0]).squeeze(-1)
+        return out
+
+    def loss(self, outputs: torch.Tensor, batch: Any) -> torch.Tensor:
+        return F.mse_loss(outputs, batch[1])
+
+
+class Recorder(Callback):
+    """Records the sample ids this rank trained on; writes them at close.
+
+    With ``wait_for_sigterm`` its close first waits (up to 30 s) until the process got
+    SIGTERM, which trainbus turns into ``state.stop_requested``: torchrun sends it once
+    another worker has exited, so this close is still running when that happens.
+    """
+
+    def __init__(self, path: Path, *, wait_for_sigterm: bool = False) -> None:
+        self.path = path
+        self.wait_for_sigterm = wait_for_sigterm
+        self.seen: list[list[int]] = []
+
+    def epoch_start(self, state: State, logger: trainbus.Logger) -> None:
+        self.seen.append([])
+
+    def batch_end(self, state: State, logger: trainbus.Logger) -> None:
+        self.seen[-1].extend(int(i) for i in state.batch[2])
+
+    def close(self, state: State, logger: trainbus.Logger) -> None:
+        if self.wait_for_sigterm:
+            state._stop.wait(timeout=30)  # set by trainbus's SIGTERM handler
+        params = {k: v.tolist() for k, v in state.model.state_dict().items()}
+        evals = {k: float(v) for k, v in state.current_metrics.get("eval", {}).items()}
+        self.path.write_text(json.dumps({
+            "rank": state.rank, "world_size": state.world_size, "local_rank": state.local_rank,
+            "device": str(state.device), "seen": self.seen, "params": params, "eval": evals,
+            "ddp": type(state.ddp_model).__name__, "batch": int(state.timer.batch),
+            "sigterm": state.stop_requested,
+        }))  # fmt: skip
+
+
+@trainbus.rank_zero_only
+class Marker(Callback):
+    """A user's rank-zero-only callback: leaves a file named after the rank it ran on."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def fit_start(self, state: State, logger: trainbus.Logger) -> None:
+        (self.out / f"marker-rank{state.rank}").write_text("ran")
+
+
+class Boom(Callback):
+    """Raises on rank 1 at batch 2."""
+
+    def batch_end(self, state: State, logger: trainbus.Logger) -> None:
+        if state.rank == 1 and int(state.timer.batch) == 2:
+            raise RuntimeError("boom on rank 1 at batch 2")
+
+
+def data() -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 4, generator=g)
+    y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1 * torch.randn(8, generator=g)
+    return TensorDataset(x, y, torch.arange(8))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--mode", choices=["train", "resume", "fail"], default="train")
+    parser.add_argument("--load", default=None)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    rank = int(os.environ["RANK"])
+    torch.manual_seed(1234 + rank)  # different initial weights: DDP must broadcast rank 0's
+    model = Net()
+    wait = args.mode == "fail" and rank == 0
+    recorder = Recorder(out / f"rank{rank}.json", wait_for_sigterm=wait)
+    callbacks: list[Callback] = [recorder, Marker(out)]
+    loggers: list[trainbus.LoggerDestination] = []
+    if args.mode == "train":
+        callbacks.append(CheckpointSaver(out / "ckpt", save_interval="1ep"))
+        loggers.append(JSONLinesLogger(out / f"metrics-rank{rank}.jsonl"))
+    if args.mode == "fail":
+        callbacks.append(Boom())
+    dataset = data()
+    trainer = Trainer(
+        model,
+        DataLoader(dataset, batch_size=1, shuffle=True),
+        "1000ep" if args.mode == "fail" else "2ep",
+        eval_dataloader=DataLoader(dataset, batch_size=2),
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+        callbacks=callbacks,
+        loggers=loggers,
+        device=args.device,
+        seed=7,
+        load_path=args.load,
+        dist_timeout=30.0,
+    )
+    trainer.fit_sync()
+
+
+if __name__ == "__main__":
+    main()

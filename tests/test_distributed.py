@@ -1,0 +1,260 @@
+"""Training under ``torchrun``: two real CPU processes (gloo), and the pieces in one process.
+
+The two-process tests launch ``tests/distributed_scripts/ddp_train.py`` with
+``python -m torch.distributed.run --standalone --nproc_per_node=2`` (each launch takes
+about 10 s on two cores, hence ``slow``; they run by default).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import trainbus
+from trainbus import Callback, Trainer
+from trainbus._distributed import DistInfo, runs_here, shard_loader
+from trainbus.callbacks import CheckpointSaver, EventStream
+from trainbus.loggers import (
+    ConsoleLogger,
+    HTTPMetricsUploader,
+    InMemoryLogger,
+    JSONLinesLogger,
+    MLflowLogger,
+    TensorBoardLogger,
+)
+
+from .helpers import TinyModel, make_loader
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "distributed_scripts" / "ddp_train.py"
+LAUNCH_TIMEOUT = 120  # a hung launch fails the test instead of the whole suite
+
+
+def _launch(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        str(SCRIPT), str(out), *args,
+    ]  # fmt: skip
+    return subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, check=False
+    )
+
+
+def _ranks(out: Path) -> list[dict[str, Any]]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ddp-train")
+    proc = _launch(out, "--mode", "train")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+# -- two processes ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_each_rank_trains_on_its_half_of_the_batches(trained: Path) -> None:
+    ranks = _ranks(trained)
+    assert [(r["rank"], r["world_size"], r["local_rank"]) for r in ranks] == [(0, 2, 0), (1, 2, 1)]
+    for epoch in (0, 1):
+        halves = [r["seen"][epoch] for r in ranks]
+        assert [len(h) for h in halves] == [4, 4]  # 8 batches of one sample: 4 per rank
+        assert sorted(halves[0] + halves[1]) == list(range(8))  # disjoint, all covered
+    assert ranks[0]["seen"][0] != ranks[0]["seen"][1]  # set_epoch: a new order each epoch
+
+
+@pytest.mark.slow
+def test_parameters_and_eval_metrics_are_identical_across_ranks(trained: Path) -> None:
+    r0, r1 = _ranks(trained)
+    assert r0["ddp"] == r1["ddp"] == "DistributedDataParallel"
+    assert r0["params"] == r1["params"]  # the script starts each rank from other weights
+    # The eval loss is the mean over all 8 samples (each rank evaluated 4), on every rank.
+    weight = torch.tensor(r0["params"]["lin.weight"])
+    bias = torch.tensor(r0["params"]["lin.bias"])
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        from ddp_train import data
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    x, y, _ = data().tensors
+    expected = float(torch.nn.functional.mse_loss(x @ weight.T.squeeze(-1) + bias, y))
+    assert r0["eval"]["loss"] == r1["eval"]["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_only_rank_zero_writes_logs_checkpoints_and_runs_rank_zero_only_callbacks(
+    trained: Path,
+) -> None:
+    assert (trained / "metrics-rank0.jsonl").stat().st_size > 0
+    assert not (trained / "metrics-rank1.jsonl").exists()
+    assert sorted(p.name for p in (trained / "ckpt").iterdir()) == [
+        "ep1-ba4-rank0.pt",
+        "ep2-ba8-rank0.pt",
+    ]
+    assert (trained / "marker-rank0").exists()
+    assert not (trained / "marker-rank1").exists()
+    # The checkpoint holds the user's module (no "module." prefix): it loads in one process.
+    model = TinyModel(n_in=4, n_out=1)
+    saved = torch.load(trained / "ckpt" / "ep2-ba8-rank0.pt", weights_only=False)["model"]
+    assert sorted(saved) == ["lin.bias", "lin.weight"]
+    model.lin.load_state_dict({k.removeprefix("lin."): v for k, v in saved.items()})
+
+
+@pytest.mark.slow
+def test_two_ranks_resume_from_a_rank_zero_checkpoint(trained: Path, tmp_path: Path) -> None:
+    checkpoint = trained / "ckpt" / "ep1-ba4-rank0.pt"
+    proc = _launch(tmp_path, "--mode", "resume", "--load", str(checkpoint))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    resumed, full = _ranks(tmp_path), _ranks(trained)
+    for r_resumed, r_full in zip(resumed, full, strict=True):
+        assert r_resumed["seen"] == [r_full["seen"][1]]  # epoch 2's half, in the same order
+        assert r_resumed["batch"] == 8
+        assert r_resumed["params"] == r_full["params"]  # as the uninterrupted run
+
+
+@pytest.mark.slow
+def test_an_exception_on_rank_1_stops_both_ranks(tmp_path: Path) -> None:
+    start = time.monotonic()
+    proc = _launch(tmp_path, "--mode", "fail")  # the script trains for 1000 epochs
+    elapsed = time.monotonic() - start
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "RuntimeError: boom on rank 1 at batch 2" in output
+    assert elapsed < 60, output  # a safety bound (no rank left waiting), not a timing claim
+    # Each rank ran its callbacks' close (the recorder writes its file there). Rank 0's
+    # close was still running when torchrun sent it SIGTERM (rank 1 had exited): trainbus
+    # let it finish instead of dying mid-close.
+    r0, r1 = _ranks(tmp_path)
+    assert (r0["rank"], r0["sigterm"]) == (0, True)
+    assert (r1["rank"], r1["sigterm"]) == (1, False)
+    # torchrun's summary lists both workers as failed (exit 1, or SIGTERM if it got there first).
+    for rank in (0, 1):
+        assert re.search(rf"rank\s*: {rank} \(local_rank: {rank}\)", output), output
+
+
+# -- one process ----------------------------------------------------------------------------
+
+
+def test_a_single_process_is_rank_zero_of_one() -> None:
+    model, loader = TinyModel(), make_loader(2)
+    trainer = Trainer(model, loader, "1ep", device="cpu")
+    state = trainer.state
+    assert (state.rank, state.world_size, state.local_rank) == (0, 1, 0)
+    assert state.ddp_model is model
+    assert state.train_dataloader is loader  # not sharded
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, "300", True])
+def test_dist_timeout_must_be_positive_seconds(timeout: Any) -> None:
+    with pytest.raises(ValueError, match=r"dist_timeout=.* must be a positive number of seconds"):
+        Trainer(TinyModel(), make_loader(2), "1ep", device="cpu", dist_timeout=timeout)
+
+
+def test_file_and_network_loggers_stream_and_saver_are_rank_zero_only() -> None:
+    for cls in (
+        JSONLinesLogger, ConsoleLogger, TensorBoardLogger, HTTPMetricsUploader, MLflowLogger,
+        EventStream, CheckpointSaver,
+    ):  # fmt: skip
+        assert cls.rank_zero_only is True, cls
+    assert Callback.rank_zero_only is False
+    assert InMemoryLogger.rank_zero_only is False
+
+
+def test_rank_zero_only_decorator_and_instance_override() -> None:
+    @trainbus.rank_zero_only
+    class Upload(Callback):
+        pass
+
+    rank1 = DistInfo(rank=1, world_size=2, local_rank=1)
+    assert Upload.rank_zero_only is True
+    assert not runs_here(Upload(), rank1)
+    assert runs_here(Upload(), DistInfo(rank=0, world_size=2))
+    assert runs_here(Callback(), rank1)
+    everywhere = Upload()
+    everywhere.rank_zero_only = False  # this instance acts on every rank
+    assert runs_here(everywhere, rank1)
+
+
+def test_rank_zero_only_refuses_what_is_not_a_callback_class() -> None:
+    with pytest.raises(TypeError, match=r"decorates Callback subclasses.*rank_zero_only = True"):
+        trainbus.rank_zero_only(Callback())  # type: ignore[type-var]
+    with pytest.raises(TypeError, match="decorates Callback subclasses"):
+        trainbus.rank_zero_only(int)
+
+
+def test_a_plain_dataloader_is_rebuilt_with_a_distributed_sampler() -> None:
+    dataset = TensorDataset(torch.arange(10.0), torch.arange(10))
+
+    def collate(items: list[Any]) -> Any:
+        return torch.utils.data.default_collate(items)
+
+    loader = DataLoader(dataset, batch_size=2, shuffle=True, drop_last=True, collate_fn=collate)
+    sharded = shard_loader(loader, DistInfo(rank=1, world_size=2), name="train_dataloader", seed=3)
+    sampler = sharded.sampler
+    assert isinstance(sampler, DistributedSampler)
+    assert (sampler.rank, sampler.num_replicas, sampler.shuffle, sampler.seed) == (1, 2, True, 3)
+    assert (sharded.batch_size, sharded.drop_last, sharded.collate_fn) == (2, True, collate)
+    assert len(sharded) == 2  # 5 samples on this rank, batches of 2, the last one dropped
+    sequential = shard_loader(
+        DataLoader(dataset, batch_size=5), DistInfo(rank=0, world_size=2), name="e", seed=0
+    )
+    assert [b[1].tolist() for b in sequential] == [[0, 2, 4, 6, 8]]  # no shuffling
+    assert shard_loader(sharded, DistInfo(rank=1, world_size=2), name="x", seed=0) is sharded
+    assert shard_loader(loader, DistInfo(), name="x", seed=0) is loader  # one process
+
+
+def test_a_loader_that_cannot_be_sharded_warns_that_every_rank_reads_all_of_it() -> None:
+    batches = [(torch.zeros(1, 4), torch.zeros(1, dtype=torch.long))]
+    with pytest.warns(trainbus.TrainbusWarning, match=r"train_dataloader \(list\) cannot be"):
+        kept = shard_loader(batches, DistInfo(world_size=2), name="train_dataloader", seed=0)
+    assert kept is batches
+
+
+FSDP_WITH_SAVER = """
+import os, torch, torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel
+from trainbus import Trainer
+from trainbus.callbacks import CheckpointSaver
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("gloo", rank=0, world_size=1)
+model = FullyShardedDataParallel(torch.nn.Linear(4, 2), device_id=torch.device("cpu"))
+batches = [(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long))]
+try:
+    Trainer(model, batches, "1ep", loss_fn=torch.nn.functional.cross_entropy, device="cpu",
+            callbacks=[CheckpointSaver("ckpt")])
+except ValueError as exc:
+    print(exc)
+"""
+
+
+def test_a_checkpoint_saver_with_an_fsdp_model_is_refused(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:  # a free port for this one-process group
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1", PORT=str(port))
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", FSDP_WITH_SAVER],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
+        check=False,
+    )  # fmt: skip
+    assert "callbacks=[CheckpointSaver(...)] cannot save an FSDP model yet" in proc.stdout, (
+        proc.stdout + proc.stderr
+    )
