@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import secrets
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
@@ -41,6 +39,11 @@ from trainbus._resume import attach_handler_drain, read_checkpoint, restore_chec
 from trainbus._state import State
 from trainbus._time import Time
 from trainbus._trainer_checks import (
+    _as_list,
+    _check_loader,
+    _default_run_name,
+    _optimizer_list,
+    _resolve_device,
     check_callbacks,
     check_eval_interval,
     check_grad_clip_norm,
@@ -60,62 +63,6 @@ _PRECISIONS: dict[str | None, torch.dtype | None] = {
     "amp_fp16": torch.float16,
     "amp": torch.float16,  # Composer v0.6's name for fp16 autocast with a grad scaler
 }
-
-
-def _resolve_device(device: str | torch.device) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(
-            f"device={device!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'"
-        ) from None
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but CUDA is not available; use 'auto' or 'cpu'")
-    if resolved.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"device={device!r} is not supported; use 'auto', 'cpu' or 'cuda'")
-    return resolved
-
-
-def _check_loader(loader: Any, name: str) -> None:
-    if not isinstance(loader, Iterable):
-        raise TypeError(
-            f"{name} must be iterable (a torch DataLoader or any iterable of batches), "
-            f"got {type(loader).__qualname__}"
-        )
-    try:
-        empty = len(loader) == 0  # type: ignore[arg-type]
-    except TypeError:
-        return  # no len(): an empty epoch is reported when it happens
-    if empty:
-        raise ValueError(f"{name} is empty; give it at least one batch (check drop_last)")
-
-
-def _default_run_name() -> str:
-    return f"trainbus-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-
-
-def _as_list(callbacks: Any, name: str) -> list[Any]:
-    if isinstance(callbacks, Callback):
-        return [callbacks]
-    if isinstance(callbacks, str) or not isinstance(callbacks, Iterable):
-        raise TypeError(
-            f"{name} must be a list of trainbus.Callback instances, got "
-            f"{type(callbacks).__qualname__}; pass {name}=[MyCallback()]"
-        )
-    return list(callbacks)
-
-
-def _optimizer_list(optimizers: Any) -> list[torch.optim.Optimizer]:
-    opts = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else optimizers
-    opts = list(opts) if isinstance(opts, Iterable) else [opts]
-    if not opts or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
-        raise TypeError(
-            f"optimizers={optimizers!r} must be a torch.optim.Optimizer or a list of them; "
-            "e.g. optimizers=torch.optim.SGD(model.parameters(), lr=0.1), or None for AdamW"
-        )
-    return opts
 
 
 class Trainer:

@@ -16,9 +16,7 @@ closes.
 
 from __future__ import annotations
 
-import inspect
 import threading
-import warnings
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -34,6 +32,7 @@ from trainbus._bus._lane import Lane
 from trainbus._bus._producer import Producer
 from trainbus._bus._stopped import Stopped
 from trainbus._bus._threads import ThreadDriver
+from trainbus._bus._warn import warn_at
 from trainbus._exceptions import CallbackTimeoutWarning, SlowCallbackWarning
 
 if TYPE_CHECKING:
@@ -359,15 +358,9 @@ class Session:
         )
 
     def _emit(self, message: str, category: type[Warning], where: object = None) -> None:
-        """Warn on the loop thread, pointing at ``where``'s code (the user's callback or
-        handler) rather than at trainbus; a warning turned into an error fails the run."""
+        """Warn on the loop thread, at ``where``'s code; an error-warning fails the run."""
         try:
-            filename, lineno = _code_location(where)
-            if filename is None:
-                warnings.warn(message, category, stacklevel=2)
-            else:
-                module = getattr(where, "__module__", None) or type(where).__module__
-                warnings.warn_explicit(message, category, filename, lineno, module, {})
+            warn_at(message, category, where)
         except Warning as exc:
             self.gate.fail(exc, None, None)
 
@@ -385,21 +378,6 @@ async def _run_internal(
         async with anyio.create_task_group() as tg:
             task_status.started(tg)
             await anyio.sleep_forever()
-
-
-def _code_location(obj: object) -> tuple[str | None, int]:
-    """Where ``obj`` (a function, a method, a class or an instance's class) is defined."""
-    if obj is None:
-        return None, 0
-    fn = getattr(obj, "__func__", obj)
-    code = getattr(fn, "__code__", None)
-    if code is not None:
-        return code.co_filename, code.co_firstlineno
-    cls = obj if isinstance(obj, type) else type(obj)
-    try:
-        return inspect.getsourcefile(cls), inspect.getsourcelines(cls)[1]
-    except (OSError, TypeError):
-        return None, 0
 
 
 def _put_token(lane: Lane) -> None:
