@@ -12,7 +12,8 @@ step, `BATCH_END` a barrier). Reported, medians over repetitions:
                  barriers=() (throughput of the lanes)
 
 and the event-loop lateness (p50/p99 of a 1 ms heartbeat task) while a producer publishes at
-full speed to 10 async callbacks, against the same heartbeat on an idle loop.
+full speed to 10 async callbacks, against the same heartbeat on an idle loop; and the cost
+of ``engine.run_event()`` called from plain code (0, 10, 100 no-op callbacks).
 
 Run:  python benchmarks/bench_bus.py [--batches 400] [--reps 5]
 """
@@ -161,6 +162,20 @@ def lateness(batches: int) -> tuple[list[float], list[float]]:
     return anyio.run(main)
 
 
+def plain_run_event(n: int, calls: int) -> float:
+    """Microseconds per ``engine.run_event(...)`` from plain code (no loop running), the way
+    Composer users unit-test callbacks: a standing session serves every call."""
+    engine = make_engine(n, "sync")
+    for _ in range(20):  # the first calls start the session and learn the handlers are cheap
+        engine.run_event(E.BATCH_START)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        engine.run_event(E.BATCH_START)
+    elapsed = time.perf_counter() - t0
+    engine.close()
+    return elapsed / calls * 1e6
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))] * 1e3
@@ -180,6 +195,10 @@ def main(argv: list[str] | None = None) -> None:
     for n in (1, 10, 50):
         rates = [throughput(n, args.batches) for _ in range(args.reps)]
         print(f"async handler calls/s with {n:>2} callbacks: {statistics.median(rates):,.0f}")
+    for n in (0, 10, 100):
+        per_call = [plain_run_event(n, 2000) for _ in range(args.reps)]
+        print(f"engine.run_event() from plain code, {n:>3} no-op callbacks: "
+              f"{statistics.median(per_call):.1f} us per call (min {min(per_call):.1f})")
     idle, busy = lateness(args.batches * 5)
     print(f"loop lateness idle: p50 {pct(idle, .5):.2f} ms  p99 {pct(idle, .99):.2f} ms")
     print(f"loop lateness busy: p50 {pct(busy, .5):.2f} ms  p99 {pct(busy, .99):.2f} ms "
