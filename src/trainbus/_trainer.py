@@ -153,8 +153,8 @@ class Trainer:
             (:class:`~trainbus.CallbackTimeoutWarning`) and abandoned; every other
             callback still closes. ``math.inf`` waits for ever.
         load_path: A checkpoint file, or a ``CheckpointSaver`` folder (its newest
-            complete checkpoint; an empty folder starts fresh), to resume from. See
-            ``docs/checkpoints.md``.
+            complete checkpoint; an empty folder starts fresh), or ``"s3://bucket/prefix"``
+            written by a ``CheckpointUploader``, to resume from. See ``docs/checkpoints.md``.
 
     Example:
         >>> trainer = Trainer(model, loader, "2ep", loss_fn=F.cross_entropy,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from trainbus.callbacks.checkpoint_saver import CheckpointSaver as CheckpointSaver
 from trainbus.callbacks.checkpoint_saver import SaverStatistics as SaverStatistics
+from trainbus.callbacks.checkpoint_uploader import CheckpointUploader as CheckpointUploader
+from trainbus.callbacks.checkpoint_uploader import UploaderStatistics as UploaderStatistics
 from trainbus.callbacks.early_stopper import EarlyStopper as EarlyStopper
 from trainbus.callbacks.event_stream import EventStream as EventStream
 from trainbus.callbacks.event_stream import StreamEvent as StreamEvent
@@ -22,6 +24,7 @@ from trainbus.callbacks.threshold_stopper import ThresholdStopper as ThresholdSt
 
 __all__ = (
     "CheckpointSaver",
+    "CheckpointUploader",
     "EarlyStopper",
     "EventStream",
     "GradMonitor",
@@ -38,4 +41,5 @@ __all__ = (
     "StreamStatistics",
     "Subscription",
     "ThresholdStopper",
+    "UploaderStatistics",
 )
