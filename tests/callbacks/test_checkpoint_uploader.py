@@ -49,22 +49,22 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> str:
 def objects(endpoint: str, bucket: str, prefix: str = "") -> dict[str, bytes]:
     client: Any = s3_client(endpoint)
     listed = client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
-    return {
-        o["Key"]: client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read() for o in listed
-    }
+    return {o["Key"]: client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read() for o in listed}
 
 
 def trainer(callbacks: list[Callback], epochs: int = 2, **kw: Any) -> Trainer:
     return Trainer(
-        TinyModel(n_in=N_IN, n_out=N_IN), make_loader(3, n_in=N_IN), f"{epochs}ep", callbacks=callbacks,
-        device="cpu", **kw,
+        TinyModel(n_in=N_IN, n_out=N_IN), make_loader(3, n_in=N_IN), f"{epochs}ep",
+        callbacks=callbacks, device="cpu", **kw,
     )  # fmt: skip
 
 
 def test_every_checkpoint_is_uploaded_with_the_bytes_written(
     tmp_path: pathlib.Path, aws_env: str, bucket: str, no_leaked_threads: None
 ) -> None:
-    saver = CheckpointSaver(tmp_path / "ckpt", filename="ep{epoch}/ba{batch}.pt", save_interval="1ba")
+    saver = CheckpointSaver(
+        tmp_path / "ckpt", filename="ep{epoch}/ba{batch}.pt", save_interval="1ba"
+    )
     uploader = CheckpointUploader(saver, f"s3://{bucket}/run-1")
     trainer([saver, uploader]).fit_sync()
     got = objects(aws_env, bucket)
@@ -82,9 +82,7 @@ def test_every_checkpoint_is_uploaded_with_the_bytes_written(
     assert stats.bytes_uploaded == sum(len(got[f"run-1/{n}"]) for n in names)
 
 
-def test_large_files_go_up_in_parts(
-    tmp_path: pathlib.Path, aws_env: str, bucket: str
-) -> None:
+def test_large_files_go_up_in_parts(tmp_path: pathlib.Path, aws_env: str, bucket: str) -> None:
     class Big(TinyModel):
         def __init__(self) -> None:
             super().__init__(n_in=N_IN, n_out=N_IN)
@@ -107,7 +105,9 @@ def test_remote_keeps_num_checkpoints_to_keep(
                             num_checkpoints_to_keep=2)  # fmt: skip
     uploader = CheckpointUploader(saver, f"s3://{bucket}/p")
     trainer([saver, uploader]).fit_sync()
-    assert sorted(objects(aws_env, bucket)) == ["p/ba5.pt", "p/ba6.pt", "p/trainbus-manifest-rank0.json"]
+    assert sorted(objects(aws_env, bucket)) == [
+        "p/ba5.pt", "p/ba6.pt", "p/trainbus-manifest-rank0.json"
+    ]  # fmt: skip
     assert uploader.statistics().pruned == 4
     # its own count: keep more remotely than on disk
     saver2 = CheckpointSaver(tmp_path / "c2", filename="ba{batch}.pt", save_interval="1ba",
@@ -115,7 +115,10 @@ def test_remote_keeps_num_checkpoints_to_keep(
     up2 = CheckpointUploader(saver2, f"s3://{bucket}/q", num_checkpoints_to_keep=3)
     trainer([saver2, up2]).fit_sync()
     assert sorted(objects(aws_env, bucket, "q/")) == [
-        "q/ba4.pt", "q/ba5.pt", "q/ba6.pt", "q/trainbus-manifest-rank0.json"
+        "q/ba4.pt",
+        "q/ba5.pt",
+        "q/ba6.pt",
+        "q/trainbus-manifest-rank0.json",
     ]
     assert [p.name for p in (tmp_path / "c2").iterdir()] == ["ba6.pt"]
 
@@ -140,7 +143,9 @@ def test_resume_from_s3_continues_like_the_uninterrupted_run(
     # the resumed run continued the manifest and pruned across both runs
     manifest = json.loads(objects(aws_env, bucket)["job/trainbus-manifest-rank0.json"])
     assert [e["timestamp"]["batch"] for e in manifest["checkpoints"]] == [4, 6]
-    assert sorted(objects(aws_env, bucket, "job/ep")) == ["job/ep1-ba4-rank0.pt", "job/ep1-ba6-rank0.pt"]
+    assert sorted(objects(aws_env, bucket, "job/ep")) == [
+        "job/ep1-ba4-rank0.pt", "job/ep1-ba6-rank0.pt"
+    ]  # fmt: skip
 
 
 def test_load_path_s3_uses_the_uploaders_endpoint_and_credentials(
@@ -198,7 +203,7 @@ def test_an_upload_that_keeps_failing_is_raised_from_fit(
 ) -> None:
     saver = CheckpointSaver(tmp_path / "a", save_interval="1ep")
     uploader = CheckpointUploader(saver, "s3://no-such-bucket/x", backoff=0.0, max_retries=0)
-    with pytest.raises(Exception, match="no-such-bucket|NoSuchBucket|not found") as info:
+    with pytest.raises(Exception, match=r"no-such-bucket|NoSuchBucket|not found") as info:
         trainer([saver, uploader], epochs=1).fit_sync()
     notes = "\n".join(getattr(info.value, "__notes__", []))
     assert "while CheckpointUploader uploaded 'ep1-ba3-rank0.pt'" in notes
@@ -231,5 +236,5 @@ def test_bad_arguments_name_the_argument(
 
 
 def test_the_saver_argument_is_checked() -> None:
-    with pytest.raises(TypeError, match="must be a trainbus.callbacks.CheckpointSaver"):
+    with pytest.raises(TypeError, match=r"must be a trainbus\.callbacks\.CheckpointSaver"):
         CheckpointUploader("ckpt", "s3://b/p")  # type: ignore[arg-type]
