@@ -38,7 +38,8 @@ def s3_client(endpoint: str) -> object:
 
 class DroppingProxy:
     """A TCP proxy to ``upstream`` that cuts the first request whose body is larger than
-    ``min_body`` bytes after half of its body (the server sees a connection reset mid-body).
+    ``min_body`` bytes after half of its body (the server sees a connection reset mid-body);
+    given a ``gate``, it cuts nothing but holds such requests until the gate is set.
 
     Attributes:
         endpoint: The proxy's URL.
@@ -46,13 +47,15 @@ class DroppingProxy:
         connections: Connections accepted.
     """
 
-    def __init__(self, upstream: str, min_body: int) -> None:
+    def __init__(self, upstream: str, min_body: int, gate: threading.Event | None = None) -> None:
         host, port = upstream.removeprefix("http://").split(":")
         self._upstream = (host, int(port))
         self._min_body = min_body
+        self._gate = gate
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         self.dropped = 0
+        self._cut = gate is None
         self.connections = 0
         self.dropped_event = threading.Event()
         self._lock = threading.Lock()
@@ -88,8 +91,10 @@ class DroppingProxy:
             for line in header.split(b"\r\n"):
                 if line.startswith(b"content-length:"):
                     length = int(line.split(b":", 1)[1])
+            if self._gate is not None and length > self._min_body:
+                self._gate.wait()  # large bodies wait for the test to open the gate
             with self._lock:
-                cut = length > self._min_body and self.dropped == 0
+                cut = length > self._min_body and self.dropped == 0 and self._cut
                 if cut:
                     self.dropped += 1
             if cut:  # forward the head and half of the body, then reset both sides

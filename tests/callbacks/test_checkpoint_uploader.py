@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 import shutil
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -80,6 +81,15 @@ def test_every_checkpoint_is_uploaded_with_the_bytes_written(
     stats = uploader.statistics()
     assert (stats.handed_over, stats.uploaded, stats.pruned) == (6, 6, 0)
     assert stats.bytes_uploaded == sum(len(got[f"run-1/{n}"]) for n in names)
+
+
+def test_uploads_run_on_their_own_loop_whatever_fit_runs_on(
+    tmp_path: pathlib.Path, aws_env: str, bucket: str, no_leaked_threads: None
+) -> None:
+    saver = CheckpointSaver(tmp_path / "ckpt", filename="ba{batch}.pt", save_interval="3ba")
+    uploader = CheckpointUploader(saver, f"s3://{bucket}/trio")
+    trainer([saver, uploader]).fit_sync(backend="trio")
+    assert sorted(objects(aws_env, bucket, "trio/ba")) == ["trio/ba3.pt", "trio/ba6.pt"]
 
 
 def test_large_files_go_up_in_parts(tmp_path: pathlib.Path, aws_env: str, bucket: str) -> None:
@@ -196,6 +206,37 @@ def test_an_upload_cut_half_way_is_retried(
     assert proxy.connections >= 2  # the cut request was sent again on a new connection
     assert objects(endpoint, bucket, "cut/ba")["cut/ba3.pt"] == (tmp_path / "a/ba3.pt").read_bytes()
     assert uploader.statistics().uploaded == 1
+
+
+def test_a_checkpoint_pruned_locally_before_its_upload_is_still_uploaded(
+    tmp_path: pathlib.Path, endpoint: str, bucket: str, no_leaked_threads: None
+) -> None:
+    gate = threading.Event()
+    proxy = DroppingProxy(endpoint, min_body=100_000, gate=gate)
+    written: dict[int, bytes] = {}
+    folder = tmp_path / "a"
+
+    def watch(timestamp: Any, path: pathlib.Path) -> None:  # on the writer, before the upload
+        written[int(timestamp.batch)] = path.read_bytes()
+        if int(timestamp.batch) == 3:  # ba1.pt was pruned when ba2.pt was complete
+            assert not (folder / "ba1.pt").exists()
+            gate.set()
+
+    try:
+        saver = CheckpointSaver(folder, filename="ba{batch}.pt", save_interval="1ba",
+                                num_checkpoints_to_keep=1)  # fmt: skip
+        saver.add_listener(watch)
+        uploader = CheckpointUploader(
+            saver, f"s3://{bucket}/pruned", endpoint_url=proxy.endpoint, access_key_id="t",
+            secret_access_key="t", num_checkpoints_to_keep=-1,
+        )  # fmt: skip
+        trainer([saver, uploader], epochs=1).fit_sync()
+    finally:
+        gate.set()
+        proxy.close()
+    got = objects(endpoint, bucket, "pruned/ba")
+    assert {k: got[f"pruned/ba{k}.pt"] for k in (1, 2, 3)} == written
+    assert [p.name for p in folder.iterdir()] == ["ba3.pt"]  # the hidden links are gone
 
 
 def test_an_upload_that_keeps_failing_is_raised_from_fit(

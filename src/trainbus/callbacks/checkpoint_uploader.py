@@ -1,9 +1,10 @@
 """``CheckpointUploader``: each checkpoint a saver completes, uploaded to S3 while training goes on.
 
 The saver's writer thread hands over each file once it is complete on disk
-(:meth:`CheckpointSaver.add_listener`); the uploader opens it there (so the saver may prune
-the local file at once) and schedules its upload on the uploader's own asyncio event loop,
-which runs in a thread started at the first hand-off and joined at ``close``. Uploads use
+(:meth:`CheckpointSaver.add_listener`); the uploader pins it there with a hidden hard
+link (so the saver may prune the local file at once) and schedules its upload on the
+uploader's own asyncio event loop, which runs in a thread started at the first hand-off
+and joined at ``close``. Uploads use
 ``obstore`` (Rust; multipart for files larger than ``part_size``, ``part_concurrency``
 parts in flight; the GIL is released while bytes move). At most ``max_in_flight`` uploads
 are unfinished: a further hand-off waits, which holds the saver's writer, so the next save
@@ -16,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import os
 import pathlib
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -77,6 +80,41 @@ def _transient(exc: BaseException) -> bool:
     refused = (InvalidPathError, NotFoundError, PermissionDeniedError, UnauthenticatedError,
                FileNotFoundError, PermissionError)  # fmt: skip
     return isinstance(exc, Exception) and not isinstance(exc, refused)
+
+
+@dataclass
+class _Pinned:
+    """A handle on a checkpoint file's contents that outlives the file's deletion.
+
+    A hidden hard link beside it (``.<name>.upload-<random>``: never taken for a
+    checkpoint), which obstore reads without the GIL; an open file where links fail.
+    """
+
+    source: pathlib.Path | IO[bytes]
+    size: int
+
+    @classmethod
+    def pin(cls, path: pathlib.Path) -> _Pinned:
+        link = path.with_name(f".{path.name}.upload-{secrets.token_hex(4)}")
+        try:
+            os.link(path, link)
+        except OSError:
+            file = open(path, "rb")  # noqa: SIM115 - closed by release()
+            return cls(file, os.fstat(file.fileno()).st_size)
+        return cls(link, link.stat().st_size)
+
+    def body(self) -> pathlib.Path | IO[bytes]:
+        """What to upload (a file is rewound for each try)."""
+        if not isinstance(self.source, pathlib.Path):
+            self.source.seek(0)
+        return self.source
+
+    def release(self) -> None:
+        """Remove the link (or close the file)."""
+        if isinstance(self.source, pathlib.Path):
+            self.source.unlink(missing_ok=True)
+        else:
+            self.source.close()
 
 
 class CheckpointUploader(Callback):
@@ -247,12 +285,12 @@ class CheckpointUploader(Callback):
         self._slots.acquire()  # at most max_in_flight unfinished: the writer waits here
         self._stats["wait"] += time.perf_counter() - t0
         try:
-            file = open(path, "rb")  # noqa: SIM115 - held open: the saver may prune the file
+            source = _Pinned.pin(path)  # the saver may prune the file before the upload is done
             with self._lock:
                 self._stats["handed"] += 1
                 seq, self._seq = self._seq, self._seq + 1
                 loop = self._loop or self._start()
-                job = self._upload(key, file, timestamp, seq)
+                job = self._upload(key, source, timestamp, seq)
                 future = asyncio.run_coroutine_threadsafe(job, loop)
                 self._futures = [f for f in self._futures if not f.done()] + [future]
         except BaseException:
@@ -280,18 +318,17 @@ class CheckpointUploader(Callback):
 
     # -- the uploader's event loop -----------------------------------------------------------
 
-    async def _upload(self, key: str, file: IO[bytes], timestamp: Timestamp, seq: int) -> None:
+    async def _upload(self, key: str, source: _Pinned, timestamp: Timestamp, seq: int) -> None:
         import obstore
 
         t0 = time.perf_counter()
+        size = source.size
         try:
-            with file:
-                size = file.seek(0, 2)
+            try:
                 for attempt in range(1, self.attempts + 1):
                     try:
-                        file.seek(0)
                         await obstore.put_async(
-                            self._store, key, file, chunk_size=self.part_size,
+                            self._store, key, source.body(), chunk_size=self.part_size,
                             max_concurrency=self.part_concurrency,
                         )  # fmt: skip
                         break
@@ -300,6 +337,8 @@ class CheckpointUploader(Callback):
                             raise
                         self._stats["retries"] += 1
                         await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            finally:
+                source.release()
             entry = {"key": key, "size": size, "timestamp": timestamp.state_dict()}
             await self._add(entry, seq)
             self._stats["uploaded"] += 1
