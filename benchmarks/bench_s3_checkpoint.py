@@ -3,7 +3,7 @@
 Workload: ``Embedding(V, 1024, sparse=True)`` sized so the weights are ``--mb`` (500) MB,
 then ``--depth`` (2) ``Linear(1024, 1024)`` layers and ``Linear(1024, 10)``; plain SGD (no
 optimizer state: a checkpoint is the weights), batches of 256 x 8 token ids, CPU, one
-torch thread. ``--batches`` (60) batches, a checkpoint every ``--every`` (20). The store is
+torch thread. ``--batches`` (40) batches, a checkpoint every ``--every`` (20). The store is
 ``python -m moto.server`` on 127.0.0.1 in a subprocess (its CPU is not this process's, but
 it shares the machine's cores with training, as a local MinIO would).
 
@@ -31,9 +31,12 @@ Reported per method (median over rounds, [min-max]):
                  completion, per upload (uploader: UploaderStatistics; sync: the
                  upload_file call)
 
+    server CPU s the moto server's CPU seconds during the run (a real S3 spends none of
+                 this machine's)
+
 and the paired ratio ``sync upload stall / uploader stall`` per round.
 
-Run:  python benchmarks/bench_s3_checkpoint.py                      (about 3-4 minutes)
+Run:  python benchmarks/bench_s3_checkpoint.py                      (about 4-5 minutes)
       python benchmarks/bench_s3_checkpoint.py --mb 50 --rounds 1   (a quick run, < 1 min)
 Needs the s3 and test extras (obstore, moto[server], boto3) and ~2 GB of free memory.
 """
@@ -145,7 +148,9 @@ class LastBatch(Callback):
 METHODS = ("none", "uploader", "sync upload")
 
 
-def run_once(method: str, args: argparse.Namespace, endpoint: str, root: Path) -> dict[str, Any]:
+def run_once(
+    method: str, args: argparse.Namespace, endpoint: str, root: Path, server: Any
+) -> dict[str, Any]:
     import boto3
 
     folder = Path(tempfile.mkdtemp(dir=root))
@@ -175,10 +180,12 @@ def run_once(method: str, args: argparse.Namespace, endpoint: str, root: Path) -
         optimizers=torch.optim.SGD(model.parameters(), lr=0.1), callbacks=callbacks,
         device="cpu", warn_slow_callbacks=False, close_timeout=600.0,
     )  # fmt: skip
+    cpu0 = sum(server.cpu_times()[:2])
     t0 = time.perf_counter()
     trainer.fit_sync()
     end = time.perf_counter()
     out: dict[str, Any] = {"ms_per_batch": (end - t0) / args.batches * 1e3}
+    out["server_cpu_s"] = sum(server.cpu_times()[:2]) - cpu0
     out["drain_s"] = end - last.at
     if saver is not None and uploader is not None:
         st = uploader.statistics()
@@ -211,7 +218,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=500, help="checkpoint size (MB)")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--batches", type=int, default=60)
+    parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--every", type=int, default=20)
     parser.add_argument("--depth", type=int, default=2, help="dense layers (step cost)")
     parser.add_argument("--json", type=Path)
@@ -225,6 +232,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     root = Path(tempfile.mkdtemp(prefix="bench_s3-"))
+    import psutil
+
+    watched = psutil.Process(server.pid)
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS}
     try:
         for _ in range(100):  # polling: a process of its own has no event to wait on
@@ -236,7 +246,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for r in range(args.rounds):
             order = METHODS[r % len(METHODS) :] + METHODS[: r % len(METHODS)]
             for method in order:
-                results[method].append(run_once(method, args, endpoint, root))
+                results[method].append(run_once(method, args, endpoint, root, watched))
                 print(f"round {r} {method:11s} {results[method][-1]}", file=sys.stderr)
     finally:
         server.terminate()
@@ -247,8 +257,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"\n{args.batches} batches, a {up[0]['ckpt_mb']:.0f} MiB checkpoint every {args.every}; "
         f"{args.rounds} rounds; median [min-max]"
     )
-    print("| method | stall/ckpt ms | ms/batch | +ms/batch | drain s | upload MB/s |")
-    print("|---|---|---|---|---|---|")
+    print("| method | stall/ckpt ms | ms/batch | +ms/batch | drain s | upload MB/s | server CPU s |")
+    print("|---|---|---|---|---|---|---|")
     base = [x["ms_per_batch"] for x in results["none"]]
     for m in METHODS:
         ms = [x["ms_per_batch"] for x in results[m]]
@@ -257,7 +267,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  for k, p in (("stall_ms", 0),)]  # fmt: skip
         drain = fmt([x["drain_s"] for x in results[m]], 1)
         mbs = fmt([x["mb_s"] for x in results[m]]) if m != "none" else "-"
-        print(f"| {m} | {cells[0]} | {fmt(ms)} | {fmt(extra)} | {drain} | {mbs} |")
+        cpu = fmt([x["server_cpu_s"] for x in results[m]], 1)
+        print(f"| {m} | {cells[0]} | {fmt(ms)} | {fmt(extra)} | {drain} | {mbs} | {cpu} |")
     ratio = [s["stall_ms"] / u["stall_ms"] for s, u in zip(results["sync upload"], up, strict=True)]
     print(f"\nsync upload stall / uploader stall (paired per round): {fmt(ratio, 1)}")
     print(f"uploader host copy per checkpoint ms: {fmt([x['host_copy_ms'] for x in up])}")

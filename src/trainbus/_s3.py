@@ -120,6 +120,9 @@ class S3Options:
         max_retries: Retries of each request (a part of a multipart upload, a ``GET``)
             after a connection error, a dropped connection or a 5xx answer.
         retry_timeout: Seconds after a request's first attempt when it is retried no more.
+        timeout: Seconds one request may take as a whole: a part of an upload, or the
+            completion of a multipart upload, which a busy server may take long to
+            assemble (obstore's default of 30 s is too short for that).
     """
 
     endpoint_url: str | None = None
@@ -129,6 +132,7 @@ class S3Options:
     session_token: str | None = None
     max_retries: int = 10
     retry_timeout: float = 180.0
+    timeout: float = 300.0
 
     def store(self, url: str, name: str = "url") -> Any:
         """An ``obstore`` ``S3Store`` for the bucket of ``url`` (keys relative to the prefix)."""
@@ -150,7 +154,10 @@ class S3Options:
             value = getattr(self, key)
             if value is not None:
                 config["token" if key == "session_token" else key] = value
-        client = {"allow_http": bool(endpoint and endpoint.startswith("http://"))}
+        client = {
+            "allow_http": bool(endpoint and endpoint.startswith("http://")),
+            "timeout": timedelta(seconds=self.timeout),
+        }
         retry = {
             "max_retries": self.max_retries,
             "retry_timeout": timedelta(seconds=self.retry_timeout),

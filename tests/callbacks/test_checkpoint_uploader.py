@@ -265,6 +265,8 @@ def test_the_saver_must_be_in_the_run(tmp_path: pathlib.Path, aws_env: str, buck
         ({"part_size": 1024}, "at least 5 MiB"),
         ({"num_checkpoints_to_keep": 0}, "num_checkpoints_to_keep=0 must be -1"),
         ({"attempts": 0}, "attempts=0 must be a positive int"),
+        ({"max_retries": -1}, r"max_retries=-1 must be an int >= 0"),
+        ({"backoff": -1.0}, r"backoff=-1.0 must be seconds >= 0"),
     ],
 )
 def test_bad_arguments_name_the_argument(

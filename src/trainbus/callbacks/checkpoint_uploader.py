@@ -63,22 +63,22 @@ class UploaderStatistics:
     wait_seconds: float
 
 
-def _positive_int(value: Any, name: str, example: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a positive int, e.g. {example}")
+def _positive_int(value: Any, name: str, example: str, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        what = "a positive int" if low else "an int >= 0"
+        raise ValueError(f"{name}={value!r} must be {what}, e.g. {example}")
     return value
 
 
 def _transient(exc: BaseException) -> bool:
-    from obstore.exceptions import (
-        InvalidPathError,
-        NotFoundError,
-        PermissionDeniedError,
-        UnauthenticatedError,
-    )
+    """Whether a failed upload is worth another try: not when the store refused the keys.
 
-    refused = (InvalidPathError, NotFoundError, PermissionDeniedError, UnauthenticatedError,
-               FileNotFoundError, PermissionError)  # fmt: skip
+    A "not found" is tried again: besides a missing bucket it is what aborting a multipart
+    upload answers when the server completed it after the client gave up waiting.
+    """
+    from obstore.exceptions import InvalidPathError, PermissionDeniedError, UnauthenticatedError
+
+    refused = (InvalidPathError, PermissionDeniedError, UnauthenticatedError, PermissionError)
     return isinstance(exc, Exception) and not isinstance(exc, refused)
 
 
@@ -197,7 +197,7 @@ class CheckpointUploader(Callback):
         self.backoff = float(backoff)
         self.options = S3Options(
             endpoint_url, region, access_key_id, secret_access_key, session_token,
-            max_retries=_positive_int(max_retries + 1, "max_retries + 1", "10") - 1,
+            max_retries=_positive_int(max_retries, "max_retries", "10", low=0),
         )  # fmt: skip
         self._store = self.options.store(url)  # needs obstore: fails here, not mid-run
         self._slots = threading.BoundedSemaphore(self.max_in_flight)
