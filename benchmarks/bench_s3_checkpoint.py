@@ -11,6 +11,8 @@ Methods, run in one process, rounds interleaved (each round runs every method on
 rotated order):
 
     none         no checkpoints (the baseline ms/batch)
+    saver        CheckpointSaver(save_interval="20ba", num_checkpoints_to_keep=1) alone: the
+                 local checkpoints without upload (what the upload adds is uploader - saver)
     uploader     CheckpointSaver(save_interval="20ba", num_checkpoints_to_keep=1) and
                  CheckpointUploader(saver, "s3://bench/<run>"): host copy on the training
                  thread; write on the saver's writer; upload (obstore, 16 MiB parts, 8 in
@@ -24,19 +26,20 @@ Reported per method (median over rounds, [min-max]):
     stall/ckpt   time the training thread spent in the method's BATCH_CHECKPOINT handler
                  per checkpoint (uploader: the saver's handler: waiting for the previous
                  write and hand-off, and the host copy)
+    train ms/b   (wall time of fit() - drain) / batches: what training took per batch
     ms/batch     wall time of fit() / batches (close included: every upload is done)
     drain s      time from the end of the last batch to fit() returning (the uploads still
                  in flight at the end; the sync method has none)
-    MB/s         the upload throughput: bytes / seconds from an upload's start to its
-                 completion, per upload (uploader: UploaderStatistics; sync: the
-                 upload_file call)
+    MB/s         the upload throughput: uploader: all bytes over the span from the first
+                 hand-off to fit() returning (uploads overlap, up to 2 in flight); sync:
+                 the file over its upload_file call, median
 
     server CPU s the moto server's CPU seconds during the run (a real S3 spends none of
                  this machine's)
 
 and the paired ratio ``sync upload stall / uploader stall`` per round.
 
-Run:  python benchmarks/bench_s3_checkpoint.py                      (about 4-5 minutes)
+Run:  python benchmarks/bench_s3_checkpoint.py                      (about 5 minutes)
       python benchmarks/bench_s3_checkpoint.py --mb 50 --rounds 1   (a quick run, < 1 min)
 Needs the s3 and test extras (obstore, moto[server], boto3) and ~2 GB of free memory.
 """
@@ -145,7 +148,7 @@ class LastBatch(Callback):
         self.at = time.perf_counter()
 
 
-METHODS = ("none", "uploader", "sync upload")
+METHODS = ("none", "saver", "uploader", "sync upload")
 
 
 def run_once(
@@ -162,15 +165,21 @@ def run_once(
     last = LastBatch()
     callbacks: list[Callback] = [last]
     saver: TimedSaver | None = None
+    first: list[float] = []
     uploader: CheckpointUploader | None = None
     sync: SyncUpload | None = None
-    if method == "uploader":
+    if method == "saver":
+        saver = TimedSaver(folder, "ba{batch}.pt", save_interval=f"{args.every}ba",
+                           num_checkpoints_to_keep=1)  # fmt: skip
+        callbacks.append(saver)
+    elif method == "uploader":
         saver = TimedSaver(folder, "ba{batch}.pt", save_interval=f"{args.every}ba",
                            num_checkpoints_to_keep=1)  # fmt: skip
         uploader = CheckpointUploader(
             saver, f"s3://{bucket}/run", endpoint_url=endpoint, access_key_id="testing",
             secret_access_key="testing",
         )  # fmt: skip
+        saver.add_listener(lambda ts, path: first.append(time.perf_counter()))
         callbacks += [saver, uploader]
     elif method == "sync upload":
         sync = SyncUpload(folder, args.every, endpoint, bucket)
@@ -191,10 +200,14 @@ def run_once(
         st = uploader.statistics()
         out["stall_ms"] = statistics.fmean(saver.stalls) * 1e3
         out["stalls_ms"] = [s * 1e3 for s in saver.stalls]
-        out["mb_s"] = st.bytes_uploaded / MiB / st.upload_seconds
+        out["mb_s"] = st.bytes_uploaded / MiB / (end - first[0])
+        out["mb_s_each"] = st.bytes_uploaded / MiB / st.upload_seconds
         out["uploads"] = st.uploaded
         out["host_copy_ms"] = saver.statistics().capture_seconds / saver.statistics().saves * 1e3
         out["ckpt_mb"] = saver.statistics().bytes_written / saver.statistics().written / MiB
+    elif saver is not None:
+        out["stall_ms"] = statistics.fmean(saver.stalls) * 1e3
+        out["stalls_ms"] = [s * 1e3 for s in saver.stalls]
     elif sync is not None:
         out["stall_ms"] = statistics.fmean(sync.stalls) * 1e3
         out["stalls_ms"] = [s * 1e3 for s in sync.stalls]
@@ -257,21 +270,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"\n{args.batches} batches, a {up[0]['ckpt_mb']:.0f} MiB checkpoint every {args.every}; "
         f"{args.rounds} rounds; median [min-max]"
     )
-    print("| method | stall/ckpt ms | ms/batch | +ms/batch | drain s | upload MB/s | server CPU s |")
+    print("| method | stall/ckpt ms | train ms/batch | ms/batch | drain s | upload MB/s "
+          "| server CPU s |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
-    base = [x["ms_per_batch"] for x in results["none"]]
     for m in METHODS:
         ms = [x["ms_per_batch"] for x in results[m]]
-        extra = [a - b for a, b in zip(ms, base, strict=True)]
+        train = [x["ms_per_batch"] - x["drain_s"] * 1e3 / args.batches for x in results[m]]
         cells = [fmt([x[k] for x in results[m]], p) if m != "none" else "-"
                  for k, p in (("stall_ms", 0),)]  # fmt: skip
         drain = fmt([x["drain_s"] for x in results[m]], 1)
-        mbs = fmt([x["mb_s"] for x in results[m]]) if m != "none" else "-"
+        mbs = fmt([x["mb_s"] for x in results[m]]) if "mb_s" in results[m][0] else "-"
         cpu = fmt([x["server_cpu_s"] for x in results[m]], 1)
-        print(f"| {m} | {cells[0]} | {fmt(ms)} | {fmt(extra)} | {drain} | {mbs} | {cpu} |")
+        print(f"| {m} | {cells[0]} | {fmt(train)} | {fmt(ms)} | {drain} | {mbs} | {cpu} |")
     ratio = [s["stall_ms"] / u["stall_ms"] for s, u in zip(results["sync upload"], up, strict=True)]
     print(f"\nsync upload stall / uploader stall (paired per round): {fmt(ratio, 1)}")
     print(f"uploader host copy per checkpoint ms: {fmt([x['host_copy_ms'] for x in up])}")
+    print(f"uploader MB/s of one upload (start to completion): {fmt([x['mb_s_each'] for x in up])}")
     print(f"uploader stalls per checkpoint ms (all rounds): "
           f"{[round(s) for x in up for s in x['stalls_ms']]}")  # fmt: skip
     out = {"args": vars(args) | {"json": None}, "results": results}
