@@ -18,7 +18,6 @@ from tests.s3_server import DroppingProxy, moto_s3, s3_client
 from trainbus import Callback, Trainer
 from trainbus.callbacks import CheckpointSaver, CheckpointUploader
 
-pytest.importorskip("obstore")
 N_IN = 256  # a 256x256 layer: a 263 KB checkpoint
 
 
