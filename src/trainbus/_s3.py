@@ -26,12 +26,14 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import secrets
 import tempfile
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 __all__ = [
     "MANIFEST_FORMAT",
+    "PinnedFile",
     "S3Options",
     "download_newest",
     "is_s3_url",
@@ -39,6 +41,7 @@ __all__ = [
     "parse_manifest",
     "parse_s3_url",
     "require_obstore",
+    "transient",
 ]
 
 MANIFEST_FORMAT = 1
@@ -166,6 +169,53 @@ class S3Options:
         return make(
             bucket, prefix=prefix or None, config=config, client_options=client, retry_config=retry
         )
+
+
+@dataclass
+class PinnedFile:
+    """A handle on a checkpoint file's contents that outlives the file's deletion.
+
+    A hidden hard link beside it (``.<name>.upload-<random>``: never taken for a
+    checkpoint), which obstore reads without the GIL; an open file where links fail.
+    """
+
+    source: pathlib.Path | IO[bytes]
+    size: int
+
+    @classmethod
+    def pin(cls, path: pathlib.Path) -> PinnedFile:
+        link = path.with_name(f".{path.name}.upload-{secrets.token_hex(4)}")
+        try:
+            os.link(path, link)
+        except OSError:
+            file = open(path, "rb")  # noqa: SIM115 - closed by release()
+            return cls(file, os.fstat(file.fileno()).st_size)
+        return cls(link, link.stat().st_size)
+
+    def body(self) -> pathlib.Path | IO[bytes]:
+        """What to upload (a file is rewound for each try)."""
+        if not isinstance(self.source, pathlib.Path):
+            self.source.seek(0)
+        return self.source
+
+    def release(self) -> None:
+        """Remove the link (or close the file)."""
+        if isinstance(self.source, pathlib.Path):
+            self.source.unlink(missing_ok=True)
+        else:
+            self.source.close()
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a failed upload is worth another try: not when the store refused the keys.
+
+    A "not found" is tried again: besides a missing bucket it is what aborting a multipart
+    upload answers when the server completed it after the client gave up waiting.
+    """
+    from obstore.exceptions import InvalidPathError, PermissionDeniedError, UnauthenticatedError
+
+    refused = (InvalidPathError, PermissionDeniedError, UnauthenticatedError, PermissionError)
+    return isinstance(exc, Exception) and not isinstance(exc, refused)
 
 
 def _find_complete(store: Any, url: str, rank: int) -> dict[str, Any] | None:

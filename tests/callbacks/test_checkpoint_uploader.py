@@ -238,6 +238,25 @@ def test_a_checkpoint_pruned_locally_before_its_upload_is_still_uploaded(
     assert [p.name for p in folder.iterdir()] == ["ba3.pt"]  # the hidden links are gone
 
 
+def test_uploads_unfinished_at_close_timeout_are_cancelled_and_reported(
+    tmp_path: pathlib.Path, endpoint: str, bucket: str, no_leaked_threads: None
+) -> None:
+    gate = threading.Event()  # never opened while the run closes: the upload hangs
+    proxy = DroppingProxy(endpoint, min_body=100_000, gate=gate)
+    try:
+        saver = CheckpointSaver(tmp_path / "a", filename="ba{batch}.pt", save_interval="3ba")
+        uploader = CheckpointUploader(
+            saver, f"s3://{bucket}/stuck", endpoint_url=proxy.endpoint, access_key_id="t",
+            secret_access_key="t", close_timeout=0.5,
+        )  # fmt: skip
+        with pytest.raises(TimeoutError, match=r"1 upload\(s\) .* close_timeout=0.5 s"):
+            trainer([saver, uploader], epochs=1).fit_sync()
+    finally:
+        gate.set()
+        proxy.close()
+    assert not [p for p in (tmp_path / "a").iterdir() if ".upload-" in p.name]
+
+
 def test_an_upload_that_keeps_failing_is_raised_from_fit(
     tmp_path: pathlib.Path, aws_env: str, no_leaked_threads: None
 ) -> None:
@@ -264,6 +283,7 @@ def test_the_saver_must_be_in_the_run(tmp_path: pathlib.Path, aws_env: str, buck
         ({"part_size": 1024}, "at least 5 MiB"),
         ({"num_checkpoints_to_keep": 0}, "num_checkpoints_to_keep=0 must be -1"),
         ({"attempts": 0}, "attempts=0 must be a positive int"),
+        ({"close_timeout": 0}, r"close_timeout=0 must be seconds > 0"),
         ({"max_retries": -1}, r"max_retries=-1 must be an int >= 0"),
         ({"backoff": -1.0}, r"backoff=-1.0 must be seconds >= 0"),
     ],

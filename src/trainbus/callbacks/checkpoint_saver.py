@@ -192,9 +192,13 @@ class CheckpointSaver(Callback):
         with self._lock:
             self._listeners = [f for f in self._listeners if f != fn]
 
-    def wait_written(self) -> None:
-        """Block until the checkpoint being written (if any) is complete and handed over."""
-        self._wait_idle()
+    def wait_written(self, timeout: float | None = None) -> bool:
+        """Block until the checkpoint being written (if any) is complete and handed over.
+
+        Returns ``False`` if ``timeout`` seconds passed first.
+        """
+        with self._lock:
+            return self._lock.wait_for(lambda: self._job is None, timeout)
 
     def path_for(self, timestamp: Timestamp) -> pathlib.Path:
         """The file a checkpoint at ``timestamp`` is written to."""

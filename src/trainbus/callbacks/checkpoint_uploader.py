@@ -17,16 +17,22 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import os
 import pathlib
-import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from trainbus._callback import Callback, blocking
-from trainbus._s3 import MANIFEST_FORMAT, S3Options, manifest_key, parse_manifest, parse_s3_url
+from trainbus._s3 import (
+    MANIFEST_FORMAT,
+    PinnedFile,
+    S3Options,
+    manifest_key,
+    parse_manifest,
+    parse_s3_url,
+    transient,
+)
 from trainbus._timer import Timestamp
 from trainbus.callbacks.checkpoint_saver import CheckpointSaver, _rank
 
@@ -70,51 +76,10 @@ def _positive_int(value: Any, name: str, example: str, low: int = 1) -> int:
     return value
 
 
-def _transient(exc: BaseException) -> bool:
-    """Whether a failed upload is worth another try: not when the store refused the keys.
-
-    A "not found" is tried again: besides a missing bucket it is what aborting a multipart
-    upload answers when the server completed it after the client gave up waiting.
-    """
-    from obstore.exceptions import InvalidPathError, PermissionDeniedError, UnauthenticatedError
-
-    refused = (InvalidPathError, PermissionDeniedError, UnauthenticatedError, PermissionError)
-    return isinstance(exc, Exception) and not isinstance(exc, refused)
-
-
-@dataclass
-class _Pinned:
-    """A handle on a checkpoint file's contents that outlives the file's deletion.
-
-    A hidden hard link beside it (``.<name>.upload-<random>``: never taken for a
-    checkpoint), which obstore reads without the GIL; an open file where links fail.
-    """
-
-    source: pathlib.Path | IO[bytes]
-    size: int
-
-    @classmethod
-    def pin(cls, path: pathlib.Path) -> _Pinned:
-        link = path.with_name(f".{path.name}.upload-{secrets.token_hex(4)}")
-        try:
-            os.link(path, link)
-        except OSError:
-            file = open(path, "rb")  # noqa: SIM115 - closed by release()
-            return cls(file, os.fstat(file.fileno()).st_size)
-        return cls(link, link.stat().st_size)
-
-    def body(self) -> pathlib.Path | IO[bytes]:
-        """What to upload (a file is rewound for each try)."""
-        if not isinstance(self.source, pathlib.Path):
-            self.source.seek(0)
-        return self.source
-
-    def release(self) -> None:
-        """Remove the link (or close the file)."""
-        if isinstance(self.source, pathlib.Path):
-            self.source.unlink(missing_ok=True)
-        else:
-            self.source.close()
+async def _settle() -> None:
+    """Wait until every other task of the uploader's loop has ended (cancelled ones too)."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class CheckpointUploader(Callback):
@@ -127,7 +92,7 @@ class CheckpointUploader(Callback):
     the newest complete one (with this uploader's endpoint and credentials when it is in
     the run's callbacks). An upload that still fails after ``attempts`` is raised from
     ``fit()`` (at the next checkpoint event, or at close); ``close`` waits for the uploads
-    in flight (give ``Trainer(close_timeout=...)`` enough time for your largest file).
+    in flight, up to ``close_timeout``.
 
     Args:
         saver: The saver whose checkpoints are uploaded (must be in the same run).
@@ -145,6 +110,8 @@ class CheckpointUploader(Callback):
         attempts: Tries of a whole upload (each request is also retried by the client).
         backoff: Seconds before the second try; doubles per try.
         max_retries: Retries of each request (a part, the manifest) by the client.
+        close_timeout: Seconds ``close`` waits for the saver's last write and the uploads
+            in flight; those still unfinished then are cancelled and reported.
 
     Example:
         >>> saver = CheckpointSaver("ckpt", save_interval="20ba", num_checkpoints_to_keep=3)
@@ -170,6 +137,7 @@ class CheckpointUploader(Callback):
         attempts: int = 3,
         backoff: float = 1.0,
         max_retries: int = 10,
+        close_timeout: float = 600.0,
     ) -> None:
         if not isinstance(saver, CheckpointSaver):
             raise TypeError(
@@ -195,6 +163,9 @@ class CheckpointUploader(Callback):
         if not isinstance(backoff, int | float) or not backoff >= 0:
             raise ValueError(f"backoff={backoff!r} must be seconds >= 0, e.g. 1.0")
         self.backoff = float(backoff)
+        if not isinstance(close_timeout, int | float) or not close_timeout > 0:
+            raise ValueError(f"close_timeout={close_timeout!r} must be seconds > 0, e.g. 600.0")
+        self.close_timeout = float(close_timeout)  # the bus gives close this long, too
         self.options = S3Options(
             endpoint_url, region, access_key_id, secret_access_key, session_token,
             max_retries=_positive_int(max_retries, "max_retries", "10", low=0),
@@ -253,17 +224,34 @@ class CheckpointUploader(Callback):
         self._raise_error()
 
     def close(self, state: State, logger: Logger) -> None:
-        """Wait for the saver's last write and every upload; raise an error not yet raised."""
-        self.saver.wait_written()
+        """Wait for the saver's last write and every upload; raise an error not yet raised.
+
+        Uploads unfinished after ``close_timeout`` are cancelled (the manifest names only
+        complete checkpoints) and reported with a ``TimeoutError``.
+        """
+        deadline = time.monotonic() + self.close_timeout
+        self.saver.wait_written(self.close_timeout)
         self.saver.remove_listener(self._hand_over)
         with self._lock:
             futures, self._futures = self._futures, []
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
-        concurrent.futures.wait(futures)
+        left = max(0.0, deadline - time.monotonic())
+        _, pending = concurrent.futures.wait(futures, timeout=left)
+        for future in pending:
+            future.cancel()
         if loop is not None and thread is not None:
+            asyncio.run_coroutine_threadsafe(_settle(), loop).result()
             loop.call_soon_threadsafe(loop.stop)
             thread.join()
+        if pending:
+            error = TimeoutError(
+                f"CheckpointUploader: {len(pending)} upload(s) to {self.url!r} did not finish "
+                f"within close_timeout={self.close_timeout:g} s and were cancelled (they are "
+                "not in the manifest); pass a larger close_timeout="
+            )
+            with self._lock:
+                self._error = self._error or error
         self._raise_error()
 
     def _raise_error(self) -> None:
@@ -285,7 +273,7 @@ class CheckpointUploader(Callback):
         self._slots.acquire()  # at most max_in_flight unfinished: the writer waits here
         self._stats["wait"] += time.perf_counter() - t0
         try:
-            source = _Pinned.pin(path)  # the saver may prune the file before the upload is done
+            source = PinnedFile.pin(path)  # the saver may prune the file before the upload is done
             with self._lock:
                 self._stats["handed"] += 1
                 seq, self._seq = self._seq, self._seq + 1
@@ -318,7 +306,7 @@ class CheckpointUploader(Callback):
 
     # -- the uploader's event loop -----------------------------------------------------------
 
-    async def _upload(self, key: str, source: _Pinned, timestamp: Timestamp, seq: int) -> None:
+    async def _upload(self, key: str, source: PinnedFile, timestamp: Timestamp, seq: int) -> None:
         import obstore
 
         t0 = time.perf_counter()
@@ -333,7 +321,7 @@ class CheckpointUploader(Callback):
                         )  # fmt: skip
                         break
                     except Exception as exc:
-                        if attempt == self.attempts or not _transient(exc):
+                        if attempt == self.attempts or not transient(exc):
                             raise
                         self._stats["retries"] += 1
                         await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
@@ -344,13 +332,11 @@ class CheckpointUploader(Callback):
             self._stats["uploaded"] += 1
             self._stats["bytes"] += size
             self._stats["seconds"] += time.perf_counter() - t0
-        except BaseException as exc:
+        except Exception as exc:  # a cancellation (close's deadline) is reported by close
             exc.add_note(f"while CheckpointUploader uploaded {key!r} to {self.url!r}")
             with self._lock:
                 if self._error is None:
                     self._error = exc
-            if not isinstance(exc, Exception):
-                raise
 
     async def _add(self, entry: dict[str, Any], seq: int) -> None:
         import obstore
