@@ -33,6 +33,10 @@ EXPECTED = {
         "same weights: True",
         "resumed at batch 6",
     ],
+    "Uploading to S3": [
+        "['ep1-ba4-rank0.pt', 'ep1-ba6-rank0.pt']",
+        "resumed from s3 at batch 6",
+    ],
     "Load errors": [
         "load_path='missing.pt' does not exist",
         "load_path='torn.pt' cannot be read as a checkpoint: it is truncated or corrupt",

@@ -35,7 +35,7 @@ SPEC_NAMES = [
     "blocking",
 ]
 
-HEAVY = ["httpx", "tensorboard", "tqdm", "starlette", "uvicorn"]
+HEAVY = ["httpx", "tensorboard", "tqdm", "starlette", "uvicorn", "obstore"]
 
 
 def _public_attributes(module: types.ModuleType) -> set[str]:

@@ -207,9 +207,11 @@ class LoadedCheckpoint:
 def read_checkpoint(load_path: str | os.PathLike[str], state: State) -> LoadedCheckpoint | None:
     """Find and read the checkpoint at ``load_path``; check it fits ``state``'s model.
 
-    Returns ``None`` for a folder without a complete checkpoint, and for a path that does
+    Returns ``None`` for a folder without a complete checkpoint, for a path that does
     not exist yet but is the folder of one of the run's ``CheckpointSaver``s (so one
-    command line both starts and resumes a job).
+    command line both starts and resumes a job), and for an ``s3://bucket/prefix`` without
+    a complete checkpoint (a ``CheckpointUploader`` of the run to that URL lends its
+    endpoint and credentials; otherwise the AWS environment variables apply).
 
     Raises:
         TypeError: ``load_path`` is not a path.
@@ -223,6 +225,8 @@ def read_checkpoint(load_path: str | os.PathLike[str], state: State) -> LoadedCh
             f"load_path={load_path!r} must be a path (str or os.PathLike) to a checkpoint "
             "file or a CheckpointSaver folder"
         )
+    if isinstance(load_path, str) and load_path.startswith("s3://"):
+        return _read_remote(load_path, state)
     path = pathlib.Path(load_path)
     if not path.exists() and _is_saver_folder(path, state):
         return None  # autoresume's first run: the saver has not made its folder yet
@@ -231,6 +235,33 @@ def read_checkpoint(load_path: str | os.PathLike[str], state: State) -> LoadedCh
         if found is None:
             return None
         path = found
+    return _read_checked(path, state)
+
+
+def _read_remote(url: str, state: State) -> LoadedCheckpoint | None:
+    """The newest complete checkpoint under ``s3://bucket/prefix`` (``trainbus._s3``)."""
+    from trainbus._s3 import S3Options, download_newest
+    from trainbus.callbacks.checkpoint_saver import _rank
+    from trainbus.callbacks.checkpoint_uploader import CheckpointUploader
+
+    options = next(
+        (cb.options for cb in state.callbacks
+         if isinstance(cb, CheckpointUploader) and cb.url == url.rstrip("/")),
+        S3Options(),
+    )  # fmt: skip
+    got = download_newest(url, options, _rank())
+    if got is None:
+        return None  # no complete checkpoint there yet: a first run starts fresh
+    where, local = got
+    try:
+        return _read_checked(local, state)
+    except CheckpointLoadError as exc:
+        raise CheckpointLoadError(str(exc).replace(str(local), where)) from exc.__cause__
+    finally:
+        local.unlink(missing_ok=True)  # loaded into memory (or refused) by now
+
+
+def _read_checked(path: pathlib.Path, state: State) -> LoadedCheckpoint:
     ckpt = _read(path)
     _check_model(path, state.model, ckpt.get("model", {}))
     if not ckpt.get("weights_only"):

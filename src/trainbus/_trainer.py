@@ -112,8 +112,8 @@ class Trainer:
             (:class:`~trainbus.CallbackTimeoutWarning`) and abandoned; every other
             callback still closes. ``math.inf`` waits for ever.
         load_path: A checkpoint file, or a ``CheckpointSaver`` folder (its newest
-            complete checkpoint; an empty folder starts fresh), to resume from. See
-            ``docs/checkpoints.md``.
+            complete checkpoint; an empty folder starts fresh), or ``"s3://bucket/prefix"``
+            written by a ``CheckpointUploader``, to resume from. See ``docs/checkpoints.md``.
         dist_timeout: Seconds a collective waits for the other ranks before it fails, when
             the trainer initialises the process group under ``torchrun`` (Composer's
             name). See ``docs/distributed.md``: under ``torchrun`` the model is wrapped in

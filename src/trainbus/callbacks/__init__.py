@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from trainbus.callbacks.checkpoint_saver import CheckpointSaver as CheckpointSaver
 from trainbus.callbacks.checkpoint_saver import SaverStatistics as SaverStatistics
+from trainbus.callbacks.checkpoint_uploader import CheckpointUploader as CheckpointUploader
+from trainbus.callbacks.checkpoint_uploader import UploaderStatistics as UploaderStatistics
 from trainbus.callbacks.dashboard import Dashboard as Dashboard
 from trainbus.callbacks.early_stopper import EarlyStopper as EarlyStopper
 from trainbus.callbacks.event_stream import EventStream as EventStream
@@ -24,6 +26,7 @@ from trainbus.callbacks.threshold_stopper import ThresholdStopper as ThresholdSt
 
 __all__ = (
     "CheckpointSaver",
+    "CheckpointUploader",
     "Dashboard",
     "EarlyStopper",
     "EventStream",
@@ -42,4 +45,5 @@ __all__ = (
     "StreamStatistics",
     "Subscription",
     "ThresholdStopper",
+    "UploaderStatistics",
 )

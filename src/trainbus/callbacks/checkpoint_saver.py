@@ -156,6 +156,7 @@ class CheckpointSaver(Callback):
         self._thread: threading.Thread | None = None
         self._closing = False
         self._pool: BufferPool = {}  # host buffers of the last write, reused by the next capture
+        self._listeners: list[Callable[[Timestamp, pathlib.Path], None]] = []
         self._stats = dict.fromkeys(
             ("saves", "written", "capture", "capture_max", "wait", "write", "bytes", "host"),
             0.0,
@@ -177,6 +178,29 @@ class CheckpointSaver(Callback):
             capture_seconds_max=s["capture_max"], wait_seconds=s["wait"],
             write_seconds=s["write"], bytes_written=int(s["bytes"]), host_bytes=int(s["host"]),
         )  # fmt: skip
+
+    def add_listener(self, fn: Callable[[Timestamp, pathlib.Path], None]) -> None:
+        """Call ``fn(timestamp, path)`` on the writer thread with each file complete on disk.
+
+        It runs before pruning (the file still exists); the next save waits while it runs,
+        so a listener may hold the writer back (e.g. :class:`CheckpointUploader` when its
+        uploads in flight are at their bound). An exception from it is a write error.
+        """
+        with self._lock:
+            self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[Timestamp, pathlib.Path], None]) -> None:
+        """Stop calling ``fn`` (no error if it was not added)."""
+        with self._lock:
+            self._listeners = [f for f in self._listeners if f != fn]
+
+    def wait_written(self, timeout: float | None = None) -> bool:
+        """Block until the checkpoint being written (if any) is complete and handed over.
+
+        Returns ``False`` if ``timeout`` seconds passed first.
+        """
+        with self._lock:
+            return self._lock.wait_for(lambda: self._job is None, timeout)
 
     def path_for(self, timestamp: Timestamp) -> pathlib.Path:
         """The file a checkpoint at ``timestamp`` is written to."""
@@ -273,6 +297,8 @@ class CheckpointSaver(Callback):
             try:
                 cap.wait()
                 size = write_atomic(path, cap.payload)
+                for listener in list(self._listeners):
+                    listener(timestamp, path)
             except BaseException as exc:
                 exc.add_note(f"while CheckpointSaver wrote {str(path)!r}")
                 error = exc
