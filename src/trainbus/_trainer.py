@@ -25,6 +25,7 @@ from trainbus._events import Event
 from trainbus._exceptions import EngineThreadError, FitInProgressError
 from trainbus._logger import Logger, LoggerDestination
 from trainbus._loop import LoopConfig, TrainingLoop
+from trainbus._preemption import Preemption, check_preemption
 from trainbus._resume import attach_handler_drain, read_checkpoint, restore_checkpoint
 from trainbus._state import State
 from trainbus._time import Time
@@ -155,6 +156,10 @@ class Trainer:
         load_path: A checkpoint file, or a ``CheckpointSaver`` folder (its newest
             complete checkpoint; an empty folder starts fresh), to resume from. See
             ``docs/checkpoints.md``.
+        preemption: ``True`` or a :class:`~trainbus.Preemption`: on SIGTERM (while
+            ``fit()`` runs in the main thread) save a checkpoint, stop at the next batch,
+            close every logger within a grace period, and make ``fit_sync()`` exit with
+            status 143. See ``docs/crash-consistency.md``.
 
     Example:
         >>> trainer = Trainer(model, loader, "2ep", loss_fn=F.cross_entropy,
@@ -190,6 +195,7 @@ class Trainer:
         inline_max: float = DEFAULT_INLINE_MAX,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
         load_path: str | os.PathLike[str] | None = None,
+        preemption: Preemption | bool = False,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(
@@ -213,6 +219,7 @@ class Trainer:
         interval = check_eval_interval(eval_interval)
         check_run_name(run_name)
         clip = check_grad_clip_norm(grad_clip_norm)
+        self.preemption = check_preemption(preemption)
         if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
             raise ValueError(f"grad_accum={grad_accum!r} must be a positive int, e.g. 1 or 4")
         if precision not in _PRECISIONS:
@@ -330,7 +337,16 @@ class Trainer:
         def produce() -> None:
             loop.run(deliver_init=deliver_init)
 
-        await self.engine.run_cycle(produce)
+        if self.preemption is None:
+            await self.engine.run_cycle(produce)
+            return
+        with self.preemption.installed(state):
+            await self.engine.run_cycle(produce)
+
+    @property
+    def preempted(self) -> bool:
+        """Whether a preemption signal stopped the last ``fit()``."""
+        return self.preemption is not None and self.preemption.signum is not None
 
     def fit_sync(
         self,
@@ -343,6 +359,8 @@ class Trainer:
         Raises:
             EngineThreadError: Called on a thread that runs an event loop; use
                 ``await trainer.fit()`` there.
+            TrainingPreempted: A preemption signal stopped the run (``preemption=``);
+                a ``SystemExit`` with the configured status.
         """
         if not no_running_loop():
             raise EngineThreadError(
@@ -350,3 +368,5 @@ class Trainer:
                 "use `await trainer.fit()` instead"
             )
         anyio.run(functools.partial(self.fit, duration=duration), backend=backend)
+        if self.preemption is not None:
+            self.preemption.raise_if_triggered()  # exits with its status unless caught

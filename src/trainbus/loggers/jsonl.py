@@ -19,6 +19,12 @@ with a newline) is repaired when the file is opened: the fragment after the last
 is appended, with a newline, to ``<file>.torn`` beside it, the file is cut back to its
 last complete line, and a :class:`~trainbus.TrainbusWarning` names both files. The next
 record therefore starts a line of its own, and every line of the file parses.
+
+Crash consistency: ``state_dict`` (saved in every checkpoint) flushes and ``fsync``-s the
+file and records its length; a run resumed from that checkpoint cuts the file back to that
+length before it writes (``load_state_dict``), so the points the killed run wrote after the
+checkpoint, which the resumed run logs again, are in the file once. See
+``docs/crash-consistency.md``.
 """
 
 from __future__ import annotations
@@ -80,6 +86,19 @@ def _cut_torn_tail(path: Path) -> Path | None:
         f.flush()
         os.fsync(f.fileno())
     return torn
+
+
+def _cut_back(path: Path, size: int) -> None:
+    """Truncate ``path`` to ``size`` bytes (a checkpoint's position) durably, if longer."""
+    try:
+        f = open(path, "r+b")  # noqa: SIM115
+    except FileNotFoundError:
+        return
+    with f:
+        if f.seek(0, os.SEEK_END) > size:
+            f.truncate(size)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def to_json_value(value: Any) -> Any:
@@ -154,10 +173,14 @@ class JSONLinesLogger(LoggerDestination):
         self.flush_interval = float(flush_interval)
         self._file: IO[str] | None = None
         self._last_flush = 0.0
+        self._resume_at: int | None = None  # cut the file back to this length when opened
 
     def _open(self) -> IO[str]:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self._resume_at is not None:
+                _cut_back(self.path, self._resume_at)
+                self._resume_at = None
             torn = _cut_torn_tail(self.path)
             if torn is not None:
                 warnings.warn(
@@ -194,6 +217,32 @@ class JSONLinesLogger(LoggerDestination):
         if now - self._last_flush >= self.flush_interval:
             file.flush()
             self._last_flush = now
+
+    def state_dict(self) -> dict[str, Any]:
+        """Flush and ``fsync`` the file; its path and length, the position of a checkpoint.
+
+        Called by :class:`~trainbus.callbacks.CheckpointSaver` on the training thread once
+        every handler has run, so no write is in progress.
+        """
+        file = self._file
+        if file is not None:
+            file.flush()
+            os.fsync(file.fileno())
+            self._last_flush = time.monotonic()
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        return {"path": os.path.abspath(self.path), "position": size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: cut the file back to its length at the checkpoint when it is opened.
+
+        Applies only when ``state`` names this logger's file; the points written after
+        the checkpoint are logged again by the resumed run.
+        """
+        if state.get("path") == os.path.abspath(self.path) and self._file is None:
+            self._resume_at = int(state["position"])
 
     def close(self, state: State, logger: Logger) -> None:
         """Flush, ``fsync`` and close the file (runs also when training failed)."""
