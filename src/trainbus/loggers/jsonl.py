@@ -23,7 +23,8 @@ record therefore starts a line of its own, and every line of the file parses.
 Crash consistency: ``state_dict`` (saved in every checkpoint) flushes and ``fsync``-s the
 file and records its length; a run resumed from that checkpoint cuts the file back to that
 length before it writes (``load_state_dict``), so the points the killed run wrote after the
-checkpoint, which the resumed run logs again, are in the file once. See
+checkpoint, which the resumed run logs again, are in the file once (the lines cut are
+appended to ``<file>.replayed``). See
 ``docs/crash-consistency.md``.
 """
 
@@ -89,16 +90,27 @@ def _cut_torn_tail(path: Path) -> Path | None:
 
 
 def _cut_back(path: Path, size: int) -> None:
-    """Truncate ``path`` to ``size`` bytes (a checkpoint's position) durably, if longer."""
+    """Cut ``path`` back to ``size`` bytes (a checkpoint's position), if longer.
+
+    The bytes cut are first appended to ``<path>.replayed`` (durably): they are the points
+    a killed run wrote after its checkpoint, which the resumed run writes again.
+    """
     try:
         f = open(path, "r+b")  # noqa: SIM115
     except FileNotFoundError:
         return
     with f:
-        if f.seek(0, os.SEEK_END) > size:
-            f.truncate(size)
-            f.flush()
-            os.fsync(f.fileno())
+        if f.seek(0, os.SEEK_END) <= size:
+            return
+        f.seek(size)
+        tail = f.read()
+        with open(path.with_name(path.name + ".replayed"), "ab") as aside:
+            aside.write(tail)
+            aside.flush()
+            os.fsync(aside.fileno())
+        f.truncate(size)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def to_json_value(value: Any) -> Any:
