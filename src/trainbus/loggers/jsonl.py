@@ -21,11 +21,10 @@ last complete line, and a :class:`~trainbus.TrainbusWarning` names both files. T
 record therefore starts a line of its own, and every line of the file parses.
 
 Crash consistency: ``state_dict`` (saved in every checkpoint) flushes and ``fsync``-s the
-file and records its length; a run resumed from that checkpoint cuts the file back to that
-length before it writes (``load_state_dict``), so the points the killed run wrote after the
-checkpoint, which the resumed run logs again, are in the file once (the lines cut are
-appended to ``<file>.replayed``). See
-``docs/crash-consistency.md``.
+file and records its length. A run resumed from that checkpoint (``load_state_dict``) reads
+the metric lines after that length, which the killed run wrote after the checkpoint, and
+skips the records it logs again with the same ``(name, step)`` (once each): the file holds
+each point once, and every line parses. See ``docs/crash-consistency.md``.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ import numbers
 import os
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -89,28 +89,17 @@ def _cut_torn_tail(path: Path) -> Path | None:
     return torn
 
 
-def _cut_back(path: Path, size: int) -> None:
-    """Cut ``path`` back to ``size`` bytes (a checkpoint's position), if longer.
-
-    The bytes cut are first appended to ``<path>.replayed`` (durably): they are the points
-    a killed run wrote after its checkpoint, which the resumed run writes again.
-    """
-    try:
-        f = open(path, "r+b")  # noqa: SIM115
-    except FileNotFoundError:
-        return
-    with f:
-        if f.seek(0, os.SEEK_END) <= size:
-            return
-        f.seek(size)
-        tail = f.read()
-        with open(path.with_name(path.name + ".replayed"), "ab") as aside:
-            aside.write(tail)
-            aside.flush()
-            os.fsync(aside.fileno())
-        f.truncate(size)
-        f.flush()
-        os.fsync(f.fileno())
+def _metric_keys(data: bytes) -> Counter[tuple[str, int]]:
+    """``(name, step)`` of the metric lines in ``data`` (a torn last line is ignored)."""
+    keys: Counter[tuple[str, int]] = Counter()
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+            if record.get("kind") == "metric":
+                keys[(str(record["name"]), int(record["step"]))] += 1
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return keys
 
 
 def to_json_value(value: Any) -> Any:
@@ -185,14 +174,12 @@ class JSONLinesLogger(LoggerDestination):
         self.flush_interval = float(flush_interval)
         self._file: IO[str] | None = None
         self._last_flush = 0.0
-        self._resume_at: int | None = None  # cut the file back to this length when opened
+        self._opened_size: int | None = None  # the file's length when this logger opened it
+        self._replayed: Counter[tuple[str, int]] = Counter()  # skipped once each on resume
 
     def _open(self) -> IO[str]:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if self._resume_at is not None:
-                _cut_back(self.path, self._resume_at)
-                self._resume_at = None
             torn = _cut_torn_tail(self.path)
             if torn is not None:
                 warnings.warn(
@@ -203,6 +190,8 @@ class JSONLinesLogger(LoggerDestination):
                     stacklevel=2,
                 )
             self._file = open(self.path, "a", encoding="utf-8", newline="\n")  # noqa: SIM115
+            if self._opened_size is None:
+                self._opened_size = self._file.tell()
             self._last_flush = time.monotonic()
         return self._file
 
@@ -215,7 +204,11 @@ class JSONLinesLogger(LoggerDestination):
         file = self._open()  # also for records logged before fit_start (at INIT)
         kind = "hyperparameter" if record.hyperparameters else "metric"
         level = record.level.name.lower()
+        replayed = self._replayed
         for name, value in record.metrics.items():
+            if replayed and kind == "metric" and replayed[(name, record.step)] > 0:
+                replayed[(name, record.step)] -= 1  # written by the run that was killed
+                continue
             line = {
                 "name": name,
                 "value": to_json_value(value),
@@ -231,10 +224,10 @@ class JSONLinesLogger(LoggerDestination):
             self._last_flush = now
 
     def state_dict(self) -> dict[str, Any]:
-        """Flush and ``fsync`` the file; its path and length, the position of a checkpoint.
+        """Flush and ``fsync`` the file; its path and length, and the replays not yet seen.
 
         Called by :class:`~trainbus.callbacks.CheckpointSaver` on the training thread once
-        every handler has run, so no write is in progress.
+        every handler has run.
         """
         file = self._file
         if file is not None:
@@ -245,16 +238,32 @@ class JSONLinesLogger(LoggerDestination):
             size = self.path.stat().st_size
         except FileNotFoundError:
             size = 0
-        return {"path": os.path.abspath(self.path), "position": size}
+        pending = [[name, step] for (name, step), n in self._replayed.items() for _ in range(n)]
+        return {"path": os.path.abspath(self.path), "position": size, "pending": pending}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: cut the file back to its length at the checkpoint when it is opened.
+        """Resume: skip the points the killed run wrote after the checkpoint (once each).
 
-        Applies only when ``state`` names this logger's file; the points written after
-        the checkpoint are logged again by the resumed run.
+        Applies only when ``state`` names this logger's file. The metric lines after the
+        checkpoint's position (and those still pending at the checkpoint) are points the
+        resumed run logs again; each is skipped once instead of written twice.
         """
-        if state.get("path") == os.path.abspath(self.path) and self._file is None:
-            self._resume_at = int(state["position"])
+        if state.get("path") != os.path.abspath(self.path):
+            return
+        replayed: Counter[tuple[str, int]] = Counter(
+            (str(name), int(step)) for name, step in state.get("pending", [])
+        )
+        if self._file is not None:
+            self._file.flush()
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(int(state.get("position", 0)))
+                end = self._opened_size  # lines this logger wrote are not the killed run's
+                data = f.read() if end is None else f.read(max(0, end - f.tell()))
+        except FileNotFoundError:
+            data = b""
+        replayed.update(_metric_keys(data))
+        self._replayed = replayed
 
     def close(self, state: State, logger: Logger) -> None:
         """Flush, ``fsync`` and close the file (runs also when training failed)."""
