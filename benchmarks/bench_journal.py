@@ -6,6 +6,7 @@ trainer's own loss/train is off). Each scenario uploads them with HTTPMetricsUpl
 (batch_size=100, flush_interval=1 s) to a local server (benchmarks/latency_server.py)
 answering after 5 ms; spools live in a fresh temporary directory per run.
 
+    memory          no spool_dir: batches kept in memory only (no durability at all)
     spool           spool_dir, one fsync-ed file per batch (the default)
     journal         spool_dir and journal=True: every point appended to the journal in
                     log_record (one os.write per record), one fsync per sealed batch
@@ -65,12 +66,15 @@ class FitEndClock(Callback):
         self.at = time.perf_counter()
 
 
-def run_once(w: workloads.Workload, url: str, journal: bool, ckpt: bool) -> tuple[float, int]:
+def run_once(
+    w: workloads.Workload, url: str, journal: bool, ckpt: bool, spool: bool = True
+) -> tuple[float, int]:
     """(train ms/batch, journal fsyncs) of one epoch."""
     with tempfile.TemporaryDirectory() as tmp:
         uploader = HTTPMetricsUploader(
-            url, batch_size=100, spool_dir=Path(tmp) / "spool", journal=journal
-        )
+            url, batch_size=100, spool_dir=Path(tmp) / "spool" if spool else None,
+            journal=journal,
+        )  # fmt: skip
         clock = FitEndClock()
         callbacks: list[Callback] = [TenMetrics(), clock]
         if ckpt:
@@ -104,11 +108,12 @@ def fsync_cost_ms(samples: int = 50) -> float:
     return statistics.median(times)
 
 
-SCENARIOS: dict[str, tuple[bool, bool]] = {
-    "spool": (False, False),
-    "journal": (True, False),
-    "spool+ckpt": (False, True),
-    "journal+ckpt": (True, True),
+SCENARIOS: dict[str, tuple[bool, bool, bool]] = {
+    "memory": (False, False, False),
+    "spool": (False, False, True),
+    "journal": (True, False, True),
+    "spool+ckpt": (False, True, True),
+    "journal+ckpt": (True, True, True),
 }
 
 
@@ -143,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{name:<14}{statistics.median(vals):>14.3f} "
               f"[{min(vals):.3f}-{max(vals):.3f}]{fsyncs[name]:>16}")  # fmt: skip
     report: dict[str, Any] = {"ms_per_batch": ms, "fsyncs": fsyncs, "fsync_ms": one_fsync}
-    for a, b in (("journal", "spool"), ("journal+ckpt", "spool+ckpt")):
+    for a, b in (("journal", "spool"), ("journal", "memory"), ("journal+ckpt", "spool+ckpt")):
         rs = ratios(a, b)
         report[f"{a}/{b}"] = rs
         print(f"paired {a}/{b}: median {statistics.median(rs):.3f} "
