@@ -40,6 +40,8 @@ from trainbus._logger import Logger as Logger
 from trainbus._logger import LoggerDestination as LoggerDestination
 from trainbus._logger import LogLevel as LogLevel
 from trainbus._logger import LogRecord as LogRecord
+from trainbus._preemption import Preemption as Preemption
+from trainbus._preemption import TrainingPreempted as TrainingPreempted
 from trainbus._serializable import Serializable as Serializable
 from trainbus._state import State as State
 from trainbus._time import Time as Time
@@ -67,6 +69,7 @@ __all__ = (
     "LogRecord",
     "Logger",
     "LoggerDestination",
+    "Preemption",
     "Serializable",
     "SlowCallbackWarning",
     "State",
@@ -78,6 +81,7 @@ __all__ = (
     "Trainer",
     "TrainbusError",
     "TrainbusWarning",
+    "TrainingPreempted",
     "UnknownHandlerWarning",
     "blocking",
     "every",

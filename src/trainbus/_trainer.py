@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 from collections.abc import Callable, Iterable, Sequence
@@ -35,6 +36,7 @@ from trainbus._exceptions import EngineThreadError, FitInProgressError
 from trainbus._interrupt import sigint_handled
 from trainbus._logger import Logger, LoggerDestination
 from trainbus._loop import LoopConfig, TrainingLoop
+from trainbus._preemption import Preemption, check_preemption
 from trainbus._resume import attach_handler_drain, read_checkpoint, restore_checkpoint
 from trainbus._state import State
 from trainbus._time import Time
@@ -119,6 +121,10 @@ class Trainer:
             name). See ``docs/distributed.md``: under ``torchrun`` the model is wrapped in
             ``DistributedDataParallel``, the data sharded, evaluation metrics reduced
             across ranks, and rank-zero-only callbacks act on rank zero only.
+        preemption: ``True`` or a :class:`~trainbus.Preemption`: on SIGTERM (while
+            ``fit()`` runs in the main thread) save a checkpoint, stop at the next batch,
+            close every logger within a grace period, and make ``fit_sync()`` exit with
+            status 143. See ``docs/crash-consistency.md``.
 
     Example:
         >>> trainer = Trainer(model, loader, "2ep", loss_fn=F.cross_entropy,
@@ -155,6 +161,7 @@ class Trainer:
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
         load_path: str | os.PathLike[str] | None = None,
         dist_timeout: float = DEFAULT_DIST_TIMEOUT,
+        preemption: Preemption | bool = False,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(
@@ -179,6 +186,7 @@ class Trainer:
         interval = check_eval_interval(eval_interval)
         check_run_name(run_name)
         clip = check_grad_clip_norm(grad_clip_norm)
+        self.preemption = check_preemption(preemption)
         if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
             raise ValueError(f"grad_accum={grad_accum!r} must be a positive int, e.g. 1 or 4")
         if precision not in _PRECISIONS:
@@ -303,7 +311,7 @@ class Trainer:
             state.max_duration = Time(int(now.value) + int(extra.value), extra.unit)
         state._stop.clear()
         loop = TrainingLoop(state, self.logger, self._config, self.engine._bus.publish)
-        attach_handler_drain(state, self.engine._bus.wait_all)  # for CheckpointSaver
+        attach_handler_drain(state, functools.partial(self.engine._bus.wait_all, records=True))  # for CheckpointSaver
         deliver_init = not self._init_delivered
         self._init_delivered = True
 
@@ -315,13 +323,23 @@ class Trainer:
                     abort_on_failure()
                 raise
 
-        with sigterm_stops(state, self._distributed) as terminated:
-            await self.engine.run_cycle(produce)
+        terminated: list[int] = []
+        if self.preemption is None:
+            with sigterm_stops(state, self._distributed) as terminated:
+                await self.engine.run_cycle(produce)
+        else:  # preemption handles SIGTERM itself: checkpoint, stop, exit 143
+            with self.preemption.installed(state):
+                await self.engine.run_cycle(produce)
         if terminated:  # torchrun stops the other workers when one fails; all closed
             raise RuntimeError(
                 f"fit() stopped on rank {state.rank}: the process received SIGTERM (torchrun "
                 "sends it to every worker once one has failed; see that worker's error)"
             )
+
+    @property
+    def preempted(self) -> bool:
+        """Whether a preemption signal stopped the last ``fit()``."""
+        return self.preemption is not None and self.preemption.signum is not None
 
     def fit_sync(
         self,
@@ -339,6 +357,8 @@ class Trainer:
             EngineThreadError: Called on a thread that runs an event loop; use
                 ``await trainer.fit()`` there.
             KeyboardInterrupt: Ctrl-C was pressed (after every callback closed).
+            TrainingPreempted: A preemption signal stopped the run (``preemption=``);
+                a ``SystemExit`` with the configured status.
         """
         if not no_running_loop():
             raise EngineThreadError(
@@ -358,5 +378,7 @@ class Trainer:
 
         with sigint_handled(self.engine, cancel) as presses:
             anyio.run(fit, backend=backend)
+        if self.preemption is not None:
+            self.preemption.raise_if_triggered()  # exits with its status unless caught
         if presses is not None and presses.count:
             raise KeyboardInterrupt

@@ -224,3 +224,41 @@ def test_torn_fragments_accumulate_and_intact_files_are_untouched(tmp_path: Path
     make_trainer(1, loggers=[JSONLinesLogger(path)]).fit_sync()  # no warning: intact
     assert path.read_bytes().startswith(before)
     assert len(read(path)) == 1 + 3
+
+
+def test_a_resumed_logger_skips_the_points_written_after_its_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+
+    def record(step: int) -> LogRecord:
+        return LogRecord({"loss": step * 0.5}, step, 1.0)
+
+    killed = JSONLinesLogger(path)
+    killed.log_record(record(1))
+    checkpoint = killed.state_dict()
+    killed.log_record(record(2))
+    killed.log_record(record(3))
+    killed.close(None, None)  # type: ignore[arg-type]
+
+    resumed = JSONLinesLogger(path)
+    resumed.load_state_dict(checkpoint)
+    resumed.log_record(record(2))  # replayed: skipped
+    second = resumed.state_dict()
+    assert second["pending"] == [["loss", 3]]  # not replayed yet: carried to the next one
+    resumed.close(None, None)  # type: ignore[arg-type]
+
+    again = JSONLinesLogger(path)
+    again.load_state_dict(second)
+    again.log_record(record(3))
+    again.log_record(record(4))
+    again.close(None, None)  # type: ignore[arg-type]
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3, 4]
+
+
+def test_a_checkpoint_of_another_file_changes_nothing(tmp_path: Path) -> None:
+    log = JSONLinesLogger(tmp_path / "m.jsonl")
+    other = str(tmp_path / "other.jsonl")
+    log.load_state_dict({"path": other, "position": 0, "pending": [["a", 1]]})
+    log.log_record(LogRecord({"a": 1.0}, 1, 1.0))
+    log.close(None, None)  # type: ignore[arg-type]
+    assert len((tmp_path / "m.jsonl").read_text().splitlines()) == 1

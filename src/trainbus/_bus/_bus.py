@@ -134,9 +134,10 @@ class EventBus:
         """
         self._running().producer.publish(*events)
 
-    def wait_all(self) -> None:
-        """Block the producer until every handler published so far has finished."""
-        self._running().producer.wait_all()
+    def wait_all(self, *, records: bool = False) -> None:
+        """Block the producer until every handler published so far has finished (and,
+        with ``records``, every record logged so far reached every destination)."""
+        self._running().producer.wait_all(records=records)
 
     def is_producer(self) -> bool:
         """Whether the calling thread is the running session's producer thread."""

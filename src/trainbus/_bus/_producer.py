@@ -273,12 +273,21 @@ class Producer:
             self._barrier_all = False
         self.wait_all()
 
-    def wait_all(self) -> None:
-        """Block until every handler published so far has finished."""
+    def wait_all(self, *, records: bool = False) -> None:
+        """Block until every handler published so far has finished, and with ``records``
+        until every destination has taken every record logged so far."""
         self._kick()
         targets = [(lane, lane.enq) for lane in self.lanes if lane.done < lane.enq]
         if targets:
             self._wait(targets, "barrier")
+        if records:
+            logged = [
+                (lane, lane.log_enq)
+                for lane in self.destinations
+                if lane.log_done < lane.log_enq and lane.state != CLAIMED
+            ]
+            if logged:
+                self._wait(logged, "records")
         if self.gate.stopping:
             raise Stopped
 

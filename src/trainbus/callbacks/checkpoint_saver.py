@@ -155,6 +155,7 @@ class CheckpointSaver(Callback):
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._closing = False
+        self._save_requested = False  # request_save(): at the next checkpoint event or FIT_END
         self._pool: BufferPool = {}  # host buffers of the last write, reused by the next capture
         self._listeners: list[Callable[[Timestamp, pathlib.Path], None]] = []
         self._stats = dict.fromkeys(
@@ -202,6 +203,15 @@ class CheckpointSaver(Callback):
         with self._lock:
             return self._lock.wait_for(lambda: self._job is None, timeout)
 
+    def request_save(self) -> None:
+        """Save at the next checkpoint event, or at ``FIT_END`` if the run stops first.
+
+        Safe from any thread and from a signal handler (it sets a flag). Preemption
+        handling (``Trainer(preemption=...)``) calls it before asking training to stop,
+        so the stopped run leaves a checkpoint of the last batch it trained on.
+        """
+        self._save_requested = True
+
     def path_for(self, timestamp: Timestamp) -> pathlib.Path:
         """The file a checkpoint at ``timestamp`` is written to."""
         return self.folder / self.filename.format(**timestamp.state_dict(), rank=_rank())
@@ -218,7 +228,15 @@ class CheckpointSaver(Callback):
         """Save if due (runs on the training thread: it captures, the writer writes)."""
         self._maybe_save(Event.EPOCH_CHECKPOINT, state)
 
+    @blocking
+    def fit_end(self, state: State, logger: Logger) -> None:
+        """Save if :meth:`request_save` asked and no checkpoint event has saved since."""
+        if self._save_requested:
+            self._maybe_save(Event.FIT_END, state)
+
     def _is_due(self, event: Event, state: State) -> bool:
+        if self._save_requested:
+            return True
         if self._due_fn is not None:
             return bool(self._due_fn(state, event))
         assert self._interval is not None
@@ -230,6 +248,12 @@ class CheckpointSaver(Callback):
             return
         timestamp = state.timestamp
         path = self.path_for(timestamp)
+        if self._save_requested:
+            self._save_requested = False
+            if any(p == [path] for _, p in self.saved_checkpoints) or (
+                self._job is not None and self._job[2] == path
+            ):
+                return  # this very batch is saved already
         t0 = time.perf_counter()
         self._wait_idle()  # one save in flight: a due save waits for the previous write
         t1 = time.perf_counter()

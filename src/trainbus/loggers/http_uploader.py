@@ -17,6 +17,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from trainbus.loggers._batching import BatchingDestination
 from trainbus.loggers._delivery import (
     MetricsUploadWarning,
@@ -25,11 +27,12 @@ from trainbus.loggers._delivery import (
     require_httpx,
     send,
 )
+from trainbus.loggers._journal import Journal
 
 if TYPE_CHECKING:
     import httpx
 
-    from trainbus._logger import LogRecord
+    from trainbus._logger import Logger, LogRecord
     from trainbus._state import State
     from trainbus.loggers._spool import Batch
 
@@ -69,6 +72,12 @@ class HTTPMetricsUploader(BatchingDestination):
         backoff: Seconds before the first retry; doubles per retry of a batch.
         max_backoff: Seconds; the cap of the doubling.
         run_name: The ``run`` sent with the points; default ``state.run_name``.
+        journal: Keep a write-ahead journal of every point in ``spool_dir`` (which it
+            requires) instead of one file per batch: a point is written before it counts
+            as logged, each batch's key before its first attempt, and the uploader's
+            ``state_dict`` (saved in checkpoints) records the journal's position, so a run
+            resumed from a checkpoint after a crash sends every point exactly once. See
+            ``docs/crash-consistency.md``.
 
     Attributes:
         points_sent: Points the server acknowledged (2xx).
@@ -107,6 +116,7 @@ class HTTPMetricsUploader(BatchingDestination):
         backoff: float = 0.5,
         max_backoff: float = 30.0,
         run_name: str | None = None,
+        journal: bool = False,
     ) -> None:
         httpx = require_httpx("HTTPMetricsUploader")
         try:
@@ -121,6 +131,11 @@ class HTTPMetricsUploader(BatchingDestination):
             raise TypeError(f"headers must be a mapping of names to values, got {headers!r}")
         if run_name is not None and not isinstance(run_name, str):
             raise TypeError(f"run_name={run_name!r} must be a str or None")
+        if journal and spool_dir is None:
+            raise ValueError(
+                "journal=True needs a spool_dir to keep the journal in; pass "
+                "spool_dir='runs/spool', or journal=False"
+            )
         super().__init__(
             str(parsed),
             batch_size=batch_size,
@@ -138,6 +153,10 @@ class HTTPMetricsUploader(BatchingDestination):
         # Built once, here: an SSL context costs ~20 ms of GIL-holding work, which every
         # AsyncClient would otherwise repeat at the start of each fit, beside training.
         self._ssl_context = httpx.create_ssl_context()
+        self._journal: Journal | None = None
+        if journal:
+            assert spool_dir is not None
+            self._journal = self._spool = Journal(spool_dir, batch_size=batch_size)
 
     def _client_options(self) -> dict[str, Any]:
         return {**super()._client_options(), "verify": self._ssl_context}
@@ -153,7 +172,38 @@ class HTTPMetricsUploader(BatchingDestination):
                 self._skipped += 1
                 continue
             items.append({"name": name, "value": number, "step": step, "wall_time": wall_time})
+        if self._journal is not None and items:  # on disk before it counts as logged
+            return self._journal.admit(items)
         return items
+
+    async def fit_start(self, state: State, logger: Logger) -> None:
+        """Open the journal (reading what a killed run left) off the event loop."""
+        if self._journal is not None:
+            await anyio.to_thread.run_sync(self._journal.open)
+
+    async def close(self, state: State, logger: Logger) -> None:
+        """Deliver what is left (see the base class); then close or retire the journal.
+
+        A journal is deleted when the run completed (not stopped early) and every batch
+        was delivered; otherwise it stays for the run that resumes.
+        """
+        try:
+            await super().close(state, logger)
+        finally:
+            journal = self._journal
+            if journal is not None:
+                done = self._completed and not state.stop_requested
+                done = done and not (self._outbox or self._buffer or self._to_spool)
+                await anyio.to_thread.run_sync(journal.retire if done else journal.close)
+
+    def state_dict(self) -> dict[str, Any]:
+        """With a journal: its position at this checkpoint (see ``docs/crash-consistency.md``)."""
+        return self._journal.state_dict() if self._journal is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """With a journal: drop the points the run that saved ``state`` journaled after it."""
+        if self._journal is not None and state:
+            self._journal.load_state_dict(state)
 
     async def _open(self, client: httpx.AsyncClient, state: State) -> str:
         return self.run_name if self.run_name is not None else state.run_name

@@ -19,6 +19,12 @@ with a newline) is repaired when the file is opened: the fragment after the last
 is appended, with a newline, to ``<file>.torn`` beside it, the file is cut back to its
 last complete line, and a :class:`~trainbus.TrainbusWarning` names both files. The next
 record therefore starts a line of its own, and every line of the file parses.
+
+Crash consistency: ``state_dict`` (saved in every checkpoint) flushes and ``fsync``-s the
+file and records its length. A run resumed from that checkpoint (``load_state_dict``) reads
+the metric lines after that length, which the killed run wrote after the checkpoint, and
+skips the records it logs again with the same ``(name, step)`` (once each): the file holds
+each point once, and every line parses. See ``docs/crash-consistency.md``.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import numbers
 import os
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -80,6 +87,19 @@ def _cut_torn_tail(path: Path) -> Path | None:
         f.flush()
         os.fsync(f.fileno())
     return torn
+
+
+def _metric_keys(data: bytes) -> Counter[tuple[str, int]]:
+    """``(name, step)`` of the metric lines in ``data`` (a torn last line is ignored)."""
+    keys: Counter[tuple[str, int]] = Counter()
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+            if record.get("kind") == "metric":
+                keys[(str(record["name"]), int(record["step"]))] += 1
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return keys
 
 
 def to_json_value(value: Any) -> Any:
@@ -156,6 +176,8 @@ class JSONLinesLogger(LoggerDestination):
         self.flush_interval = float(flush_interval)
         self._file: IO[str] | None = None
         self._last_flush = 0.0
+        self._opened_size: int | None = None  # the file's length when this logger opened it
+        self._replayed: Counter[tuple[str, int]] = Counter()  # skipped once each on resume
 
     def _open(self) -> IO[str]:
         if self._file is None:
@@ -170,6 +192,8 @@ class JSONLinesLogger(LoggerDestination):
                     stacklevel=2,
                 )
             self._file = open(self.path, "a", encoding="utf-8", newline="\n")  # noqa: SIM115
+            if self._opened_size is None:
+                self._opened_size = self._file.tell()
             self._last_flush = time.monotonic()
         return self._file
 
@@ -182,7 +206,11 @@ class JSONLinesLogger(LoggerDestination):
         file = self._open()  # also for records logged before fit_start (at INIT)
         kind = "hyperparameter" if record.hyperparameters else "metric"
         level = record.level.name.lower()
+        replayed = self._replayed
         for name, value in record.metrics.items():
+            if replayed and kind == "metric" and replayed[(name, record.step)] > 0:
+                replayed[(name, record.step)] -= 1  # written by the run that was killed
+                continue
             line = {
                 "name": name,
                 "value": to_json_value(value),
@@ -196,6 +224,48 @@ class JSONLinesLogger(LoggerDestination):
         if now - self._last_flush >= self.flush_interval:
             file.flush()
             self._last_flush = now
+
+    def state_dict(self) -> dict[str, Any]:
+        """Flush and ``fsync`` the file; its path and length, and the replays not yet seen.
+
+        Called by :class:`~trainbus.callbacks.CheckpointSaver` on the training thread once
+        every handler has run.
+        """
+        file = self._file
+        if file is not None:
+            file.flush()
+            os.fsync(file.fileno())
+            self._last_flush = time.monotonic()
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        pending = [[name, step] for (name, step), n in self._replayed.items() for _ in range(n)]
+        return {"path": os.path.abspath(self.path), "position": size, "pending": pending}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: skip the points the killed run wrote after the checkpoint (once each).
+
+        Applies only when ``state`` names this logger's file. The metric lines after the
+        checkpoint's position (and those still pending at the checkpoint) are points the
+        resumed run logs again; each is skipped once instead of written twice.
+        """
+        if state.get("path") != os.path.abspath(self.path):
+            return
+        replayed: Counter[tuple[str, int]] = Counter(
+            (str(name), int(step)) for name, step in state.get("pending", [])
+        )
+        if self._file is not None:
+            self._file.flush()
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(int(state.get("position", 0)))
+                end = self._opened_size  # lines this logger wrote are not the killed run's
+                data = f.read() if end is None else f.read(max(0, end - f.tell()))
+        except FileNotFoundError:
+            data = b""
+        replayed.update(_metric_keys(data))
+        self._replayed = replayed
 
     def close(self, state: State, logger: Logger) -> None:
         """Flush, ``fsync`` and close the file (runs also when training failed)."""

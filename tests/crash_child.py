@@ -1,0 +1,95 @@
+"""The training process that ``tests/test_crash_consistency.py`` kills and resumes.
+
+``python tests/crash_child.py WORKDIR URL EVERY [--preemption]``: 3 epochs x 20 batches of
+a model whose forward takes ~50 ms, shuffled data, an eval pass per epoch, a checkpoint
+every ``EVERY`` batches in ``WORKDIR/ckpt`` (resumed from there when it holds one), an
+``HTTPMetricsUploader`` with a journal in ``WORKDIR/spool`` posting to ``URL``, and a
+``JSONLinesLogger`` writing ``WORKDIR/metrics.jsonl``. After each batch's checkpoint event
+it prints ``batch <n> saved <checkpoints written>`` (from the training thread, so the run
+is at that point when the line is written). A finished run saves its weights to
+``WORKDIR/final.pt`` and prints ``done``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainbus import Callback, Preemption, Trainer, blocking
+from trainbus.callbacks import CheckpointSaver
+from trainbus.loggers import HTTPMetricsUploader, JSONLinesLogger
+
+BATCHES, EPOCHS, DELAY = 20, 3, 0.05
+
+
+class SlowModel(torch.nn.Module):
+    """A linear classifier whose forward takes ``DELAY`` seconds (as a bigger model would)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(8, 4)
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        x, _ = batch
+        time.sleep(DELAY)
+        out: torch.Tensor = self.lin(x)
+        return out
+
+    def loss(self, outputs: torch.Tensor, batch: Any) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(outputs, batch[1])
+
+
+class Progress(Callback):
+    """Logs two metrics per batch and reports progress on stdout (training thread)."""
+
+    def __init__(self, saver: CheckpointSaver) -> None:
+        self.saver = saver
+
+    @blocking
+    def batch_end(self, state: Any, logger: Any) -> None:
+        batch = int(state.timer.batch)
+        norm = float(state.model.lin.weight.detach().norm())
+        logger.log_metrics({"weight/norm": norm, "half": batch * 0.5})
+
+    @blocking
+    def batch_checkpoint(self, state: Any, logger: Any) -> None:
+        written = len(self.saver.saved_checkpoints)
+        print(f"batch {int(state.timer.batch)} saved {written}", flush=True)
+
+
+def main(argv: list[str]) -> None:
+    workdir, url, every = Path(argv[0]), argv[1], int(argv[2])
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(BATCHES * 4, 8, generator=g)
+    y = torch.randint(0, 4, (BATCHES * 4,), generator=g)
+    ex, ey = torch.randn(8, 8, generator=g), torch.randint(0, 4, (8,), generator=g)
+    loader = DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True)
+    model = SlowModel()
+    saver = CheckpointSaver(workdir / "ckpt", save_interval=f"{every}ba", overwrite=True)
+    uploader = HTTPMetricsUploader(
+        url, spool_dir=workdir / "spool", journal=True, batch_size=8, flush_interval=0.2,
+        backoff=0.01, max_backoff=0.05,
+    )  # fmt: skip
+    trainer = Trainer(
+        model, loader, f"{EPOCHS}ep",
+        eval_dataloader=DataLoader(TensorDataset(ex, ey), batch_size=4),
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        callbacks=[saver, Progress(saver)],
+        loggers=[uploader, JSONLinesLogger(workdir / "metrics.jsonl", flush_interval=0.5)],
+        run_name="crash", seed=0, load_path=workdir / "ckpt", warn_slow_callbacks=False,
+        preemption=Preemption(grace=10.0) if "--preemption" in argv else False,
+    )  # fmt: skip
+    trainer.fit_sync()
+    torch.save(model.state_dict(), workdir / "final.pt")
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
