@@ -311,7 +311,8 @@ class Trainer:
             state.max_duration = Time(int(now.value) + int(extra.value), extra.unit)
         state._stop.clear()
         loop = TrainingLoop(state, self.logger, self._config, self.engine._bus.publish)
-        attach_handler_drain(state, functools.partial(self.engine._bus.wait_all, records=True))  # for CheckpointSaver
+        # The saver waits for every handler and record before it captures (CheckpointSaver).
+        attach_handler_drain(state, functools.partial(self.engine._bus.wait_all, records=True))
         deliver_init = not self._init_delivered
         self._init_delivered = True
 
