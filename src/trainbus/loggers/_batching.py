@@ -13,10 +13,9 @@ thread, times ``close``) and the *sender* (sends the oldest batch until a 2xx or
 refusal; with a spool, only batches already on disk, so each is spooled before its first
 attempt). ``close`` seals the rest, waits up to ``close_timeout`` and reports.
 
-Why ``log_record`` is ``async def``: the destination's handlers are then all coroutines, so
-its lane is a loop lane. The buffer, the outbox and the wake-up signal are only touched
-from the loop thread: no locks, and the sender is woken with a plain ``anyio.Event``. The
-only blocking work, the spool's ``fsync``, runs in a worker thread.
+Why ``log_record`` is ``async def``: then the destination's lane is a loop lane, and the
+buffer, outbox and wake-up signal are touched from the loop thread only (no locks, a plain
+``anyio.Event``); the spool's ``fsync`` runs in a worker thread.
 
 Whether the run completed: an ``async def fit_end`` notes that the ``FIT_END`` event came.
 A ``close`` without it ends a run that failed or was cancelled; there, once every batch is
@@ -43,7 +42,7 @@ from trainbus.loggers._delivery import (
     Signal,
     Unreported,
     UploaderStatistics,
-    positive,
+    checked_options,
     require_httpx,
     undelivered_message,
 )
@@ -87,23 +86,12 @@ class BatchingDestination(LoggerDestination):
         backoff: float,
         max_backoff: float,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size={batch_size!r} must be an int >= 1, e.g. 100")
-        if isinstance(close_timeout, bool) or not isinstance(close_timeout, int | float) or not (
-            close_timeout >= 0
-        ):
-            raise ValueError(f"close_timeout={close_timeout!r} must be seconds >= 0, e.g. 30")
         self._target = target
-        self.batch_size = batch_size
-        self.flush_interval = positive("flush_interval", flush_interval, "1.0")
-        self.timeout = positive("timeout", timeout, "10.0")
-        self.close_timeout = float(close_timeout)
-        self.backoff = positive("backoff", backoff, "0.5")
-        self.max_backoff = positive("max_backoff", max_backoff, "30.0")
-        if self.max_backoff < self.backoff:
-            raise ValueError(
-                f"max_backoff={max_backoff!r} is below backoff={backoff!r}; raise max_backoff"
-            )
+        options = checked_options(
+            batch_size, flush_interval, timeout, close_timeout, backoff, max_backoff
+        )
+        self.batch_size, self.flush_interval, self.timeout = options[:3]
+        self.close_timeout, self.backoff, self.max_backoff = options[3:]
         self._spool = Spool(spool_dir) if spool_dir is not None else None
         self._seq = itertools.count()
         self._buffer: list[dict[str, Any]] = []

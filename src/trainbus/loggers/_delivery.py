@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     import httpx
 
 __all__ = [
+    "checked_options",
     "BODY_LIMIT",
     "MetricsUploadWarning",
     "Reply",
@@ -80,6 +81,37 @@ def positive(name: str, value: Any, example: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ValueError(f"{name}={value!r} must be a positive number of seconds, e.g. {example}")
     return float(value)
+
+
+def checked_options(
+    batch_size: Any,
+    flush_interval: Any,
+    timeout: Any,
+    close_timeout: Any,
+    backoff: Any,
+    max_backoff: Any,
+) -> tuple[int, float, float, float, float, float]:
+    """The delivery options of a batching destination, checked; errors name the argument."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be an int >= 1, e.g. 100")
+    if isinstance(close_timeout, bool) or not isinstance(close_timeout, int | float) or not (
+        close_timeout >= 0
+    ):
+        raise ValueError(f"close_timeout={close_timeout!r} must be seconds >= 0, e.g. 30")
+    low = positive("backoff", backoff, "0.5")
+    high = positive("max_backoff", max_backoff, "30.0")
+    if high < low:
+        raise ValueError(
+            f"max_backoff={max_backoff!r} is below backoff={backoff!r}; raise max_backoff"
+        )
+    return (
+        batch_size,
+        positive("flush_interval", flush_interval, "1.0"),
+        positive("timeout", timeout, "10.0"),
+        float(close_timeout),
+        low,
+        high,
+    )
 
 
 @dataclass(frozen=True, slots=True)

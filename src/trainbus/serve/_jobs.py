@@ -9,13 +9,11 @@ within one event and still runs every callback's ``close`` (SPEC D6, D11).
 from __future__ import annotations
 
 import inspect
-import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from enum import StrEnum
 from types import TracebackType
 from typing import Any, Literal
 
@@ -26,6 +24,13 @@ from trainbus._logger import LoggerDestination, LogRecord
 from trainbus._trainer import Trainer
 from trainbus.callbacks._stream_items import json_ready
 from trainbus.callbacks.event_stream import EventStream
+from trainbus.serve._status import (
+    JobFactoryError,
+    JobStatus,
+    ServiceClosedError,
+    TooManyJobsError,
+    default_max_running,
+)
 
 __all__ = [
     "Job",
@@ -39,49 +44,6 @@ __all__ = [
     "TooManyJobsError",
     "default_max_running",
 ]
-
-
-def default_max_running() -> int:
-    """Jobs a service runs at once by default: the CPU cores this process may use.
-
-    Each job trains on a thread of its own; more training threads than cores only
-    makes every job slower. Uses the process's CPU affinity where the OS has one.
-
-    Example:
-        >>> default_max_running()   # on a 2-core machine
-        2
-    """
-    affinity = getattr(os, "sched_getaffinity", None)
-    if affinity is not None:
-        return max(1, len(affinity(0)))
-    return max(1, os.cpu_count() or 1)
-
-
-class JobStatus(StrEnum):
-    """Where a job is in its life; the last three are final."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def final(self) -> bool:
-        """Whether the job has finished (completed, failed or cancelled)."""
-        return self in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
-
-
-class ServiceClosedError(RuntimeError):
-    """A job was started while the manager is not running (before start or at shutdown)."""
-
-
-class JobFactoryError(TypeError):
-    """The job factory broke its contract (not a Trainer, or the job's loggers missing)."""
-
-
-class TooManyJobsError(RuntimeError):
-    """A job was started while ``max_running`` jobs are running."""
 
 
 class LatestMetrics(LoggerDestination):
