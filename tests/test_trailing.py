@@ -322,3 +322,77 @@ def test_the_class_attribute_refuses_a_bad_value_when_the_trainer_is_built(bad: 
 
     with pytest.raises(ValueError, match=r"Upload\.trailing=.* must be an int >= 0.*e\.g\. 2"):
         make_trainer(2, callbacks=[Upload()])
+
+
+# -- built-ins ------------------------------------------------------------------------------
+
+RECORD_CONSUMERS = (
+    "ConsoleLogger",
+    "JSONLinesLogger",
+    "TensorBoardLogger",
+    "HTTPMetricsUploader",
+    "MLflowLogger",
+    "EventStream",
+)
+LOCKSTEP = (
+    "SpeedMonitor",
+    "LRMonitor",
+    "GradMonitor",
+    "MemoryMonitor",
+    "EarlyStopper",
+    "ThresholdStopper",
+    "ProgressBar",
+    "CheckpointSaver",
+    "InMemoryLogger",
+)
+
+
+@pytest.mark.parametrize("name", RECORD_CONSUMERS)
+def test_destinations_that_only_consume_records_trail_by_two(name: str) -> None:
+    import trainbus.callbacks
+    import trainbus.loggers
+
+    cls = getattr(trainbus.loggers, name, None) or getattr(trainbus.callbacks, name)
+    assert cls.trailing == 2
+
+
+@pytest.mark.parametrize("name", LOCKSTEP)
+def test_monitors_stoppers_and_the_bar_stay_lockstep(name: str) -> None:
+    import trainbus.callbacks
+    import trainbus.loggers
+
+    cls = getattr(trainbus.loggers, name, None) or getattr(trainbus.callbacks, name)
+    assert cls.trailing is None
+
+
+async def test_a_console_logger_on_a_slow_stream_trails_training() -> None:
+    """Its line for batch *n* (printed at ``BATCH_CHECKPOINT`` *n*, which the bus counts
+    with batch *n + 1*) may still be pending at the barrier of batch *n + 2*: held until
+    ``BATCH_END`` of batch *n + 3*, the run neither deadlocks nor lets it fall further."""
+    import re
+
+    from trainbus.loggers import ConsoleLogger
+
+    clock = Clock()
+    printed: list[int] = []
+
+    class SlowStream:
+        def write(self, text: str) -> int:
+            found = re.search(r"batch (\d+)\]", text)
+            if found:
+                n = int(found.group(1))
+                clock.reached_sync(release(n, 3))
+                printed.append(n)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    probe = Behind(printed)
+    console = ConsoleLogger("1ba", stream=SlowStream())  # type: ignore[arg-type]
+    trainer = make_trainer(
+        N, callbacks=[clock, probe], loggers=[console], warn_slow_callbacks=False
+    )
+    await fit(trainer)
+    assert probe.seen == [(m, max(m - 3, 0)) for m in range(1, N + 1)]
+    assert printed == list(range(1, N + 1))

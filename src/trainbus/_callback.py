@@ -71,7 +71,15 @@ class Callback(Serializable):
 
     Overriding :meth:`run_event` routes every event through it; the per-event methods
     are then not called.
+
+    Attributes:
+        trailing: Batches every handler of this callback may trail training by
+            (``@trainbus.trailing(k)`` for all of them at once); ``None`` (the default)
+            follows ``Trainer(max_lag=...)``. Declare it only when the handlers read just
+            their event's snapshot, never the live model or optimizer.
     """
+
+    trailing: int | None = None
 
     def run_event(self, event: Event, state: State, logger: Logger) -> Any:
         """Handle ``event``; by default, call the method named ``event.value``."""

@@ -109,6 +109,12 @@ class ConsoleLogger(LoggerDestination):
         [epoch 1 batch 10] loss/train=0.4123
     """
 
+    #: Its handlers read only their event's snapshot and the records it receives, never
+    #: the live model: they may trail training by 2 batches (``docs/concurrency.md``,
+    #: "Trailing handlers"). A subclass that reads live state sets ``trailing = None``.
+    trailing = 2
+
+
     def __init__(
         self,
         log_interval: Time[Any] | str | int = "1ep",

@@ -136,6 +136,12 @@ class JSONLinesLogger(LoggerDestination):
         '{"name":"loss/train","value":1.309,"step":1,"wall_time":1718000000.1,...}\\n'
     """
 
+    #: Its handlers read only their event's snapshot and the records it receives, never
+    #: the live model: they may trail training by 2 batches (``docs/concurrency.md``,
+    #: "Trailing handlers"). A subclass that reads live state sets ``trailing = None``.
+    trailing = 2
+
+
     def __init__(self, path: str | os.PathLike[str], *, flush_interval: float = 1.0) -> None:
         if not isinstance(path, str | os.PathLike):
             raise TypeError(

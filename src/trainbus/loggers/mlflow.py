@@ -106,6 +106,12 @@ class MLflowLogger(BatchingDestination):
         '3f2a...'
     """
 
+    #: Its handlers read only their event's snapshot and the records it receives, never
+    #: the live model: they may trail training by 2 batches (``docs/concurrency.md``,
+    #: "Trailing handlers"). A subclass that reads live state sets ``trailing = None``.
+    trailing = 2
+
+
     def __init__(
         self,
         tracking_uri: str | None = None,
