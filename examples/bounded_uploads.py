@@ -208,6 +208,7 @@ async def main(batches: int = 200, latency_ms: float = 20.0, batch_ms: float = 5
     """Run the loop without uploads, then each variant; print and return ms per batch."""
     results: dict[str, float] = {}
     with Service(latency_ms) as service:
+        await make_trainer(10, batch_ms).fit()  # warm-up: first-use costs of torch and threads
         results["no uploads"] = await timed(make_trainer(batches, batch_ms), batches)
 
         async with httpx.AsyncClient() as client:
