@@ -396,3 +396,23 @@ async def test_a_console_logger_on_a_slow_stream_trails_training() -> None:
     await fit(trainer)
     assert probe.seen == [(m, max(m - 3, 0)) for m in range(1, N + 1)]
     assert printed == list(range(1, N + 1))
+
+
+async def test_an_error_in_a_trailing_handler_stops_training_and_fit_raises_it() -> None:
+    ran: list[int] = []
+
+    class Boom(Callback):
+        @trailing(2)
+        async def batch_end(self, state: Any, logger: Any) -> None:
+            if batch_of(state) == 3:
+                raise ValueError("boom")
+
+    class Count(Callback):
+        @blocking
+        def batch_start(self, state: Any, logger: Any) -> None:
+            ran.append(batch_of(state))
+
+    trainer = make_trainer(50, callbacks=[Boom(), Count()], warn_slow_callbacks=False)
+    with pytest.raises(ValueError, match="boom"):
+        await fit(trainer)
+    assert len(ran) <= 3 + 2 + 1  # at the latest, the barrier 2 batches on stops it
