@@ -271,10 +271,7 @@ class EventStream(LoggerDestination):
         ...     print(item.to_json())
     """
 
-    #: Its handlers read only their event's snapshot and the records it receives, never
-    #: the live model: they may trail training by 2 batches (``docs/concurrency.md``,
-    #: "Trailing handlers"). A subclass that reads live state sets ``trailing = None``.
-    trailing = 2
+    trailing = 2  # reads only snapshots and records (docs/concurrency.md, Trailing handlers)
 
 
     def __init__(
