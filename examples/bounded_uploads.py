@@ -234,6 +234,7 @@ async def main(
     batches: int = 200, latency_ms: float = 20.0, batch_ms: float = 5.0
 ) -> dict[str, float]:
     """Run the loop without uploads, then each variant; print and return ms per batch."""
+    torch.set_num_threads(1)  # a tiny model: more threads only add hand-offs
     results: dict[str, float] = {}
     with Service(latency_ms) as service:
         await make_trainer(10, batch_ms).fit()  # warm-up: first-use costs of torch and threads
