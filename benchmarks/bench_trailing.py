@@ -1,6 +1,6 @@
 """Scenario (g): a 5 ms upload awaited at ``BATCH_END``, lockstep vs ``@trailing(2)`` vs ``max_lag=2``.
 
-Workload: MLP 512-1024-10, batch 128, one torch thread, SGD, CPU (about 10 ms a batch on
+Workload: MLP 512-2048-10, batch 128, one torch thread, SGD, CPU (about 10 ms a batch on
 the 2-core benchmark machine). Every trainbus run has two weight readers: a ``@blocking``
 ``batch_end`` (on the training thread: the weights of its batch, by construction) and a
 plain ``def batch_end`` on its own thread, which sees the weights of its batch only if
@@ -46,7 +46,7 @@ import torch
 import trainbus
 from trainbus._demo import exposure
 
-DIMS = (512, 1024, 10)
+DIMS = (512, 2048, 10)
 BATCH = 128
 LATENCY_MS = 5.0
 VARIANTS = ("plain loop", "no upload", "lockstep", "trailing(2)", "max_lag=2")
