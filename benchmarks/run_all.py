@@ -5,7 +5,8 @@ Steps, each in its own process so nothing leaks between frameworks:
 1. ``setup_peers.sh`` makes the peers' virtual environments if they are missing.
 2. ``peers/run_all_peers.py``: plain torch loop, trainbus, Lightning, Ignite, Composer on
    scenarios (a)-(e) (+ trainbus's own variants), MLP and the ~20 ms/batch model.
-3. ``bench_lateness.py``: scenario (f), loop lateness while trainbus trains.
+3. ``bench_lateness.py``: scenario (f), loop lateness while trainbus trains;
+   ``bench_trailing.py``: scenario (g), a 5 ms upload at ``BATCH_END`` with ``@trailing(2)``.
 4. ``bench_bus.py``: the bus alone (producer cost per event/barrier/batch, calls/s).
 5. ``timeline.py``: the picture of scenario (d) in docs/.
 
@@ -97,7 +98,8 @@ def verdict(value: float | None, target: float) -> str:
     return f"{value:+.3f} ms: {'met' if value <= target else '**missed**'}"
 
 
-def write_readme(peers: dict[str, Any], lateness: dict[str, Any], bus: str, cmd: str) -> None:
+def write_readme(peers: dict[str, Any], lateness: dict[str, Any], bus: str, cmd: str,
+                 trailing: dict[str, Any]) -> None:
     results = peers["results"]
     versions = sorted({f"{r['framework']} {r['version']}" for r in results})
     mlp, _ = results_table(results, "mlp")
@@ -138,6 +140,7 @@ from the first batch fetch to `fit()` returning, / 200.
 | 100 no-op callbacks, more than (a) | <= +2.5 ms | {verdict(extra('c', 't:a'), 2.5)} |
 | 4 x 5 ms callbacks vs plain loop sleeping 5 ms (d1) | <= +0.5 ms | {verdict(extra('d', 'd1'), 0.5)} |
 | event-loop lateness p99 while training (f) | <= 2 ms | {lat['p99_ms']:.2f} ms: {'met' if lat['p99_ms'] <= 2 else '**missed**'} |
+| 5 ms upload per batch, `@trailing(2)`, over no upload (g) | <= +0.5 ms | {trailing['summary']['trailing(2)']['diff_median']:+.2f} ms: {trailing['verdict']} |
 
 ## MLP
 
@@ -159,6 +162,17 @@ A 1 ms heartbeat task on the loop that awaits `trainer.fit()` (10 async no-op ca
 |---|---|---|---|
 | idle | {lateness['idle']['p50_ms']:.2f} ms | {lateness['idle']['p99_ms']:.2f} ms | {lateness['idle']['max_ms']:.2f} ms |
 | training | {lat['p50_ms']:.2f} ms | {lat['p99_ms']:.2f} ms | {lat['max_ms']:.2f} ms |
+
+## (g) A 5 ms upload awaited at `BATCH_END` (`benchmarks/bench_trailing.py`)
+
+MLP 512-1024-10, batch 128, one torch thread; an `async def batch_end` awaiting one httpx
+POST to a local server (its own process) answering after 5 ms; lockstep (default), declared
+`@trainbus.trailing(2)`, or undecorated under `Trainer(max_lag=2)`. Every trainbus run also has
+a `@blocking` weight reader and a plain one on its own thread; the last column counts the
+batches whose weights the thread reader saw late. "hidden" is the figure `trainbus demo`
+prints (handler time the training thread did not wait for, from `engine.statistics()`).
+
+{trailing['table']}
 
 ## The bus alone (`benchmarks/bench_bus.py`)
 
@@ -195,11 +209,14 @@ def main() -> None:
     peers = json.loads((OUT / "peers.json").read_text())
     sh([py, str(BENCH / "bench_lateness.py"), "--json", str(OUT / "lateness.json")])
     lateness = json.loads((OUT / "lateness.json").read_text())
+    sh([py, str(BENCH / "bench_trailing.py"), "--json", str(OUT / "trailing.json"),
+        *(["--rounds", "2", "--batches", "40"] if args.quick else [])])
+    trailing = json.loads((OUT / "trailing.json").read_text())
     bus = sh([py, str(BENCH / "bench_bus.py"), "--reps", "3"])
     sh([py, str(BENCH / "timeline.py")])
     cmd = "python benchmarks/run_all.py" + (" --quick" if args.quick else "") + (
         f" --reps {args.reps}" if args.reps else "")
-    write_readme(peers, lateness, bus, cmd)
+    write_readme(peers, lateness, bus, cmd, trailing)
 
 
 if __name__ == "__main__":

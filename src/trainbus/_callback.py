@@ -78,9 +78,14 @@ class Callback(Serializable):
             :func:`trainbus.rank_zero_only` and ``docs/distributed.md``). ``False`` here;
             ``True`` on the file and network loggers, ``EventStream`` and
             ``CheckpointSaver``. An instance may override its class's value.
+        trailing: Batches every handler of this callback may trail training by
+            (``@trainbus.trailing(k)`` for all of them at once); ``None`` (the default)
+            follows ``Trainer(max_lag=...)``. Declare it only when the handlers read just
+            their event's snapshot, never the live model or optimizer.
     """
 
     rank_zero_only: bool = False
+    trailing: int | None = None
 
     def run_event(self, event: Event, state: State, logger: Logger) -> Any:
         """Handle ``event``; by default, call the method named ``event.value``."""

@@ -31,7 +31,14 @@ if TYPE_CHECKING:
     from trainbus._state import State
     from trainbus.callbacks.dashboard import Dashboard
 
-__all__ = ["DemoResult", "DigitsMLP", "SimulatedUploader", "load_digits_loaders", "run_demo"]
+__all__ = [
+    "DemoResult",
+    "DigitsMLP",
+    "SimulatedUploader",
+    "exposure",
+    "load_digits_loaders",
+    "run_demo",
+]
 
 _INSTALL = "pip install 'trainbus[demo]'"
 
@@ -205,6 +212,18 @@ class DemoResult:
         return self.hidden_time / self.callback_time if self.callback_time > 0 else 0.0
 
 
+def exposure(stats: Any, drain_time: float) -> tuple[float, float, float]:
+    """``(callback_time, waited_time, hidden_time)`` of a run, as the demo reports them.
+
+    ``stats`` is ``engine.statistics()`` after ``fit()``; ``drain_time`` the seconds from
+    ``FIT_END`` until ``fit()`` returned. Hidden time is the handler time the training
+    thread did not wait for (``benchmarks/bench_trailing.py`` reports the same figure).
+    """
+    waited = stats.barrier_wait_time + stats.backpressure_wait_time
+    work = stats.handler_time
+    return work, waited, max(0.0, work - waited - drain_time)
+
+
 def _metrics_file_logger(path: Path) -> LoggerDestination:
     from trainbus.loggers.jsonl import JSONLinesLogger
 
@@ -321,11 +340,9 @@ def run_demo(
             board.stop()
     returned = time.perf_counter()
 
-    stats = trainer.engine.statistics()
     evals = trainer.state.current_metrics["eval"]
-    waited = stats.barrier_wait_time + stats.backpressure_wait_time
     drain = max(0.0, returned - clock.ended_at)
-    work = stats.handler_time
+    work, waited, hidden = exposure(trainer.engine.statistics(), drain)
     result = DemoResult(
         accuracy=float(evals["accuracy"]),
         eval_loss=float(evals["loss"]),
@@ -333,7 +350,7 @@ def run_demo(
         waited_time=waited,
         drain_time=drain,
         exposed_time=waited + drain,
-        hidden_time=max(0.0, work - waited - drain),
+        hidden_time=hidden,
         train_time=returned - started,
         points_uploaded=uploader.points_sent,
         requests=uploader.requests,

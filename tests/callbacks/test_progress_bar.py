@@ -6,10 +6,12 @@ import io
 import re
 import sys
 import threading
+from typing import Any
 
 import pytest
 
 from tests.helpers import make_trainer
+from trainbus import Callback
 from trainbus._callback import resolve_callback
 from trainbus.callbacks import ProgressBar
 from trainbus.loggers import InMemoryLogger
@@ -152,3 +154,54 @@ def test_default_stream_is_stderr(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_arguments(kwargs: dict[str, object], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         ProgressBar(**kwargs)  # type: ignore[arg-type]
+
+
+class Printer(Callback):
+    """``print()`` from handlers on the loop and on a thread, as users write them."""
+
+    def batch_end(self, state: Any, logger: Any) -> None:
+        print(f"thread says {int(state.timer.batch)}")
+
+    async def after_forward(self, state: Any, logger: Any) -> None:
+        print("loop says", int(state.timer.batch))
+
+
+def test_print_from_handlers_does_not_break_the_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = Terminal()  # one terminal: the bar and sys.stdout both write to it
+    monkeypatch.setattr(sys, "stdout", out)
+    make_trainer(4, 2, callbacks=[Printer()], loggers=[ProgressBar(stream=out)]).fit_sync()
+    assert sys.stdout is out  # given back at close
+    text = out.getvalue()
+    said = [m.start() for m in re.finditer(r"(thread|loop) says \d+\n", text)]
+    assert len(said) == 16  # every line printed once, whole
+    # Each printed line starts a line: the bar was cleared (or ended) before it.
+    assert all(start == 0 or text[start - 1] in "\r\n" for start in said), text
+    final = [chunk for chunk in re.split(r"[\r\n]", text) if "100%" in chunk]
+    assert any(c.startswith("Epoch 2/2: 100%") and "4/4" in c for c in final)
+
+
+def test_print_is_left_alone_without_a_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    out, seen = Pipe(), []
+
+    class Where(Callback):
+        def batch_end(self, state: Any, logger: Any) -> None:
+            seen.append(sys.stdout)
+
+    monkeypatch.setattr(sys, "stdout", out)
+    make_trainer(2, callbacks=[Where()], loggers=[ProgressBar(stream=out)]).fit_sync()
+    assert seen == [out, out]
+
+
+def test_stdout_is_given_back_when_training_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = Terminal()
+    monkeypatch.setattr(sys, "stdout", out)
+
+    class Boom(Callback):
+        def batch_end(self, state: Any, logger: Any) -> None:
+            print("about to fail", end="")  # a partial line: written at close
+            raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        make_trainer(4, callbacks=[Boom()], loggers=[ProgressBar(stream=out)]).fit_sync()
+    assert sys.stdout is out
+    assert "about to fail" in out.getvalue()

@@ -141,6 +141,7 @@ class EventStream(LoggerDestination):
     """
 
     rank_zero_only = True  # under torchrun: rank 0 only (docs/distributed.md)
+    trailing = 2  # reads only snapshots and records (docs/concurrency.md, Trailing handlers)
 
     def __init__(
         self,

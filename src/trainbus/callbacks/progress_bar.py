@@ -4,12 +4,15 @@ tqdm is optional (``pip install 'trainbus[progress]'``) and imported only when a
 drawn. Every handler is a plain method, so the bar is written on the progress bar's own
 lane (its thread; the bus may run a handler that proved quicker than a thread hop inline
 on the training thread), never on the event loop. Batches are counted at
-``BATCH_CHECKPOINT``, which is not a barrier: training does not wait for the bar.
+``BATCH_CHECKPOINT``, which is not a barrier: training does not wait for the bar. While
+bars are drawn, ``sys.stdout`` and ``sys.stderr`` write whole lines around them (tqdm's
+``tqdm.write``), so ``print()`` from a handler does not break a bar.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from trainbus._events import Event
@@ -42,6 +45,42 @@ def _tqdm_class() -> type[Any]:
         monitor_interval = 0
 
     return _Bar
+
+
+class _AroundBar:
+    """``sys.stdout`` / ``sys.stderr`` while a bar is drawn: whole lines go out between
+    clearing the bar and drawing it again, under tqdm's lock (``tqdm.write`` semantics),
+    so ``print()`` from any handler, on any thread, never lands inside the bar."""
+
+    def __init__(self, wrapped: TextIO, owner: ProgressBar) -> None:
+        self._wrapped = wrapped
+        self._owner = owner
+        self._buf: list[str] = []
+        self._buf_lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._buf_lock:
+            head, newline, tail = text.rpartition("\n")
+            if not newline:
+                self._buf.append(text)
+                return len(text)
+            lines = "".join([*self._buf, head, newline])
+            self._buf = [tail] if tail else []
+        self._owner._write_around_bar(self._wrapped, lines)
+        return len(text)
+
+    def flush(self) -> None:
+        self._wrapped.flush()  # a partial line waits for its newline (or the bar's close)
+
+    def release(self) -> None:
+        """Write what is left of a partial line."""
+        with self._buf_lock:
+            rest, self._buf = "".join(self._buf), []
+        if rest:
+            self._owner._write_around_bar(self._wrapped, rest)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped, name)
 
 
 def _tqdm_available() -> bool:
@@ -80,6 +119,11 @@ class ProgressBar(LoggerDestination):
     evaluation metrics. Passed among ``callbacks`` of a trainer with no
     loggers, it reads ``state.loss`` instead when its value is already on the host.
 
+    While it draws bars (from ``fit_start`` to ``close``), ``sys.stdout`` and
+    ``sys.stderr`` print whole lines above the bar, as ``tqdm.write`` does, so
+    ``print()`` in any handler is safe. A ``logging`` handler made before ``fit()`` keeps
+    its own stream: wrap ``fit()`` in ``tqdm.contrib.logging.logging_redirect_tqdm()``.
+
     Args:
         bar: ``"auto"``, ``"tqdm"`` or ``"plain"``.
         stream: Where to write; default ``sys.stderr`` at ``fit()`` time.
@@ -115,6 +159,7 @@ class ProgressBar(LoggerDestination):
         self._loss: float | None = None
         self._loss_logged = False
         self._eval: dict[str, float] = {}
+        self._redirected: list[tuple[str, _AroundBar]] = []
 
     # -- what it shows --------------------------------------------------------------------
 
@@ -140,6 +185,39 @@ class ProgressBar(LoggerDestination):
         self._out.flush()
 
     # -- bars -----------------------------------------------------------------------------
+
+    def _write_around_bar(self, stream: TextIO, text: str) -> None:
+        bar_cls = self._bar_cls
+        if bar_cls is None:
+            stream.write(text)
+            stream.flush()
+            return
+        with bar_cls.get_lock():
+            pbar = self._pbar
+            if pbar is not None:
+                pbar.clear(nolock=True)
+            stream.write(text)
+            stream.flush()
+            if pbar is not None:
+                pbar.refresh(nolock=True)
+
+    def _redirect(self) -> None:
+        """Route ``sys.stdout`` and ``sys.stderr`` around the bars until ``close``."""
+        self._restore()
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if stream is None or isinstance(stream, _AroundBar):
+                continue
+            around = _AroundBar(stream, self)
+            setattr(sys, name, around)
+            self._redirected.append((name, around))
+
+    def _restore(self) -> None:
+        for name, around in self._redirected:
+            around.release()
+            if getattr(sys, name) is around:  # unless someone replaced it since
+                setattr(sys, name, around._wrapped)
+        self._redirected = []
 
     def _close_bar(self) -> None:
         if self._pbar is not None:
@@ -185,6 +263,8 @@ class ProgressBar(LoggerDestination):
         if use and self._bar_cls is None:
             self._bar_cls = _tqdm_class()
         self._use_tqdm = use
+        if use:
+            self._redirect()
         end = state.max_duration
         if use and end.unit is TimeUnit.BATCH:
             self._open_bar("Train", int(end.value), int(state.timestamp.batch))
@@ -239,6 +319,7 @@ class ProgressBar(LoggerDestination):
         self._close_bar()
 
     def close(self, state: State, logger: Logger) -> None:
-        """Close the bar, also when training failed."""
+        """Close the bar and give ``sys.stdout``/``sys.stderr`` back, also after a failure."""
         self._close_bar()
+        self._restore()
         self._out.flush()

@@ -107,6 +107,10 @@ class MLflowLogger(BatchingDestination):
     """
 
     rank_zero_only = True  # under torchrun: rank 0 only (docs/distributed.md)
+    #: Its handlers read only their event's snapshot and the records it receives, never
+    #: the live model: they may trail training by 2 batches (``docs/concurrency.md``,
+    #: "Trailing handlers"). A subclass that reads live state sets ``trailing = None``.
+    trailing = 2
 
     def __init__(
         self,

@@ -70,6 +70,10 @@ class TensorBoardLogger(LoggerDestination):
     """
 
     rank_zero_only = True  # under torchrun: rank 0 only (docs/distributed.md)
+    #: Its handlers read only their event's snapshot and the records it receives, never
+    #: the live model: they may trail training by 2 batches (``docs/concurrency.md``,
+    #: "Trailing handlers"). A subclass that reads live state sets ``trailing = None``.
+    trailing = 2
 
     def __init__(self, log_dir: str | os.PathLike[str], *, flush_secs: float = 30.0) -> None:
         if not isinstance(log_dir, str | os.PathLike):
