@@ -83,7 +83,7 @@ def run_bounded(
         start = time.monotonic()
         try:
             outcome.value = anyio.run(scenario, backend=backend)
-        except BaseException as exc:  # noqa: BLE001 - the scenario's outcome, whatever it is
+        except BaseException as exc:  # the scenario's outcome, whatever it is
             outcome.error = exc
         finally:
             outcome.elapsed = time.monotonic() - start
