@@ -33,7 +33,7 @@ class Child:
     """``python <args>`` with its output collected line by line."""
 
     def __init__(self, args: Sequence[str], cwd: Path) -> None:
-        self.started = time.monotonic()
+        self.interrupted: float | None = None
         self.proc = subprocess.Popen(
             [sys.executable, *args],
             cwd=cwd,
@@ -57,7 +57,7 @@ class Child:
         self._lines.put((name, ""))  # EOF marker (an empty line is never printed)
 
     def wait_for(
-        self, stream: str, match: Callable[[str], bool], bound: float = 60.0, *, kill: bool = True
+        self, stream: str, match: Callable[[str], bool], bound: float = 120.0, *, kill: bool = True
     ) -> str:
         """The first new line on ``stream`` ("out"/"err") that matches; fails on timeout/EOF."""
         deadline = time.monotonic() + bound
@@ -89,17 +89,21 @@ class Child:
         return True
 
     def interrupt(self) -> None:
+        """Send SIGINT (a Ctrl-C); the first one starts the clock of :meth:`finish`."""
+        if self.interrupted is None:
+            self.interrupted = time.monotonic()
         self.proc.send_signal(signal.SIGINT)
 
     def finish(self, bound: float) -> tuple[int, float]:
         """Wait for the exit, killing the child (a hang) past ``bound``; returns its exit
-        status (that of the kill, after a hang) and the seconds since it started."""
+        status (that of the kill, after a hang) and the seconds since the first SIGINT."""
         try:
             status = self.proc.wait(bound)
         except subprocess.TimeoutExpired:
             self.kill()
             status = self.proc.returncode
-        return status, time.monotonic() - self.started
+        assert self.interrupted is not None, "finish() waits for an interrupted child"
+        return status, time.monotonic() - self.interrupted
 
     def kill(self) -> None:
         if self.proc.poll() is None:
