@@ -5,7 +5,7 @@ dataloader, ``close``, ``post_close``), and the run it is injected into."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,11 +21,13 @@ __all__ = [
     "FAULTS",
     "Abort",
     "Boom",
-    "Injector",
-    "faulty_callback",
+    "TARGET",
     "FaultyLoader",
     "FaultyModel",
-    "TARGET",
+    "Injector",
+    "faulty_callback",
+    "sources",
+
 ]
 
 FAULTS = ("exception", "system-exit", "base-exception", "cancel")
@@ -171,5 +173,3 @@ def sources() -> list[tuple[str, str]]:
     found += [(kind, where) for kind in ("sync", "async") for where in ("close", "post_close")]
     return found
 
-
-Check = Callable[[], None]

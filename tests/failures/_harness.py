@@ -30,8 +30,11 @@ __all__ = [
     "Probe",
     "Sleeps",
     "SmallServer",
+    "closing",
     "jsonl_points",
+    "release_and_join",
     "run_bounded",
+    "server_fixture",
     "spooled_points",
     "trainbus_threads",
 ]
@@ -108,11 +111,25 @@ def trainbus_threads(*, allow: tuple[str, ...] = ()) -> list[str]:
     ]
 
 
-def join_threads(name: str, timeout: float = 10.0) -> None:
-    """Join live threads called ``name`` (a released stuck lane), bounded."""
-    for thread in threading.enumerate():
-        if thread.name == name:
-            thread.join(timeout)
+def release_and_join(sleeps: Sleeps, names: tuple[str, ...], timeout: float = 10.0) -> list[str]:
+    """Release every stuck "sleep", join the threads called ``names`` (bounded), and
+    return what those threads raised on their way out (``"name: error"``)."""
+    raised: list[str] = []
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        name = args.thread.name if args.thread is not None else "?"
+        raised.append(f"{name}: {args.exc_type.__name__}: {args.exc_value}")
+
+    threading.excepthook = hook
+    try:
+        sleeps.release_all()
+        for thread in threading.enumerate():
+            if thread.name in names:
+                thread.join(timeout)
+    finally:
+        threading.excepthook = previous
+    return raised
 
 
 class CloseOrder:
