@@ -139,7 +139,6 @@ def test_two_quick_ctrl_c_still_close_and_keep_every_point(backend: str, tmp_pat
 
 
 def test_cli_demo_ctrl_c_exits_130_with_a_complete_metrics_file(tmp_path: Path) -> None:
-    pytest.importorskip("sklearn")
     run = tmp_path / "run"
     child = Child(
         ["-m", "trainbus", "demo", "--epochs", "1000", "--out", str(run),
