@@ -71,7 +71,8 @@ def noop(kind: str, name: str, overrides: dict[str, Any] | None = None) -> Callb
     handler = _async if kind == "async" else _plain
     methods: dict[str, Any] = {event.value: handler for event in PER_BATCH}
     methods.update(overrides or {})
-    return type(name, (Callback,), methods)()
+    made: Callback = type(name, (Callback,), methods)()
+    return made
 
 
 class Blocking(Callback):

@@ -123,7 +123,8 @@ def faulty_callback(kind: str, where: str, injector: Injector, order: CloseOrder
                 injector.fire()
 
             attrs[where] = fire
-    return type("Faulty", (base,), attrs)()
+    made: Callback = type("Faulty", (base,), attrs)()
+    return made
 
 
 class FaultyModel(TinyModel):

@@ -13,7 +13,8 @@ HERE = Path(__file__).parent
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if "slow" in (config.getoption("markexpr") or ""):
         return  # `-m slow` (or any expression naming it) decides for itself
-    kept, deselected = [], []
+    kept: list[pytest.Item] = []
+    deselected: list[pytest.Item] = []
     for item in items:
         slow = item.get_closest_marker("slow") is not None
         (deselected if slow and HERE in item.path.parents else kept).append(item)

@@ -32,7 +32,8 @@ class Model(torch.nn.Module):
 
     def forward(self, batch: Any) -> torch.Tensor:
         self.pause.wait(0.005)  # a batch's work: ~5 ms
-        return self.lin(batch[0])
+        out: torch.Tensor = self.lin(batch[0])
+        return out
 
     def loss(self, outputs: torch.Tensor, batch: Any) -> torch.Tensor:
         return torch.nn.functional.cross_entropy(outputs, batch[1])
