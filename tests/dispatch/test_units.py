@@ -251,7 +251,7 @@ def test_drain_broken_counts_events_and_records_fails_calls_and_stops() -> None:
     calls: list[BaseException | None] = []
 
     class Loop:
-        def call_soon(self, fn: Any, *args: Any) -> None:
+        def call_soon_if_running(self, fn: Any, *args: Any) -> None:
             fn(*args)
 
     driver = ThreadDriver(lane, gate, Counters(), Loop(), None, 0.0)  # type: ignore[arg-type]

@@ -46,9 +46,13 @@ class Child:
         self.err: list[str] = []
         self._lines: queue.Queue[tuple[str, str]] = queue.Queue()
         assert self.proc.stdout is not None and self.proc.stderr is not None
-        for name, stream, sink in (("out", self.proc.stdout, self.out),
-                                   ("err", self.proc.stderr, self.err)):
-            threading.Thread(target=self._read, args=(name, stream, sink), daemon=True).start()
+        self._readers = [
+            threading.Thread(target=self._read, args=(name, stream, sink), daemon=True)
+            for name, stream, sink in (("out", self.proc.stdout, self.out),
+                                       ("err", self.proc.stderr, self.err))
+        ]
+        for reader in self._readers:
+            reader.start()
 
     def _read(self, name: str, stream: IO[str], sink: list[str]) -> None:
         for line in stream:
@@ -102,12 +106,23 @@ class Child:
         except subprocess.TimeoutExpired:
             self.kill()
             status = self.proc.returncode
+        elapsed = time.monotonic() - (self.interrupted or time.monotonic())
+        self.close()
         assert self.interrupted is not None, "finish() waits for an interrupted child"
-        return status, time.monotonic() - self.interrupted
+        return status, elapsed
+
+    def close(self) -> None:
+        """Let the readers reach the end of the output, then close the pipes."""
+        for reader in self._readers:
+            reader.join(10)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
+            self.proc.wait()
             self.proc.wait()
 
     def __str__(self) -> str:

@@ -43,6 +43,13 @@ class LoopHandle:
             raise RuntimeError("LoopHandle() must be created on a running asyncio or trio loop")
         self.call_soon: Callable[..., Any] = found
 
+    def call_soon_if_running(self, fn: Callable[..., Any], *args: Any) -> None:
+        """:attr:`call_soon`, or nothing if the loop has ended (an abandoned thread that
+        got unstuck after its session)."""
+        try:
+            self.call_soon(fn, *args)
+        except Exception:  # asyncio: "Event loop is closed"; trio: RunFinishedError
+            return
 
 def _current_call_soon() -> Callable[..., Any] | None:
     try:

@@ -149,7 +149,9 @@ class InlinePath:
 
     def _run_one(self, lane: Lane, slot: Slot, item: EventItem, *, count: bool = False) -> bool:
         """Run one item here; with ``count`` it was not queued, so count it in ``enq``."""
+        lane.current = slot.handler.qualname  # for messages (Ctrl-C, stuck reports)
         elapsed = call_plain(self.gate, lane, slot, item)
+        lane.current = None
         slot.inline_calls += 1
         if count:
             lane.enq += 1

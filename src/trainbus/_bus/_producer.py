@@ -206,7 +206,9 @@ class Producer:
         try:
             if self.gate.stopping:  # its lane skips what it had queued; so does this handler
                 raise Stopped
+            lane.current = slot.handler.qualname
             elapsed = call_plain(self.gate, lane, slot, item)
+            lane.current = None
             slot.inline_calls += 1
             lane.enq += 1  # counted once it ran: the handler may wait for everything else
             finish_event(lane, slot, item, elapsed, self.counters)

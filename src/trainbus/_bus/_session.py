@@ -161,7 +161,7 @@ class Session:
                 self.gate.fail(exc, None, None)
                 driver.drain_broken(exc)
         finally:
-            loop.call_soon(finished.set)
+            loop.call_soon_if_running(finished.set)
 
     async def _run_backgrounds(self, scope: anyio.CancelScope) -> None:
         with scope:
@@ -202,7 +202,7 @@ class Session:
                 box.append(exc)
             finally:
                 producer.ident = None
-                loop.call_soon(finished.set)
+                loop.call_soon_if_running(finished.set)
 
         thread = threading.Thread(target=main, name="trainbus-train", daemon=True)
         thread.start()

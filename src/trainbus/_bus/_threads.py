@@ -93,7 +93,7 @@ class ThreadDriver:
                     item.fn()
             except BaseException as exc:
                 error = exc
-            self.loop.call_soon(item.on_done, error)
+            self.loop.call_soon_if_running(item.on_done, error)
 
     def _deliver(self, record: LogRecord) -> None:
         slot = self.lane.log_slot
@@ -125,6 +125,6 @@ class ThreadDriver:
             elif isinstance(item, LogItem):
                 lane.count_log_done()
             elif isinstance(item, CallItem):
-                self.loop.call_soon(item.on_done, error)
+                self.loop.call_soon_if_running(item.on_done, error)
             else:
                 return

@@ -46,7 +46,7 @@ class Probe(Callback):
     def batch_end(self, state: Any, logger: Any) -> None:
         logger.log_metrics({"probe": float(int(state.timer.batch))})
         self.logged += 1
-        print(f"logged {self.logged}", flush=True)
+        sys.stdout.write(f"logged {self.logged}\n")
 
 
 class StuckBatchEnd(Callback):
@@ -54,7 +54,7 @@ class StuckBatchEnd(Callback):
 
     def batch_end(self, state: Any, logger: Any) -> None:
         if int(state.timer.batch) == 5:
-            print("stuck", flush=True)
+            sys.stdout.write("stuck\n")
             threading.Event().wait()
 
 
