@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.lowlevel
 
 from trainbus._bus import (
     DEFAULT_CLOSE_TIMEOUT,
@@ -211,6 +212,8 @@ class Engine:
             self._running = False
         if failure is not None and isinstance(failure, anyio.get_cancelled_exc_class()):
             raise failure
+        if failure is None:  # a cancellation that came during the (shielded) close
+            await anyio.lowlevel.checkpoint_if_cancelled()
         if failure is not None:
             errors.append(failure)
         raise_errors(errors + close_errors)

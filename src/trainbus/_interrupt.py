@@ -52,8 +52,8 @@ class _Presses:
             self.engine._interrupt(self.cancel)
         elif self.count == 2:
             print(
-                "trainbus: interrupted again; abandoning stuck handlers and closing the "
-                "rest under a short deadline.",
+                "trainbus: second Ctrl-C; abandoning stuck handlers and closing the rest "
+                "under a short deadline.",
                 file=sys.stderr,
                 flush=True,
             )
