@@ -222,9 +222,12 @@ class Lane:
             self.release()
 
     def release(self) -> None:
-        """Give a claimed lane back; wake its driver if items arrived meanwhile."""
-        with self.lock:
-            self.state = IDLE
+        """Give a claimed lane back; wake its driver if items arrived meanwhile.
+
+        No lock: only the claimer leaves ``CLAIMED``, and a waker that read ``CLAIMED``
+        before this store is covered by the look at the queue after it.
+        """
+        self.state = IDLE
         if self.pending:
             self.wake()
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainbus._bus._items import EventItem, LogItem
 from trainbus._bus._lane import CLAIMED, IDLE
-from trainbus._bus._running import call_plain, finish_event
+from trainbus._bus._running import call_plain
 from trainbus._bus._slow import SlowCallbacks
 from trainbus._bus._stopped import Stopped
 from trainbus._events import Event
@@ -201,8 +201,9 @@ class Producer:
             self._enqueue(lane, slot, item)
             self._wait([(lane, lane.enq)], "blocking")
             return
-        self._kick()
-        self.gate.claim(lane)  # every earlier item of the lane is done, nothing runs there
+        if not lane.try_claim():  # the lane is busy: wait for it to be handed over
+            self._kick()
+            self.gate.claim(lane)  # every earlier item is done, nothing runs there
         try:
             if self.gate.stopping:  # its lane skips what it had queued; so does this handler
                 raise Stopped
@@ -210,8 +211,13 @@ class Producer:
             elapsed = call_plain(self.gate, lane, slot, item)
             lane.current = None
             slot.inline_calls += 1
-            lane.enq += 1  # counted once it ran: the handler may wait for everything else
-            finish_event(lane, slot, item, elapsed, self.counters)
+            # Not counted in enq/done: it ran to completion before anything could wait for
+            # it (so a handler that waits for every other handler does not wait for itself).
+            slot.account(elapsed)
+            lane.last_batch = item.batch
+            trace = self.counters.trace
+            if trace is not None:
+                trace.handler(lane.name, slot.event, _perf() - elapsed, elapsed)
         finally:
             lane.release()
 
