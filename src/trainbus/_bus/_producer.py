@@ -201,8 +201,8 @@ class Producer:
             self._enqueue(lane, slot, item)
             self._wait([(lane, lane.enq)], "blocking")
             return
+        self._kick()  # what this burst queued runs while the handler runs here
         if not lane.try_claim():  # the lane is busy: wait for it to be handed over
-            self._kick()
             self.gate.claim(lane)  # every earlier item is done, nothing runs there
         try:
             if self.gate.stopping:  # its lane skips what it had queued; so does this handler
