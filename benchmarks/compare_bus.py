@@ -9,7 +9,9 @@ round as min / median / max.
 Run:  git worktree add --detach /tmp/before <commit>
       python benchmarks/compare_bus.py --before /tmp/before/src --rounds 3
 """
+import argparse
 import json
+import pathlib
 import statistics
 import subprocess
 import sys
