@@ -99,6 +99,12 @@ class Engine:
         self.state = state
         self.logger = logger
         self._bus = EventBus(state, logger, callbacks, options)
+        # A callback that observes the bus itself (the dashboard) learns its engine here:
+        # a private hook, ``_bind_engine(engine)``, called once per engine.
+        for callback in callbacks:
+            bind = getattr(callback, "_bind_engine", None)
+            if callable(bind):
+                bind(self)
         self._running = False
         self._closed = True
         self._standing: _Standing | None = None
