@@ -20,6 +20,7 @@ import anyio.lowlevel
 from trainbus._bus import (
     DEFAULT_CLOSE_TIMEOUT,
     DEFAULT_INLINE_MAX,
+    DEFAULT_WAIT_WARNING,
     BusOptions,
     BusStatistics,
     EventBus,
@@ -65,6 +66,8 @@ class Engine:
         warn_slow: Whether to warn when a callback is slower than the batches.
         close_timeout: Seconds each callback's ``close`` and ``post_close`` may take (and
             a cancelled ``fit()`` waits for a stuck handler) before it is abandoned.
+        wait_warning: Seconds a barrier or a close may wait for a callback before a
+            :class:`~trainbus.CallbackTimeoutWarning` names it (``math.inf``: never).
 
     Raises:
         TypeError, ValueError: An option is invalid (the message names it and the fix).
@@ -87,6 +90,7 @@ class Engine:
         inline_max: float = DEFAULT_INLINE_MAX,
         warn_slow: bool = True,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
+        wait_warning: float = DEFAULT_WAIT_WARNING,
     ) -> None:
         options = BusOptions.validated(
             barriers=barriers,
@@ -95,6 +99,7 @@ class Engine:
             inline_max=inline_max,
             warn_slow=warn_slow,
             close_timeout=close_timeout,
+            wait_warning=wait_warning,
         )
         self.state = state
         self.logger = logger

@@ -14,6 +14,7 @@ import torch
 from trainbus._bus import (
     DEFAULT_CLOSE_TIMEOUT,
     DEFAULT_INLINE_MAX,
+    DEFAULT_WAIT_WARNING,
     BusOptions,
     LoopHandle,
     no_running_loop,
@@ -113,6 +114,9 @@ class Trainer:
             a cancelled ``fit()`` waits for a stuck handler, before it is reported
             (:class:`~trainbus.CallbackTimeoutWarning`) and abandoned; every other
             callback still closes. ``math.inf`` waits for ever.
+        wait_warning: Seconds the training thread may wait at a barrier (or a close for a
+            callback) before a :class:`~trainbus.CallbackTimeoutWarning` names the callback
+            and the handler it waits for; ``math.inf`` never warns.
         load_path: A checkpoint file, or a ``CheckpointSaver`` folder (its newest
             complete checkpoint; an empty folder starts fresh), or ``"s3://bucket/prefix"``
             written by a ``CheckpointUploader``, to resume from. See ``docs/checkpoints.md``.
@@ -159,6 +163,7 @@ class Trainer:
         warn_slow_callbacks: bool = True,
         inline_max: float = DEFAULT_INLINE_MAX,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
+        wait_warning: float = DEFAULT_WAIT_WARNING,
         load_path: str | os.PathLike[str] | None = None,
         dist_timeout: float = DEFAULT_DIST_TIMEOUT,
         preemption: Preemption | bool = False,
@@ -201,6 +206,7 @@ class Trainer:
             inline_max=inline_max,
             warn_slow=warn_slow_callbacks,
             close_timeout=close_timeout,
+            wait_warning=wait_warning,
         )
         resolved_device = _resolve_device(device)
         callbacks = _as_list(callbacks, "callbacks")
@@ -269,6 +275,7 @@ class Trainer:
             warn_slow=bus_options.warn_slow,
             inline_max=bus_options.inline_max,
             close_timeout=bus_options.close_timeout,
+            wait_warning=bus_options.wait_warning,
         )
         self._config = LoopConfig(
             loss_fn=loss_fn,

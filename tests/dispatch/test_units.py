@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from trainbus import Callback, Event, Logger, State
-from trainbus._bus._dispatcher import _Resume
+from trainbus._bus._coroutine import Resume as _Resume
 from trainbus._bus._gate import Gate
 from trainbus._bus._items import STOP, CallItem, EventItem, LogItem
 from trainbus._bus._lane import ACTIVE, CLAIMED, IDLE, Lane

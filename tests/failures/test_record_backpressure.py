@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.failures._harness import run_bounded
@@ -97,3 +98,104 @@ def test_records_logged_from_handlers_are_bounded_by_queue_size(backend: str) ->
     peaks = {f.name: getattr(stats, f.name) for f in dataclasses.fields(stats)
              if f.name.startswith("peak")}
     assert any(0 < peak <= QUEUE_SIZE + 1 for peak in peaks.values()), stats
+
+
+class FiveRecordsAsync(Callback):
+    """As :class:`FiveRecords`, from an ``async def`` handler on the event loop."""
+
+    def __init__(self, counts: Counts) -> None:
+        self.counts = counts
+
+    async def batch_end(self, state: Any, logger: Any) -> None:
+        for i in range(PER_BATCH):
+            logger.log_metrics({f"m{i}": 1.0})
+            with self.counts.lock:
+                self.counts.logged += 1
+
+
+class SlowAsyncDestination(LoggerDestination):
+    """A destination on the loop taking ~10 ms per record; samples the backlog."""
+
+    def __init__(self, counts: Counts) -> None:
+        self.counts = counts
+        self.records = 0
+
+    async def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        with self.counts.lock:
+            self.counts.delivered += 1
+            self.counts.backlog.append(self.counts.logged - self.counts.delivered)
+        self.records += 1
+        await anyio.sleep(0.01)  # the destination's work, not a synchronisation
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("sink", [SlowDestination, SlowAsyncDestination])
+def test_records_logged_from_async_handlers_are_bounded_by_queue_size(
+    backend: str, sink: type[LoggerDestination]
+) -> None:
+    """An ``async def`` handler cannot block the loop: its lane pauses after the handler
+    until the destination has room, so the backlog overshoots by at most one call's
+    records (it grew to nearly every record of the run before)."""
+    counts = Counts()
+    destination = sink(counts)  # type: ignore[call-arg]
+    trainers: list[Trainer] = []
+
+    async def scenario() -> None:
+        trainer = Trainer(
+            TinyModel(),
+            make_loader(BATCHES),
+            "1ep",
+            callbacks=[FiveRecordsAsync(counts)],
+            loggers=[destination],
+            queue_size=QUEUE_SIZE,
+            log_train_loss=False,
+            warn_slow_callbacks=False,
+        )
+        trainers.append(trainer)
+        await trainer.fit()
+
+    outcome = run_bounded(scenario, backend)
+
+    assert outcome.error is None, repr(outcome.error)
+    assert destination.records == BATCHES * PER_BATCH  # type: ignore[attr-defined]
+    assert max(counts.backlog) <= QUEUE_SIZE + PER_BATCH, max(counts.backlog)
+    (stats,) = [c for c in trainers[0].engine.statistics().callbacks
+                if c.name == sink.__name__]
+    assert 0 < stats.peak_pending_records <= QUEUE_SIZE + PER_BATCH, stats
+
+
+class EchoingDestination(LoggerDestination):
+    """A slow destination on the loop whose ``batch_end`` logs records too: two of them
+    wait for room in each other, a cycle the bus must not wait on for ever."""
+
+    def __init__(self) -> None:
+        self.records = 0
+
+    async def batch_end(self, state: Any, logger: Any) -> None:
+        for i in range(PER_BATCH):
+            logger.log_metrics({f"{type(self).__name__}{id(self)}/{i}": 1.0})
+
+    async def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        self.records += 1
+        await anyio.sleep(0.002)  # the destination's work
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_destinations_logging_into_each_other_do_not_deadlock(backend: str) -> None:
+    first, second = EchoingDestination(), EchoingDestination()
+
+    async def scenario() -> None:
+        await Trainer(
+            TinyModel(),
+            make_loader(BATCHES),
+            "1ep",
+            loggers=[first, second],
+            queue_size=QUEUE_SIZE,
+            log_train_loss=False,
+            warn_slow_callbacks=False,
+        ).fit()
+
+    outcome = run_bounded(scenario, backend)
+
+    assert outcome.error is None, repr(outcome.error)
+    assert first.records == second.records == 2 * BATCHES * PER_BATCH  # nothing dropped

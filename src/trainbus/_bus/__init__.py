@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from trainbus._bus._bridge import LoopHandle, LoopThread, no_running_loop
 from trainbus._bus._bus import EventBus
-from trainbus._bus._options import DEFAULT_CLOSE_TIMEOUT, DEFAULT_INLINE_MAX, BusOptions
+from trainbus._bus._options import (
+    DEFAULT_CLOSE_TIMEOUT,
+    DEFAULT_INLINE_MAX,
+    DEFAULT_WAIT_WARNING,
+    BusOptions,
+)
 from trainbus._bus._statistics import BusStatistics, CallbackStatistics
 from trainbus._bus._stopped import Stopped
 from trainbus._bus._trace import PRODUCER_ROW, TraceRecorder, TraceSpan
@@ -16,6 +21,7 @@ from trainbus._bus._trace import PRODUCER_ROW, TraceRecorder, TraceSpan
 __all__ = [
     "DEFAULT_CLOSE_TIMEOUT",
     "DEFAULT_INLINE_MAX",
+    "DEFAULT_WAIT_WARNING",
     "PRODUCER_ROW",
     "BusOptions",
     "BusStatistics",

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Coroutine, Generator
+from collections.abc import Coroutine
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from trainbus._bus._coroutine import FRESH, Resume
 from trainbus._bus._items import CallItem, EventItem, LogItem, WorkItem
+from trainbus._bus._lane import would_deadlock
 from trainbus._bus._running import finish_event, skip_event
 from trainbus._scalars import all_ready
 
@@ -39,42 +42,23 @@ __all__ = ["Dispatcher"]
 _perf = time.perf_counter
 
 
-class _Resume:
-    """Await a coroutine that was already started and is suspended at ``yielded``."""
-
-    __slots__ = ("coro", "yielded")
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], yielded: Any) -> None:
-        self.coro = coro
-        self.yielded = yielded
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro, value = self.coro, self.yielded
-        while True:
-            try:
-                sent = yield value
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:
-                try:
-                    value = coro.throw(exc)
-                except StopIteration as stop:
-                    return stop.value
-            else:
-                try:
-                    value = coro.send(sent)
-                except StopIteration as stop:
-                    return stop.value
+#: Seconds between looks at stopping and cycles while a lane pays what it owes (D12).
+PAY_RECHECK = 0.05
 
 
 class Dispatcher:
     """Runs the items of loop lanes on the event loop (see the module docstring)."""
 
-    def __init__(self, gate: Gate, counters: Counters, loop: LoopHandle) -> None:
+    def __init__(
+        self, gate: Gate, counters: Counters, loop: LoopHandle, queue_size: int = 128
+    ) -> None:
         self.gate = gate
         self.counters = counters
         self.loop = loop
+        #: The records' bound per destination (D12), which a lane that ``owes`` waits for.
+        self.queue_size = queue_size
+        #: The loop lane whose handler runs on the loop right now, if any.
+        self.running: Lane | None = None
         # Invariant: a lane is in ``ready`` at most once, and only while ACTIVE and not yet
         # owned by a task: it is appended by whoever moved it to ACTIVE (``Lane.wake``).
         self.ready: deque[Lane] = deque()
@@ -134,8 +118,9 @@ class Dispatcher:
         lane = task.lane
         if lane is not None:  # cancelled while owning a lane: hand the rest on
             lane.scope = None
-            assert task.item is not None
-            self._finish(lane, task.item, None, task.t0)
+            lane.waiting_on = None
+            if task.item is not None:  # None: cancelled while paused between items
+                self._finish(lane, task.item, None, task.t0)
             self.schedule(lane)
             self.kick()
 
@@ -223,35 +208,51 @@ class Dispatcher:
 
     def _drain_eagerly(
         self, lane: Lane
-    ) -> tuple[WorkItem, Coroutine[Any, Any, Any], Any, float] | None:
-        """Run ``lane``'s items in this task until it is empty or a handler suspends.
-
-        """
+    ) -> tuple[WorkItem | None, Coroutine[Any, Any, Any] | None, Any, float] | None:
+        """Run ``lane``'s items in this task until it is empty, a handler suspends (its
+        item and coroutine are returned) or the lane owes a wait for room (``None``s)."""
         while True:
+            if lane.owes is not None:  # pause the lane: the caller owns it, then pays
+                return None, None, None, 0.0
             item = lane.take()
             if item is None:
                 return None
             t0 = _perf()
+            self.running = lane
             try:
                 coro = self._start(lane, item)
                 if coro is None:
+                    self.running = None
                     self._finish(lane, item, None, t0)
                     continue
                 yielded = coro.send(None)
             except StopIteration:
+                self.running = None
                 self._finish(lane, item, None, t0)
             except BaseException as exc:
+                self.running = None
                 self._finish(lane, item, exc, t0)
             else:
+                self.running = None
                 return item, coro, yielded, t0
 
-    async def _own(self, task: _Task, lane: Lane, item: WorkItem,
-                   coro: Coroutine[Any, Any, Any], yielded: Any, t0: float) -> None:
-        """Finish a suspended handler in this task, then drain its lane (no more eagerness)."""
+    async def _own(self, task: _Task, lane: Lane, item: WorkItem | None,
+                   coro: Coroutine[Any, Any, Any] | None, yielded: Any, t0: float) -> None:
+        """Finish a suspended handler in this task, then drain its lane (no more eagerness).
+
+        With no ``coro``, the lane first pays what it owes (``_records.py``).
+        """
         cancelled = anyio.get_cancelled_exc_class()
-        awaitable: Any = _Resume(coro, yielded)
         task.lane = lane
-        while True:
+        awaitable: Any
+        if coro is None:  # paused before its next item: pay, then go on
+            task.item = None
+            await self._pay(lane)
+            item, awaitable, t0 = await self._next(task, lane)
+        else:
+            awaitable = Resume(coro, yielded, lane, self)
+        while awaitable is not None:
+            assert item is not None
             task.item, task.t0 = item, t0
             # Event handlers and calls (close) can be cancelled (D11, close_timeout); a log
             # record in flight is delivered in full.
@@ -265,25 +266,65 @@ class Dispatcher:
             except BaseException as exc:
                 error = exc
             self._finish(lane, item, error, t0)
-            # Next item of this lane, if any.
-            while True:
-                next_item = lane.take()
-                if next_item is None:
-                    task.lane = lane.scope = None
-                    lane.current = None
-                    return
-                item = next_item
-                t0 = _perf()
+            item, awaitable, t0 = await self._next(task, lane)
+        task.lane = lane.scope = None
+        lane.current = None
+
+    async def _next(
+        self, task: _Task, lane: Lane
+    ) -> tuple[WorkItem | None, Any, float]:
+        """Run ``lane``'s synchronous items until one returns a coroutine (then return it
+        with its item, wrapped to track ``running``) or the lane is empty (``None``s)."""
+        while True:
+            if lane.owes is not None:
+                task.item = None
+                await self._pay(lane)
+            item = lane.take()
+            if item is None:
+                return None, None, 0.0
+            t0 = _perf()
+            self.running = lane
+            try:
+                coro = self._start(lane, item)
+            except BaseException as exc:
+                self.running = None
+                self._finish(lane, item, exc, t0)
+                continue
+            self.running = None
+            if coro is None:
+                self._finish(lane, item, None, t0)
+                continue
+            return item, Resume(coro, FRESH, lane, self), t0
+
+    async def _pay(self, lane: Lane) -> None:
+        """Pause ``lane`` until the destination it owes has room for records (D12).
+
+        The destination wakes the pause as it takes records (``Lane.room_wakers``); a look
+        every ``PAY_RECHECK`` seconds notices stopping and cycles of waiting lanes.
+        """
+        dest = lane.owes
+        lane.owes = None
+        if dest is None:
+            return
+        bound = self.queue_size
+        gate = self.gate
+        lane.waiting_on = dest
+        try:
+            while (
+                dest.log_enq - dest.log_done >= bound
+                and not (gate.stopping or dest.failed or dest.abandoned)
+                and not would_deadlock(lane, dest)
+            ):
+                room = anyio.Event()
+                waker = partial(self.loop.call_soon_if_running, room.set)
+                dest.room_wakers.append(waker)
                 try:
-                    next_coro = self._start(lane, item)
-                except BaseException as exc:
-                    self._finish(lane, item, exc, t0)
-                    continue
-                if next_coro is None:
-                    self._finish(lane, item, None, t0)
-                    continue
-                awaitable = next_coro
-                break
+                    with anyio.move_on_after(PAY_RECHECK):
+                        await room.wait()
+                finally:
+                    dest.room_wakers.remove(waker)
+        finally:
+            lane.waiting_on = None
 
 
 class _Task:

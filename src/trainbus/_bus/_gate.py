@@ -13,9 +13,11 @@ exactly one signal per wait) or a ``False`` from :meth:`stop`.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from queue import SimpleQueue
+from collections.abc import Callable
+from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Literal
 
 from trainbus._bus._stopped import Stopped
@@ -44,10 +46,17 @@ class Gate:
         #: Set once; then the producer unwinds at its next event or wait (``Stopped``).
         self.stopping = False
         self.errors: list[BaseException] = []
+        #: Seconds one wait may last before ``on_long_wait`` is told (once per wait).
+        self.wait_warning = math.inf
+        #: Told ``(kind, event, lanes, seconds)`` when a wait passes ``wait_warning``.
+        self.on_long_wait: Callable[[WaitKind, Event | None, list[Lane], float], None] | None
+        self.on_long_wait = None
 
     # -- producer --------------------------------------------------------------------------
 
-    def wait(self, targets: list[tuple[Lane, int]], kind: WaitKind) -> None:
+    def wait(
+        self, targets: list[tuple[Lane, int]], kind: WaitKind, event: Event | None = None
+    ) -> None:
         """Block until each lane's ``done`` (``log_done`` for ``records``) reaches its target.
 
         Raises:
@@ -69,14 +78,14 @@ class Gate:
                     lane.wait_done = lane.wait_log = None
                 return
         try:
-            self._block(kind)
+            self._block(kind, event)
         finally:
             with self._lock:
                 for lane, _ in targets:
                     lane.wait_done = lane.wait_log = None
                 self._waiting.clear()
 
-    def claim(self, lane: Lane) -> None:
+    def claim(self, lane: Lane, event: Event | None = None) -> None:
         """Claim ``lane`` for this thread, waiting for its driver to hand it over.
 
         Raises:
@@ -89,7 +98,7 @@ class Gate:
                 self._waiting.discard(lane)
             return
         try:
-            self._block("blocking")
+            self._block("blocking", event)
         except BaseException:
             lane.withdraw_claim()
             raise
@@ -97,9 +106,19 @@ class Gate:
             with self._lock:
                 self._waiting.clear()
 
-    def _block(self, kind: WaitKind) -> None:
+    def _block(self, kind: WaitKind, event: Event | None = None) -> None:
         t0 = _perf()
-        self._signal.get()
+        after = self.wait_warning
+        if after == math.inf or self.on_long_wait is None:
+            self._signal.get()
+        else:
+            try:
+                self._signal.get(timeout=after)
+            except Empty:
+                with self._lock:
+                    lanes = sorted(self._waiting, key=lambda lane: lane.index)
+                self.on_long_wait(kind, event, lanes, after)
+                self._signal.get()
         self.counters.waited(kind, t0, _perf() - t0)
         if self.stopping:
             raise Stopped

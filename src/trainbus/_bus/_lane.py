@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from trainbus._bus._items import WorkItem
     from trainbus._bus._slot import Member
 
-__all__ = ["ACTIVE", "CLAIMED", "IDLE", "Lane"]
+__all__ = ["ACTIVE", "CLAIMED", "IDLE", "Lane", "would_deadlock"]
 
 IDLE: Final = 0
 ACTIVE: Final = 1
@@ -62,9 +62,11 @@ class Lane:
         "name",
         "notify",
         "on_thread",
+        "owes",
         "pending",
         "room",
         "room_waiters",
+        "room_wakers",
         "scope",
         "slots",
         "state",
@@ -73,6 +75,7 @@ class Lane:
         "uniform",
         "wait_done",
         "wait_log",
+        "waiting_on",
         "wake_driver",
         "want_claim",
     )
@@ -104,6 +107,13 @@ class Lane:
         #: Threads other than the producer wait here for room among its records (D12).
         self.room = threading.Condition(threading.Lock())
         self.room_waiters = 0
+        #: Called (any thread) as records are taken while loop lanes wait for room here.
+        self.room_wakers: list[Callable[[], None]] = []
+        #: A loop lane whose handler logged past a destination's bound: that destination,
+        #: which its dispatcher waits for before the lane's next item (``_records.py``).
+        self.owes: Lane | None = None
+        #: The destination this lane waits for room in now (cycle checks, ``_records.py``).
+        self.waiting_on: Lane | None = None
 
         self.wait_done: int | None = None
         self.wait_log: int | None = None
@@ -250,6 +260,9 @@ class Lane:
         if self.room_waiters:
             with self.room:
                 self.room.notify_all()
+        if self.room_wakers:
+            for waker in tuple(self.room_wakers):
+                waker()
 
     def add_record(self, item: WorkItem) -> None:
         """Queue a record (any thread) and wake the lane."""
@@ -258,16 +271,30 @@ class Lane:
         self.pending.append(item)
         self.wake()
 
-    def wait_for_room(self, bound: int, stopping: Callable[[], bool]) -> None:
+    def wait_for_room(self, bound: int, give_up: Callable[[], bool]) -> None:
         """Block this (non-producer, non-loop) thread until fewer than ``bound`` records
-        wait here, or the session stops."""
+        wait here, or ``give_up()`` (checked every 50 ms) says to stop waiting."""
         with self.room:
             self.room_waiters += 1
             try:
-                while self.log_enq - self.log_done >= bound and not stopping():
+                while self.log_enq - self.log_done >= bound and not give_up():
                     self.room.wait(0.05)
             finally:
                 self.room_waiters -= 1
+
+
+def would_deadlock(waiter: Lane | None, dest: Lane) -> bool:
+    """Whether ``waiter`` waiting for room in ``dest`` could wait for ever: ``dest`` is
+    ``waiter`` or claimed by the training thread, or waits, through a chain of lanes
+    waiting for room, for ``waiter`` or a claimed lane."""
+    lane: Lane | None = dest
+    hops = 0
+    while lane is not None and hops < 64:
+        if lane is waiter or lane.state == CLAIMED:
+            return True
+        lane = lane.waiting_on
+        hops += 1
+    return hops >= 64
 
 
 def _unstarted(lane: Lane) -> None:

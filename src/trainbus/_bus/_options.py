@@ -13,12 +13,14 @@ from typing import Any
 
 from trainbus._events import Event
 
-__all__ = ["DEFAULT_CLOSE_TIMEOUT", "DEFAULT_INLINE_MAX", "BusOptions"]
+__all__ = ["DEFAULT_CLOSE_TIMEOUT", "DEFAULT_INLINE_MAX", "DEFAULT_WAIT_WARNING", "BusOptions"]
 
 #: Plain handlers measured at or under this many seconds take the inline fast path.
 DEFAULT_INLINE_MAX = 50e-6
 #: Seconds each callback's ``close`` (and ``post_close``) may take before it is abandoned.
 DEFAULT_CLOSE_TIMEOUT = 30.0
+#: Seconds a barrier or a close may wait before a warning names what it waits for.
+DEFAULT_WAIT_WARNING = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,10 @@ class BusOptions:
             it is reported and abandoned (``math.inf``: wait for ever). A callback with a
             ``close_timeout`` of its own (the uploaders retry that long) gets that plus 5 s
             when it is longer.
+        wait_warning: Seconds after which the training thread waiting at a barrier (or a
+            close waiting for a callback) emits a
+            :class:`~trainbus.CallbackTimeoutWarning` naming the callback and the handler it
+            waits for (``math.inf``: never).
     """
 
     barriers: frozenset[Event] = frozenset({Event.BATCH_END})
@@ -45,6 +51,7 @@ class BusOptions:
     inline_max: float = DEFAULT_INLINE_MAX
     warn_slow: bool = True
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT
+    wait_warning: float = DEFAULT_WAIT_WARNING
 
     @classmethod
     def validated(
@@ -56,6 +63,7 @@ class BusOptions:
         inline_max: Any = DEFAULT_INLINE_MAX,
         warn_slow: Any = True,
         close_timeout: Any = DEFAULT_CLOSE_TIMEOUT,
+        wait_warning: Any = DEFAULT_WAIT_WARNING,
     ) -> BusOptions:
         """Check every option and return them; raise naming the argument and the fix.
 
@@ -69,6 +77,9 @@ class BusOptions:
         _seconds(close_timeout, "close_timeout", "seconds > 0, e.g. 30.0 or math.inf")
         if close_timeout == 0:
             raise ValueError(f"close_timeout={close_timeout!r} must be > 0 seconds, e.g. 30.0")
+        _seconds(wait_warning, "wait_warning", "seconds > 0, e.g. 10.0, or math.inf for never")
+        if wait_warning == 0:
+            raise ValueError(f"wait_warning={wait_warning!r} must be > 0 seconds, e.g. 10.0")
         if not isinstance(warn_slow, bool):
             raise TypeError(f"warn_slow={warn_slow!r} must be True or False")
         return cls(
@@ -78,6 +89,7 @@ class BusOptions:
             inline_max=float(inline_max),
             warn_slow=warn_slow,
             close_timeout=float(close_timeout),
+            wait_warning=float(wait_warning),
         )
 
 

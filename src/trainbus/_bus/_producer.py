@@ -4,8 +4,7 @@
 it, at most once per burst. It queues each event's item on the lanes of the callbacks that
 handle it, runs what must run before it returns (``@blocking`` handlers, the inline fast
 path at barriers), and at barrier events waits, through the gate, for what the barrier
-waits for (D4, with each lane's lag). Records the training thread logs are bounded per
-destination (D12).
+waits for (D4, with each lane's lag). Records are taken in ``_records.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from trainbus._bus._items import EventItem, LogItem
+from trainbus._bus._items import EventItem
 from trainbus._bus._lane import CLAIMED, IDLE
 from trainbus._bus._running import call_plain
 from trainbus._bus._slow import SlowCallbacks
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
     from trainbus._bus._options import BusOptions
     from trainbus._bus._slot import Member, Slot
     from trainbus._bus._statistics import Counters
-    from trainbus._logger import Logger, LogRecord
+    from trainbus._logger import Logger
     from trainbus._state import State
 
 __all__ = ["Producer"]
@@ -77,8 +76,6 @@ class Producer:
             self.subs[event] = subs
         #: The thread that may publish now (the training thread, or a plain-code caller).
         self.ident: int | None = None
-        #: The event loop's thread.
-        self.loop_ident = dispatcher.loop.thread_id
         # Lanes this burst moved to ACTIVE whose drivers are not woken yet (woken once per
         # burst, and before any wait).
         self._to_kick: list[Lane] = []
@@ -87,6 +84,8 @@ class Producer:
         self._trace_mark = 0.0
         #: While set, every event is published as a barrier (``run_now``).
         self._barrier_all = False
+        #: The barrier event being waited at (for warnings).
+        self._event: Event | None = None
         self.slow = SlowCallbacks()
 
     def is_producer(self) -> bool:
@@ -124,6 +123,7 @@ class Producer:
                     self._batch_end()
                 if barrier:
                     self._kick()
+                    self._event = event
                     self._barrier()
                     if event is Event.BATCH_END:
                         self._trace_mark = _perf()
@@ -152,7 +152,8 @@ class Producer:
                 else:
                     self._enqueue(lane, slot, item)
             elif slot.is_blocking:
-                self._blocking(lane, slot, item)
+                if slot.is_async or not self._run_blocking_here(lane, slot, item):
+                    self._blocking(lane, slot, item)
             else:
                 self._enqueue(lane, slot, item)
         if here is not None:
@@ -190,20 +191,65 @@ class Producer:
 
     def _enqueue(self, lane: Lane, slot: Slot, item: EventItem) -> None:
         if lane.enq - lane.done >= self.queue_size:  # D12: wait for room
-            self._wait([(lane, lane.enq - self.queue_size + 1)], "backpressure")
+            self._wait([(lane, lane.enq - self.queue_size + 1)], "backpressure", item.event)
         self._append(lane, slot, item)
         if lane.state == IDLE and lane.activate():
             self._to_kick.append(lane)
+
+    def _run_blocking_here(self, lane: Lane, slot: Slot, item: EventItem) -> bool:
+        """The hot path of D9: run a plain ``@blocking`` handler on an idle, empty lane here.
+
+        Returns false, having done nothing, when the lane is busy or holds items (then
+        :meth:`_blocking` waits for it). Claiming takes the lane lock once; running and
+        accounting are written out here (not through ``call_plain``/``Slot.account``/
+        ``Lane.release``, which they mirror) because this runs once per handler per event.
+        """
+        if lane.state != IDLE or lane.pending:
+            return False
+        with lane.lock:
+            if lane.state != IDLE or lane.pending:
+                return False
+            lane.state = CLAIMED
+        try:
+            if self._to_kick:
+                self._kick()  # what this burst queued runs while the handler runs here
+            gate = self.gate
+            if gate.stopping:  # its lane skips what it had queued; so does this handler
+                raise Stopped
+            lane.current = slot.qualname
+            t0 = _perf()
+            try:
+                slot.fn(item.view, item.logger)
+            except BaseException as exc:
+                gate.fail(exc, slot.handler, slot.event, lane)
+            elapsed = _perf() - t0
+            lane.current = None
+            # Not counted in enq/done: it ran to completion before anything could wait for
+            # it (so a handler that waits for every other handler does not wait for itself).
+            slot.inline_calls += 1
+            slot.calls += 1
+            slot.total_time += elapsed
+            if elapsed > slot.max_time:
+                slot.max_time = elapsed
+            lane.last_batch = item.batch
+            trace = self.counters.trace
+            if trace is not None:
+                trace.handler(lane.name, slot.event, t0, elapsed)
+        finally:
+            lane.state = IDLE  # Lane.release, written out
+            if lane.pending:
+                lane.wake()
+        return True
 
     def _blocking(self, lane: Lane, slot: Slot, item: EventItem) -> None:
         """Run a ``@blocking`` handler before returning (D9), after the lane's backlog."""
         if slot.is_async:  # coroutines run on the loop: queue it, wait for this very item
             self._enqueue(lane, slot, item)
-            self._wait([(lane, lane.enq)], "blocking")
+            self._wait([(lane, lane.enq)], "blocking", item.event)
             return
         self._kick()  # what this burst queued runs while the handler runs here
         if not lane.try_claim():  # the lane is busy: wait for it to be handed over
-            self.gate.claim(lane)  # every earlier item is done, nothing runs there
+            self.gate.claim(lane, item.event)  # every earlier item is done, nothing runs there
         try:
             if self.gate.stopping:  # its lane skips what it had queued; so does this handler
                 raise Stopped
@@ -270,7 +316,7 @@ class Producer:
             if lane.done < target:
                 targets.append((lane, target))
         if targets:
-            self._wait(targets, "barrier")
+            self._wait(targets, "barrier", self._event)
 
     def run_now(self, event: Event) -> None:
         """Publish ``event`` as a barrier and wait for every handler (plain-code callers)."""
@@ -299,49 +345,15 @@ class Producer:
         if self.gate.stopping:
             raise Stopped
 
-    def _wait(self, targets: list[tuple[Lane, int]], kind: Any) -> None:
+    def wait_for_records(self, targets: list[tuple[Lane, int]], kind: Any) -> None:
+        """Wait, on the training thread, for destinations to take records (D12)."""
+        self._wait(targets, kind)
+
+    def _wait(self, targets: list[tuple[Lane, int]], kind: Any, event: Event | None = None) -> None:
         self._kick()
         if self.inline.lanes:  # what the wait is for may sit unwoken in a lane
             self.inline.flush(run=False)
-        self.gate.wait(targets, kind)
-
-    # -- records ---------------------------------------------------------------------------
-
-    def submit_log(self, record: LogRecord) -> None:
-        """Queue ``record`` on every destination's lane (any thread).
-
-        Records are bounded by ``queue_size`` per destination (D12), whoever logs them: a
-        destination that far behind makes the logging thread wait (the training thread
-        through the gate, a lane thread on the lane's condition). The event loop never
-        blocks, so records logged from ``async def`` handlers are not bounded this way (their
-        own lanes' ``queue_size`` bounds how many such handlers run ahead). A thread never
-        waits for a lane it runs itself.
-        Barriers do not wait for records.
-        """
-        item = LogItem(record)
-        bound = self.queue_size
-        ident = threading.get_ident()
-        for lane in self.destinations:
-            if lane.log_enq - lane.log_done >= bound and not (lane.failed or lane.abandoned):
-                self._wait_for_room(lane, ident, bound)
-            lane.add_record(item)
-            depth = lane.log_enq - lane.log_done
-            member = lane.member
-            if depth > member.peak_records:
-                member.peak_records = depth
-
-    def _wait_for_room(self, lane: Lane, ident: int, bound: int) -> None:
-        if lane.state == CLAIMED:  # the training thread runs that lane's items now
-            return
-        if ident == self.ident:
-            self._wait([(lane, lane.log_enq - bound + 1)], "records")
-        elif ident == self.loop_ident:
-            pass  # the loop must not block: a limit of this bound, see the docstring
-        elif lane.thread is None or lane.thread.ident != ident:
-            lane.wait_for_room(bound, self._stopping)
-
-    def _stopping(self) -> bool:
-        return self.gate.stopping
+        self.gate.wait(targets, kind, event)
 
 
 def _due(slot: Slot, when: Callable[[Any], bool], ts: Any) -> bool:

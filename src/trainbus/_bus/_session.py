@@ -19,20 +19,22 @@ from __future__ import annotations
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
 from trainbus._bus._bridge import LoopHandle, Spawner
+from trainbus._bus._closing import Closing
 from trainbus._bus._dispatcher import Dispatcher
 from trainbus._bus._gate import Gate
 from trainbus._bus._inline import InlinePath
-from trainbus._bus._items import STOP, CallItem
+from trainbus._bus._items import STOP
 from trainbus._bus._lane import Lane
 from trainbus._bus._producer import Producer
+from trainbus._bus._records import Records
 from trainbus._bus._stopped import Stopped
 from trainbus._bus._threads import ThreadDriver
-from trainbus._bus._warn import warn_at
+from trainbus._bus._warn import long_wait_message, warn_at
 from trainbus._exceptions import CallbackTimeoutWarning, SlowCallbackWarning
 
 if TYPE_CHECKING:
@@ -40,15 +42,11 @@ if TYPE_CHECKING:
     from trainbus._bus._slot import Member
     from trainbus._bus._statistics import Counters
     from trainbus._callback import Handler
+    from trainbus._events import Event
     from trainbus._logger import Logger
     from trainbus._state import State
 
-__all__ = ["ABANDON_TIMEOUT", "Session"]
-
-#: Seconds each callback still gets to close after a second Ctrl-C (``abandon``).
-ABANDON_TIMEOUT = 2.0
-#: Seconds added to a callback's own ``close_timeout`` (its retries) before it is abandoned.
-OWN_TIMEOUT_MARGIN = 5.0
+__all__ = ["Session"]
 
 
 class Session:
@@ -68,8 +66,10 @@ class Session:
         self.options = options
         self.loop = LoopHandle()
         self.gate = Gate(counters)
+        self.gate.wait_warning = options.wait_warning
+        self.gate.on_long_wait = self._warn_long_wait
         self.lanes = [Lane(member) for member in members]
-        self.dispatcher = Dispatcher(self.gate, counters, self.loop)
+        self.dispatcher = Dispatcher(self.gate, counters, self.loop, options.queue_size)
         self.spawner = Spawner(self.loop)
         self.inline = InlinePath(self.gate, counters, options.inline_max)
         self.producer = Producer(
@@ -84,9 +84,15 @@ class Session:
             dispatcher=self.dispatcher,
             warn=self._warn_slow,
         )
-        # Scopes of the waits that close_timeout bounds; a second Ctrl-C ends them at once.
-        self._bounded_scopes: set[anyio.CancelScope] = set()
-        self.abandoning = False
+        self.records = Records(
+            self.lanes,
+            options.queue_size,
+            self.gate,
+            self.dispatcher,
+            lambda: self.producer.ident,
+            self.producer.wait_for_records,
+        )
+        self.closing = Closing(state, logger, self.lanes, options, self._emit)
         self._drivers: dict[int, ThreadDriver] = {}
         for lane in self.lanes:
             lane.notify = self.gate.reached
@@ -129,8 +135,8 @@ class Session:
             tg.start_soon(self.spawner.serve, tg)
             background = anyio.CancelScope()
             tg.start_soon(self._run_backgrounds, background)
-            for record in self.logger._connect(self.producer.submit_log):
-                self.producer.submit_log(record)
+            for record in self.logger._connect(self.records.submit):
+                self.records.submit(record)
             try:
                 yield self
             finally:
@@ -211,14 +217,15 @@ class Session:
         except BaseException:
             self.stop()
             self.cancel_in_flight()
-            with anyio.move_on_after(self._timeout(), shield=True) as scope:
-                self._bounded_scopes.add(scope)
+            closing = self.closing
+            with anyio.move_on_after(closing.timeout(), shield=True) as scope:
+                closing.bounded_scopes.add(scope)
                 await finished.wait()
-            self._bounded_scopes.discard(scope)
+            closing.bounded_scopes.discard(scope)
             if finished.is_set():
                 thread.join()
             else:
-                self._warn_stuck("the training thread", "its current step")
+                closing.warn_stuck("the training thread", "its current step")
             raise
         thread.join()
         if box:
@@ -234,57 +241,10 @@ class Session:
             if lane.scope is not None:
                 lane.scope.cancel()
 
-    # -- calls in lane order (loop thread) -------------------------------------------------
-
-    async def _in_lane(
-        self, lane: Lane, fn: Callable[[], Any], is_async: bool, label: str = ""
-    ) -> None:
-        """Run ``fn`` as the next item of ``lane`` and wait for it; re-raise its error."""
-        finished = anyio.Event()
-        box: list[BaseException] = []
-
-        def on_done(error: BaseException | None) -> None:
-            if error is not None:
-                box.append(error)
-            finished.set()
-
-        lane.pending.append(CallItem(fn, is_async, on_done, label))
-        lane.wake()
-        await finished.wait()
-        if box:
-            raise box[0]
-
-    async def _bounded(self, lane: Lane, fn: Callable[[], Any], is_async: bool, what: str) -> None:
-        """:meth:`_in_lane` within ``close_timeout``; abandon the lane if it misses it."""
-        with anyio.move_on_after(self._timeout(lane)) as scope:
-            self._bounded_scopes.add(scope)
-            await self._in_lane(lane, fn, is_async, what)
-        self._bounded_scopes.discard(scope)
-        if scope.cancelled_caught:
-            lane.abandoned = True
-            doing = what or lane.current or "what it had queued"
-            if lane.scope is not None:
-                lane.scope.cancel()
-            self._warn_stuck(f"callback {lane.name}", doing, lane.member.table.callback, lane)
-
-    def _timeout(self, lane: Lane | None = None) -> float:
-        """The deadline for ``lane``'s close: ``close_timeout``, or longer when the callback
-        has its own ``close_timeout`` (an uploader retrying that long) plus a margin."""
-        if self.abandoning:
-            return ABANDON_TIMEOUT
-        timeout = self.options.close_timeout
-        own = getattr(lane.member.table.callback, "close_timeout", None) if lane else None
-        if isinstance(own, int | float) and not isinstance(own, bool):
-            timeout = max(timeout, float(own) + OWN_TIMEOUT_MARGIN)
-        return timeout
-
     def abandon(self) -> None:
         """Give up on what is stuck now; close the rest under a short deadline (loop)."""
-        self.abandoning = True
         self.stop()
-        now = anyio.current_time()
-        for scope in self._bounded_scopes:
-            scope.deadline = min(scope.deadline, now)
+        self.closing.abandon()
         self.cancel_in_flight()
 
     def describe_waiting(self) -> str:
@@ -300,62 +260,14 @@ class Session:
 
     async def drain(self) -> None:
         """Wait until every lane has run everything queued so far (or was abandoned)."""
-        async with anyio.create_task_group() as tg:
-            for lane in self.lanes:
-                if not lane.abandoned:
-                    tg.start_soon(self._bounded, lane, _noop, False, "")
+        await self.closing.drain()
 
     async def close_callbacks(self) -> list[BaseException]:
-        """Run every ``close`` (destinations last), then every ``post_close``.
-
-        Each runs on its callback's lane, after what the lane had queued (close is a
-        barrier), within ``close_timeout``. Returns the exceptions raised, each with a
-        note naming its callback; one failing or stuck ``close`` does not stop the others.
-        """
-        errors: list[BaseException] = []
-        await self.drain()
-
-        async def call(lane: Lane, handler: Handler, *args: Any) -> None:
-            try:
-                await self._bounded(
-                    lane, lambda: handler.fn(*args), handler.is_async, handler.qualname
-                )
-            except BaseException as exc:
-                if isinstance(exc, anyio.get_cancelled_exc_class()):
-                    raise
-                exc.add_note(f"raised by {handler.qualname}")
-                errors.append(exc)
-
-        for destinations in (False, True):  # callbacks first, then destinations
-            async with anyio.create_task_group() as tg:
-                for lane in self.lanes:
-                    close = lane.member.table.close
-                    is_dest = lane.log_slot is not None
-                    if close is not None and is_dest is destinations and not lane.abandoned:
-                        tg.start_soon(call, lane, close, self.state, self.logger)
-        async with anyio.create_task_group() as tg:
-            for lane in self.lanes:
-                post = lane.member.table.post_close
-                if post is not None and not lane.abandoned:
-                    tg.start_soon(call, lane, post)
-        return errors
+        """Run every ``close`` (destinations last), then every ``post_close``; see
+        :meth:`Closing.close_callbacks <trainbus._bus._closing.Closing.close_callbacks>`."""
+        return await self.closing.close_callbacks()
 
     # -- warnings on the loop --------------------------------------------------------------
-
-    def _warn_stuck(
-        self, who: str, what: str, where: object = None, lane: Lane | None = None
-    ) -> None:
-        when = (
-            "by the second Ctrl-C"
-            if self.abandoning
-            else f"within {self._timeout(lane):g} s (close_timeout)"
-        )
-        self._emit(
-            f"{who} did not finish {what} {when} and was abandoned; a thread stuck in a "
-            "plain handler is left running as a daemon. The other callbacks were closed.",
-            CallbackTimeoutWarning,
-            where,
-        )
 
     def _emit(self, message: str, category: type[Warning], where: object = None) -> None:
         """Warn on the loop thread, at ``where``'s code; an error-warning fails the run."""
@@ -363,6 +275,14 @@ class Session:
             warn_at(message, category, where)
         except Warning as exc:
             self.gate.fail(exc, None, None)
+
+    def _warn_long_wait(
+        self, kind: str, event: Event | None, lanes: list[Lane], seconds: float
+    ) -> None:
+        """The training thread has waited ``seconds`` for ``lanes`` (producer thread)."""
+        where = lanes[0].member.table.callback if lanes else None
+        message = long_wait_message(kind, event, lanes, seconds)
+        self.loop.call_soon(self._emit, message, CallbackTimeoutWarning, where)
 
     def _warn_slow(self, message: str, where: object) -> None:
         """Emit a SlowCallbackWarning on the loop thread, where the caller's filters apply."""
@@ -383,8 +303,5 @@ async def _run_internal(
 def _put_token(lane: Lane) -> None:
     lane.tokens.put(None)
 
-
-def _noop() -> None:
-    return None
 
 

@@ -34,6 +34,7 @@ class Slot:
         "is_blocking",
         "lag",
         "max_time",
+        "qualname",
         "total_time",
         "when",
     )
@@ -42,6 +43,7 @@ class Slot:
         self.handler = handler
         self.event = event
         self.fn = handler.fn
+        self.qualname = handler.qualname
         self.is_async = handler.is_async
         self.is_blocking = handler.is_blocking
         #: The filter (``@every``/``@once``); replaced by a never-true one after ``@once``.

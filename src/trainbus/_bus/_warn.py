@@ -8,8 +8,36 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from typing import TYPE_CHECKING
 
-__all__ = ["warn_at"]
+if TYPE_CHECKING:
+    from trainbus._bus._lane import Lane
+    from trainbus._events import Event
+
+__all__ = ["long_wait_message", "warn_at"]
+
+_WAITING_FOR = {
+    "barrier": "at the barrier",
+    "backpressure": "for room in a callback's queue (queue_size)",
+    "records": "for room among logged records (queue_size)",
+    "blocking": "to run a @blocking handler",
+}
+
+
+def long_wait_message(kind: str, event: Event | None, lanes: list[Lane], seconds: float) -> str:
+    """What the training thread has waited ``seconds`` for: the callbacks and handlers."""
+    at = _WAITING_FOR.get(kind, "")
+    if event is not None:
+        at += f" of Event.{event.name}" if kind == "barrier" else f" at Event.{event.name}"
+    names = ", ".join(
+        f"{lane.name} (running {lane.current})" if lane.current else lane.name
+        for lane in lanes
+    )
+    return (
+        f"the training thread has waited {seconds:g} s {at} for "
+        f"{names or 'its callbacks'}; it keeps waiting (Trainer(wait_warning=...) sets "
+        "when this warns)"
+    )
 
 
 def warn_at(message: str, category: type[Warning], where: object = None) -> None:

@@ -1,0 +1,103 @@
+"""Logged records: every destination's bound (D12), whoever logs them.
+
+A record is queued on every destination's lane. At most ``queue_size`` records wait per
+destination; past that the logging party waits, the way publishing waits for a full lane:
+
+- the training thread waits through the gate (a barrier-like wait, bounded by stopping);
+- a lane's thread (a plain handler that logs) blocks on the destination's condition;
+- a handler on the event loop (``async def``) cannot block the loop: its record is queued,
+  and the loop lane it runs in *owes* the wait. Its dispatcher pauses that lane after the
+  handler returns, until the destination has room (``Dispatcher._pay``); the paused lane's
+  own queue then fills and the training thread waits for it. The overshoot is bounded by
+  what one handler call logs.
+
+Nobody waits for a lane it runs itself, for a lane the training thread has claimed, or
+when waiting would close a cycle of lanes waiting for each other's room (two destinations
+logging into each other): then the record is queued over the bound and the wait skipped
+(``would_deadlock``). Barriers never wait for records.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from trainbus._bus._items import LogItem
+from trainbus._bus._lane import CLAIMED, would_deadlock
+
+if TYPE_CHECKING:
+    from trainbus._bus._dispatcher import Dispatcher
+    from trainbus._bus._gate import Gate
+    from trainbus._bus._lane import Lane
+    from trainbus._logger import LogRecord
+
+__all__ = ["Records"]
+
+
+class Records:
+    """The record intake of one session (any thread)."""
+
+    def __init__(
+        self,
+        lanes: Sequence[Lane],
+        bound: int,
+        gate: Gate,
+        dispatcher: Dispatcher,
+        producer_ident: Callable[[], int | None],
+        producer_wait: Callable[[list[tuple[Lane, int]], str], None],
+    ) -> None:
+        self.lanes = lanes
+        self.destinations = [lane for lane in lanes if lane.log_slot is not None]
+        self.bound = bound
+        self.gate = gate
+        self.dispatcher = dispatcher
+        self._producer_ident = producer_ident
+        self._producer_wait = producer_wait
+
+    def submit(self, record: LogRecord) -> None:
+        """Queue ``record`` on every destination's lane, within each one's bound."""
+        item = LogItem(record)
+        bound = self.bound
+        ident = threading.get_ident()
+        for lane in self.destinations:
+            if lane.log_enq - lane.log_done >= bound and not (lane.failed or lane.abandoned):
+                self._wait_for_room(lane, ident)
+            lane.add_record(item)
+            depth = lane.log_enq - lane.log_done
+            member = lane.member
+            if depth > member.peak_records:
+                member.peak_records = depth
+
+    def _wait_for_room(self, lane: Lane, ident: int) -> None:
+        if lane.state == CLAIMED:  # the training thread runs that lane's items now
+            return
+        if ident == self._producer_ident():
+            self._producer_wait([(lane, lane.log_enq - self.bound + 1)], "records")
+        elif ident == self.dispatcher.loop.thread_id:
+            running = self.dispatcher.running
+            if running is not None and running is not lane:
+                running.owes = lane  # its dispatcher pauses it after this handler
+        else:
+            waiter = self._lane_of_thread(ident)
+            if waiter is lane or would_deadlock(waiter, lane):
+                return
+            if waiter is not None:
+                waiter.waiting_on = lane
+            try:
+                lane.wait_for_room(self.bound, lambda: self._give_up(waiter, lane))
+            finally:
+                if waiter is not None:
+                    waiter.waiting_on = None
+
+    def _give_up(self, waiter: Lane | None, lane: Lane) -> bool:
+        if self.gate.stopping or lane.failed or lane.abandoned:
+            return True
+        return would_deadlock(waiter, lane)
+
+    def _lane_of_thread(self, ident: int) -> Lane | None:
+        for lane in self.lanes:
+            thread = lane.thread
+            if thread is not None and thread.ident == ident:
+                return lane
+        return None
