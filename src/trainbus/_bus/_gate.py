@@ -17,6 +17,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Literal
 
@@ -147,6 +148,7 @@ class Gate:
         if lane is not None:
             lane.failed = True
         if handler is not None:
+            _start_at_user_code(exc)
             where = f"Event.{event.name}" if event is not None else "a logged record"
             if handler.qualname.endswith(".background"):
                 where = "its background task"
@@ -159,3 +161,17 @@ class Gate:
         """Stop the producer at its next event or wait. Safe from any thread."""
         self.stopping = True
         self._signal.put(False)
+
+
+#: trainbus's own source folder: frames from here are the bus's, not the user's.
+_OURS = str(Path(__file__).resolve().parents[1])
+
+
+def _start_at_user_code(exc: BaseException) -> None:
+    """Drop the bus's own frames from the start of a handler error's traceback, so that
+    (below the frames ``fit()`` adds as it re-raises) it starts at the user's handler."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_OURS):
+        tb = tb.tb_next
+    if tb is not None:  # an error of the bus itself keeps its whole traceback
+        exc.__traceback__ = tb

@@ -50,6 +50,7 @@ class Lane:
         "done",
         "due",
         "enq",
+        "exclusive",
         "failed",
         "index",
         "last_batch",
@@ -119,6 +120,15 @@ class Lane:
         self.wait_log: int | None = None
         #: Holds items queued without a wake-up (run at the next barrier; ``_inline.py``).
         self.deferred = False
+        # Invariant: while the producer publishes, only the producer moves an ``exclusive``
+        # lane out of IDLE: every event handler is a plain ``@blocking`` one with no filter
+        # (the producer runs them itself and never queues them) and records never reach it
+        # (not a destination). Its close items come after the producer is done. So the
+        # producer may claim it without the lock (``Producer._run_exclusive``).
+        self.exclusive = member.log_slot is None and all(
+            slot.is_blocking and not slot.is_async and slot.when is None
+            for slot in member.slots.values()
+        )
         #: Whether every slot has lag 0 (then a barrier waits for ``enq``).
         self.uniform = member.lags == frozenset({0})
         #: Per lag: the ``enq`` count after the lane's last item of that lag.

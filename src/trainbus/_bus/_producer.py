@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from trainbus._bus._items import EventItem
 from trainbus._bus._lane import CLAIMED, IDLE
 from trainbus._bus._running import call_plain
+from trainbus._bus._slot import due
 from trainbus._bus._slow import SlowCallbacks
 from trainbus._bus._stopped import Stopped
 from trainbus._events import Event
@@ -68,12 +69,20 @@ class Producer:
         self.warn = warn
         self.destinations = [lane for lane in lanes if lane.log_slot is not None]
         self.lagged = [lane for lane in lanes if not lane.uniform]
-        self.subs: dict[Event, list[tuple[Lane, Slot]]] = {}
+        #: Per event, its handlers in offering order, cut into runs of handlers of
+        #: exclusive lanes (``_lane.py``; run here by ``_run_exclusive``) and runs of the
+        #: others (``_offer``): ``(exclusive, pairs)``.
+        self.plan: dict[Event, list[tuple[bool, list[tuple[Lane, Slot]]]]] = {}
         for event in Event:
             subs = [(lane, lane.slots[event]) for lane in lanes if event in lane.slots]
             if event is Event.INIT:  # loggers first at INIT, last otherwise (Composer)
                 subs.sort(key=lambda pair: pair[0].log_slot is None)
-            self.subs[event] = subs
+            plan: list[tuple[bool, list[tuple[Lane, Slot]]]] = []
+            for lane, slot in subs:
+                if not plan or plan[-1][0] is not lane.exclusive:
+                    plan.append((lane.exclusive, []))
+                plan[-1][1].append((lane, slot))
+            self.plan[event] = plan
         #: The thread that may publish now (the training thread, or a plain-code caller).
         self.ident: int | None = None
         # Lanes this burst moved to ACTIVE whose drivers are not woken yet (woken once per
@@ -112,13 +121,16 @@ class Producer:
         try:  # lanes made ACTIVE must be woken even when Stopped unwinds the burst
             for event in events:
                 self.counters.published += 1
-                subs = self.subs[event]
+                plan = self.plan[event]
                 barrier = self._barrier_all or event in self.barriers
                 if barrier and inline.lanes:
                     self._kick()
                     inline.flush(run=True)
-                if subs:
-                    self._offer(event, subs, barrier)
+                for exclusive, pairs in plan:
+                    if exclusive:
+                        self._run_exclusive(pairs, self._item(event))
+                    else:
+                        self._offer(event, pairs, barrier)
                 if event is Event.BATCH_END:
                     self._batch_end()
                 if barrier:
@@ -138,7 +150,7 @@ class Producer:
         here: list[tuple[Lane, Slot]] | None = None
         for lane, slot in subs:
             when = slot.when
-            if when is not None and not _due(slot, when, item.view.timestamp):
+            if when is not None and not due(slot, when, item.view.timestamp):
                 continue
             if slot.inline_ok:
                 if barrier:
@@ -154,8 +166,17 @@ class Producer:
             elif slot.is_blocking:
                 if slot.is_async or not self._run_blocking_here(lane, slot, item):
                     self._blocking(lane, slot, item)
-            else:
-                self._enqueue(lane, slot, item)
+            elif lane.enq - lane.done >= queue_size or not lane.uniform:
+                self._enqueue(lane, slot, item)  # waits for room first (D12), or lags
+            else:  # _enqueue's common case, written out (once per handler per event)
+                lane.pending.append(item)
+                lane.enq += 1
+                depth = lane.enq - lane.done
+                member = lane.member
+                if depth > member.peak:
+                    member.peak = depth
+                if lane.state == IDLE and lane.activate():
+                    self._to_kick.append(lane)
         if here is not None:
             self._kick()  # the other lanes run while these run here (D2)
             cheap = True
@@ -196,13 +217,49 @@ class Producer:
         if lane.state == IDLE and lane.activate():
             self._to_kick.append(lane)
 
+    def _run_exclusive(self, pairs: list[tuple[Lane, Slot]], item: EventItem) -> None:
+        """The hot path of D9: run the ``@blocking`` handlers of exclusive lanes here.
+
+        No lock: only the producer moves an exclusive lane out of IDLE (``_lane.py``).
+        Running and accounting are written out (they mirror ``call_plain``,
+        ``Slot.account`` and ``Lane.release``) because this runs once per handler per event.
+        Not counted in enq/done: each call ends before anything could wait for it.
+        """
+        if self._to_kick:
+            self._kick()  # what this burst queued runs while these run here
+        gate = self.gate
+        view, logger, batch = item.view, item.logger, item.batch
+        trace = self.counters.trace
+        for lane, slot in pairs:
+            if gate.stopping:
+                raise Stopped
+            if lane.state != IDLE or lane.pending:  # not while publishing; be safe anyway
+                self._blocking(lane, slot, item)
+                continue
+            lane.state = CLAIMED
+            lane.current = slot.qualname
+            t0 = _perf()
+            try:
+                slot.fn(view, logger)
+            except BaseException as exc:
+                gate.fail(exc, slot.handler, slot.event, lane)
+            elapsed = _perf() - t0
+            lane.current = None
+            lane.state = IDLE
+            slot.inline_calls += 1
+            slot.calls += 1
+            slot.total_time += elapsed
+            if elapsed > slot.max_time:
+                slot.max_time = elapsed
+            lane.last_batch = batch
+            if trace is not None:
+                trace.handler(lane.name, slot.event, t0, elapsed)
+
     def _run_blocking_here(self, lane: Lane, slot: Slot, item: EventItem) -> bool:
-        """The hot path of D9: run a plain ``@blocking`` handler on an idle, empty lane here.
+        """Run a plain ``@blocking`` handler on an idle, empty lane here (one lock).
 
         Returns false, having done nothing, when the lane is busy or holds items (then
-        :meth:`_blocking` waits for it). Claiming takes the lane lock once; running and
-        accounting are written out here (not through ``call_plain``/``Slot.account``/
-        ``Lane.release``, which they mirror) because this runs once per handler per event.
+        :meth:`_blocking` waits for it).
         """
         if lane.state != IDLE or lane.pending:
             return False
@@ -213,28 +270,9 @@ class Producer:
         try:
             if self._to_kick:
                 self._kick()  # what this burst queued runs while the handler runs here
-            gate = self.gate
-            if gate.stopping:  # its lane skips what it had queued; so does this handler
+            if self.gate.stopping:  # its lane skips what it had queued; so does this one
                 raise Stopped
-            lane.current = slot.qualname
-            t0 = _perf()
-            try:
-                slot.fn(item.view, item.logger)
-            except BaseException as exc:
-                gate.fail(exc, slot.handler, slot.event, lane)
-            elapsed = _perf() - t0
-            lane.current = None
-            # Not counted in enq/done: it ran to completion before anything could wait for
-            # it (so a handler that waits for every other handler does not wait for itself).
-            slot.inline_calls += 1
-            slot.calls += 1
-            slot.total_time += elapsed
-            if elapsed > slot.max_time:
-                slot.max_time = elapsed
-            lane.last_batch = item.batch
-            trace = self.counters.trace
-            if trace is not None:
-                trace.handler(lane.name, slot.event, t0, elapsed)
+            self._call_claimed(lane, slot, item)
         finally:
             lane.state = IDLE  # Lane.release, written out
             if lane.pending:
@@ -253,19 +291,25 @@ class Producer:
         try:
             if self.gate.stopping:  # its lane skips what it had queued; so does this handler
                 raise Stopped
-            lane.current = slot.handler.qualname
-            elapsed = call_plain(self.gate, lane, slot, item)
-            lane.current = None
-            slot.inline_calls += 1
-            # Not counted in enq/done: it ran to completion before anything could wait for
-            # it (so a handler that waits for every other handler does not wait for itself).
-            slot.account(elapsed)
-            lane.last_batch = item.batch
-            trace = self.counters.trace
-            if trace is not None:
-                trace.handler(lane.name, slot.event, _perf() - elapsed, elapsed)
+            self._call_claimed(lane, slot, item)
         finally:
             lane.release()
+
+    def _call_claimed(self, lane: Lane, slot: Slot, item: EventItem) -> None:
+        """Run a plain handler of a lane this thread has claimed, and account for it.
+
+        Not counted in enq/done: it runs to completion before anything could wait for it
+        (so a handler that waits for every other handler does not wait for itself).
+        """
+        lane.current = slot.qualname
+        elapsed = call_plain(self.gate, lane, slot, item)
+        lane.current = None
+        slot.inline_calls += 1
+        slot.account(elapsed)
+        lane.last_batch = item.batch
+        trace = self.counters.trace
+        if trace is not None:
+            trace.handler(lane.name, slot.event, _perf() - elapsed, elapsed)
 
     def _kick(self) -> None:
         """Wake the drivers of the lanes this burst made ACTIVE."""
@@ -354,17 +398,3 @@ class Producer:
         if self.inline.lanes:  # what the wait is for may sit unwoken in a lane
             self.inline.flush(run=False)
         self.gate.wait(targets, kind, event)
-
-
-def _due(slot: Slot, when: Callable[[Any], bool], ts: Any) -> bool:
-    """Whether a filtered handler runs for this event (``@once``: only the first time)."""
-    if not when(ts):
-        return False
-    if getattr(when, "exact", False):
-        slot.when = _never
-    return True
-
-
-def _never(ts: Any) -> bool:
-    """The filter of a ``@once`` handler that already ran."""
-    return False

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from trainbus._callback import Handler, HandlerTable
     from trainbus._events import Event
 
-__all__ = ["Member", "Slot"]
+__all__ = ["Member", "Slot", "due", "never"]
 
 
 class Slot:
@@ -119,3 +119,17 @@ class Member:
         if self.log_slot is not None:
             slots.append(self.log_slot)
         return slots
+
+
+def due(slot: Slot, when: Callable[[Any], bool], ts: Any) -> bool:
+    """Whether a filtered handler runs for this event (``@once``: only the first time)."""
+    if not when(ts):
+        return False
+    if getattr(when, "exact", False):
+        slot.when = never
+    return True
+
+
+def never(ts: Any) -> bool:
+    """The filter of a ``@once`` handler that already ran."""
+    return False
