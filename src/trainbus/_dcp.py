@@ -24,9 +24,12 @@ The ``.metadata`` file is a pickle (DCP's format): load checkpoints you trust on
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pathlib
 import shutil
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +62,26 @@ _TRAINER_KEY = "trainer.rank{rank}"
 
 
 def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return dist.get_rank() if _distributed() else 0
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+@contextlib.contextmanager
+def _one_process() -> Iterator[dict[str, Any]]:
+    """DCP's arguments for this process: ``no_dist=True`` (and its warning muted) without a group.
+
+    A sharded checkpoint is saved or loaded in one process only outside an FSDP run
+    (loading an FSDP run's checkpoint for evaluation, say).
+    """
+    if _distributed():
+        yield {}
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        yield {"no_dist": True}
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
@@ -185,9 +207,12 @@ def save(
         to_save["optimizers"] = optim_sd
     writer = FileSystemWriter(str(path))
     async_save = getattr(state_dict_saver, "async_save", None)
-    if async_save is None:  # pragma: no cover - torch < 2.3
+    if async_save is None or not _distributed():  # torch < 2.3, or a single process
         done: Future[Any] = Future()
-        done.set_result(state_dict_saver.save(to_save, storage_writer=writer, process_group=group))
+        with _one_process() as kwargs:
+            done.set_result(
+                state_dict_saver.save(to_save, storage_writer=writer, process_group=group, **kwargs)
+            )
         return ShardedSave(done, _nbytes(to_save))
     response = async_save(to_save, storage_writer=writer, process_group=group)
     future = getattr(response, "upload_completion", response)  # AsyncSaveResponse (2.9+)
@@ -277,7 +302,8 @@ def load(path: pathlib.Path, state: State) -> dict[str, Any]:
     if has_optimizers and optim_sd:
         to_load["optimizers"] = optim_sd
     try:
-        dcp_load(to_load, storage_reader=FileSystemReader(str(path)))
+        with _one_process() as kwargs:
+            dcp_load(to_load, storage_reader=FileSystemReader(str(path)), **kwargs)
         with safe_globals():
             trainer: dict[str, Any] = torch.load(
                 io.BytesIO(to_load[key]), map_location="cpu", weights_only=True
