@@ -164,6 +164,9 @@ def _state_dicts(state: State, weights_only: bool) -> tuple[dict[str, Any], dict
 
 
 def _nbytes(obj: Any) -> int:
+    shards = getattr(obj, "local_shards", None)  # FSDP1's ShardedTensor
+    if callable(shards):
+        return sum(_nbytes(shard.tensor) for shard in shards())
     if isinstance(obj, torch.Tensor):
         local = getattr(obj, "to_local", None)
         t = local() if callable(local) else obj

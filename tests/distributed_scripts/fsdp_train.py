@@ -85,15 +85,18 @@ def _plain(obj: Any) -> Any:
 
 def shard(model: torch.nn.Module, device: torch.device, fsdp1: bool) -> torch.nn.Module:
     """``fully_shard`` each layer and the root (or wrap in ``FullyShardedDataParallel``)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
     model.to(device)
-    if fsdp1:
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    if fsdp1:  # with a mesh its state dicts hold DTensors (not the deprecated ShardedTensor)
         from torch.distributed.fsdp import FullyShardedDataParallel
 
-        return FullyShardedDataParallel(model, device_id=device, use_orig_params=True)
-    from torch.distributed.device_mesh import init_device_mesh
+        return FullyShardedDataParallel(
+            model, device_id=device, device_mesh=mesh, use_orig_params=True
+        )
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for layer in (model.inp, model.out):  # type: ignore[union-attr]
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)

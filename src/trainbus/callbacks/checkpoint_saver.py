@@ -265,13 +265,14 @@ class CheckpointSaver(Callback):
         t1 = time.perf_counter()
         self._stats["wait"] += t1 - t0
         self._raise_write_error()
-        if not self.overwrite and path.exists():
+        # (A sharded save's folder without .metadata is an interrupted save's: replaced.)
+        if not self.overwrite and (_dcp.is_complete(path) if self._sharded else path.exists()):
             raise FileExistsError(
                 f"CheckpointSaver: {str(path)!r} exists; pass overwrite=True to replace it, "
                 "or another folder or filename"
             )
         if self._sharded and path.exists():
-            _dcp.remove(path)  # overwrite: no stale .metadata may mark the new save complete
+            _dcp.remove(path)  # no stale .metadata may mark the new save complete
         if not wait_for_handlers(state):  # every callback's state as of this event
             return  # the run is stopping: the next event unwinds it
         t2 = time.perf_counter()
