@@ -13,7 +13,8 @@ runs on every rank and each save is a folder that every rank writes its shards i
   handle the saver's writer thread waits on;
 - the folder's ``.metadata`` file, written (to a temporary name, then renamed) by rank zero
   once every rank's shards are written, is the **commit marker**: a folder without it is an
-  interrupted save, never resumed from (:func:`is_complete`, :func:`is_interrupted`);
+  interrupted save, never resumed from (:func:`find_checkpoint`, the newest complete
+  checkpoint of a saver's folder, file or sharded, skips it with a warning);
 - :func:`check` (``Trainer`` constructor, before ``INIT``) reads the metadata and checks it
   against the model; :func:`load` (after ``INIT``, every rank) loads the model's and
   optimizers' shards each rank needs (``dcp.load`` + ``set_state_dict``) and returns the
@@ -29,6 +30,7 @@ import io
 import pathlib
 import shutil
 import warnings
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -36,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from trainbus._checkpoint import BufferPool, capture, safe_globals
-from trainbus._exceptions import CheckpointLoadError
+from trainbus._checkpoint import TEMP_MARKER, BufferPool, capture, safe_globals
+from trainbus._exceptions import CheckpointLoadError, CheckpointWarning
 
 if TYPE_CHECKING:
     from trainbus._state import State
@@ -47,11 +49,13 @@ __all__ = [
     "METADATA",
     "ShardedSave",
     "check",
+    "find_checkpoint",
     "folder_name",
     "is_complete",
     "is_interrupted",
     "is_sharded",
     "load",
+    "new_group",
     "remove",
     "save",
 ]
@@ -118,6 +122,41 @@ def is_interrupted(path: pathlib.Path) -> bool:
     return any(p.suffix == ".distcp" for p in path.iterdir())
 
 
+def _is_candidate(path: pathlib.Path) -> bool:
+    if path.name.startswith(".") or TEMP_MARKER in path.name:
+        return False
+    if path.is_dir():  # a sharded checkpoint: complete once its .metadata is there
+        return is_complete(path)
+    return path.is_file() and zipfile.is_zipfile(path)  # torch.save writes a zip archive
+
+
+def _mtime(path: pathlib.Path) -> tuple[int, str]:
+    marker = path / METADATA if path.is_dir() else path
+    return marker.stat().st_mtime_ns, path.name
+
+
+def find_checkpoint(folder: pathlib.Path) -> pathlib.Path | None:
+    """The newest complete checkpoint in ``folder`` (by modification time), or ``None``.
+
+    Candidates are ``torch.save`` archives and sharded checkpoints' folders with their
+    ``.metadata``. Temporary files of a write in progress (hidden, ``.<name>.partial-*``)
+    never are; the folder of an interrupted sharded save (no ``.metadata``) is skipped
+    with a :class:`~trainbus.CheckpointWarning`.
+    """
+    candidates = []
+    for p in sorted(folder.iterdir()):
+        if _is_candidate(p):
+            candidates.append(p)
+        elif is_interrupted(p):
+            warnings.warn(
+                f"checkpoint folder {str(p)!r} has no {METADATA}: its save was "
+                "interrupted; it is skipped (resuming from the newest complete checkpoint)",
+                CheckpointWarning,
+                stacklevel=4,
+            )
+    return max(candidates, key=_mtime) if candidates else None
+
+
 def remove(path: pathlib.Path) -> None:
     """Delete a checkpoint: a file, or (rank zero only) a sharded folder, marker first.
 
@@ -178,10 +217,19 @@ def _nbytes(obj: Any) -> int:
     return 0
 
 
+def new_group() -> Any:
+    """A gloo process group for DCP's collectives (``None`` in a single process).
+
+    Collective: every rank calls it at the same point (its first sharded save). DCP's
+    planning collectives run on its writing thread; on a group of their own they cannot
+    interleave with training's collectives on the default group.
+    """
+    return dist.new_group(backend="gloo") if _distributed() else None
+
+
 def save(
     state: State,
     path: pathlib.Path,
-    *,
     weights_only: bool,
     epoch_rng: torch.Tensor | None,
     group: Any,

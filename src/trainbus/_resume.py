@@ -21,7 +21,6 @@ import os
 import pathlib
 import random
 import warnings
-import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,11 +30,11 @@ import torch
 from trainbus import _dcp
 from trainbus._checkpoint import (
     FORMAT_KEY,
-    TEMP_MARKER,
     callback_keys,
     capture_rng,
     safe_globals,
 )
+from trainbus._dcp import find_checkpoint
 from trainbus._exceptions import CheckpointLoadError, CheckpointWarning
 
 if TYPE_CHECKING:
@@ -72,43 +71,6 @@ class ResumePoint:
     path: pathlib.Path
     rng: dict[str, Any] | None
     epoch_rng: torch.Tensor | None
-
-
-def _is_checkpoint_candidate(path: pathlib.Path) -> bool:
-    if path.name.startswith(".") or TEMP_MARKER in path.name:
-        return False
-    if path.is_dir():  # a sharded (FSDP) checkpoint: complete once its .metadata is there
-        return _dcp.is_complete(path)
-    return path.is_file() and zipfile.is_zipfile(path)  # torch.save writes a zip archive
-
-
-def _mtime(path: pathlib.Path) -> tuple[int, str]:
-    marker = path / _dcp.METADATA if path.is_dir() else path
-    return marker.stat().st_mtime_ns, path.name
-
-
-def find_checkpoint(folder: pathlib.Path) -> pathlib.Path | None:
-    """The newest complete checkpoint in ``folder`` (by modification time), or ``None``.
-
-    Candidates are ``torch.save`` archives and sharded checkpoints' folders with their
-    ``.metadata``. Temporary files of a write in progress (hidden, ``.<name>.partial-*``)
-    never are; the folder of an interrupted sharded save (no ``.metadata``) is skipped
-    with a :class:`CheckpointWarning`.
-    """
-    candidates = []
-    for p in sorted(folder.iterdir()):
-        if _is_checkpoint_candidate(p):
-            candidates.append(p)
-        elif _dcp.is_interrupted(p):
-            warnings.warn(
-                f"checkpoint folder {str(p)!r} has no {_dcp.METADATA}: its save was "
-                "interrupted; it is skipped (resuming from the newest complete checkpoint)",
-                CheckpointWarning,
-                stacklevel=4,
-            )
-    if not candidates:
-        return None
-    return max(candidates, key=_mtime)
 
 
 def _read(path: pathlib.Path) -> dict[str, Any]:

@@ -84,6 +84,9 @@ class CheckpointSaver(Callback):
     torn file under a checkpoint's name. A write error is raised from ``fit()`` (at the
     next checkpoint event, or at close); ``close`` waits for the last write.
 
+    With an FSDP model it runs on every rank and each checkpoint is a folder of
+    ``torch.distributed.checkpoint`` shards (``docs/distributed.md``, "FSDP checkpoints").
+
     Args:
         folder: Where checkpoints are written (created if missing).
         filename: The file name, formatted with ``{epoch}``, ``{batch}``, ``{rank}``
@@ -152,8 +155,7 @@ class CheckpointSaver(Callback):
         self._lock = threading.Condition()
         self._saved: list[tuple[Timestamp, list[pathlib.Path]]] = []
         self._job: tuple[Capture | _dcp.ShardedSave, Timestamp, pathlib.Path] | None = None
-        self._sharded = False  # an FSDP model: a folder per save, written by every rank (DCP)
-        self._group: Any = None  # the process group of DCP's collectives (sharded saves)
+        self._sharded, self._group = False, None  # FSDP: DCP folders, DCP's process group
         self._capturing: tuple[Timestamp, pathlib.Path] | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -265,14 +267,13 @@ class CheckpointSaver(Callback):
         t1 = time.perf_counter()
         self._stats["wait"] += t1 - t0
         self._raise_write_error()
-        # (A sharded save's folder without .metadata is an interrupted save's: replaced.)
         if not self.overwrite and (_dcp.is_complete(path) if self._sharded else path.exists()):
             raise FileExistsError(
                 f"CheckpointSaver: {str(path)!r} exists; pass overwrite=True to replace it, "
                 "or another folder or filename"
             )
         if self._sharded and path.exists():
-            _dcp.remove(path)  # no stale .metadata may mark the new save complete
+            _dcp.remove(path)  # overwritten, or an interrupted save's (it had no .metadata)
         if not wait_for_handlers(state):  # every callback's state as of this event
             return  # the run is stopping: the next event unwinds it
         t2 = time.perf_counter()
@@ -280,15 +281,11 @@ class CheckpointSaver(Callback):
         try:
             cap: Capture | _dcp.ShardedSave
             if self._sharded:  # every rank: DCP stages here and writes beside training
-                cap = _dcp.save(
-                    state, path, weights_only=self.weights_only, epoch_rng=epoch_rng(state),
-                    group=self._dcp_group(),
-                )  # fmt: skip
+                self._group = self._group or _dcp.new_group()  # every rank, at its first save
+                cap = _dcp.save(state, path, self.weights_only, epoch_rng(state), self._group)
             else:
-                cap = capture(
-                    state, weights_only=self.weights_only, epoch_rng=epoch_rng(state),
-                    pool=self._pool,
-                )  # fmt: skip
+                cap = capture(state, weights_only=self.weights_only, epoch_rng=epoch_rng(state),
+                              pool=self._pool)  # fmt: skip
         finally:
             self._capturing = None
         elapsed = time.perf_counter() - t2
@@ -313,13 +310,6 @@ class CheckpointSaver(Callback):
         with self._lock:
             while self._job is not None:
                 self._lock.wait()
-
-    def _dcp_group(self) -> Any:
-        import torch.distributed as dist
-
-        if self._group is None and dist.is_available() and dist.is_initialized():
-            self._group = dist.new_group(backend="gloo")  # every rank, at the same save
-        return self._group
 
     def _submit(
         self, cap: Capture | _dcp.ShardedSave, timestamp: Timestamp, path: pathlib.Path
