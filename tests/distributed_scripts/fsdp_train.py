@@ -118,7 +118,8 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     device = torch.device(args.device)
     if device.type == "cuda":
-        device = torch.device("cuda", device.index or 0)
+        index = device.index if device.index is not None else int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", index)
         torch.cuda.set_device(device)
     dist.init_process_group(args.backend)
     torch.manual_seed(1234)  # FSDP does not broadcast: every rank starts from the same weights
