@@ -132,18 +132,18 @@ def check_ddp_pair(tmp: Path, device: str, backend: str | None) -> bool:
     )
 
 
-def check_ddp_single_nccl(tmp: Path) -> bool:
-    """One rank over NCCL with a model wrapped in DDP by the script: train, then resume."""
-    extra = ["--device", "cuda:0", "--backend", "nccl", "--wrap"]
+def check_ddp_single(tmp: Path, device: str = "cuda:0", backend: str = "nccl") -> bool:
+    """One rank (over NCCL) with a model wrapped in DDP by the script: train, then resume."""
+    extra = ["--device", device, "--backend", backend, "--wrap"]
     train, resume = tmp / "train", tmp / "resume"
     rc, out, _ = _launch("ddp_train.py", train, 1, "--mode", "train", *extra)
     if not _report("train", rc == 0, out[-2000:]):
         return False
     (r0,) = _ranks(train, 1)
     ok = _report(
-        "DistributedDataParallel on cuda:0, all 8 samples per epoch",
+        f"DistributedDataParallel on {device}, all 8 samples per epoch",
         r0["ddp"] == "DistributedDataParallel"
-        and r0["device"] == "cuda:0"
+        and r0["device"] == device
         and [sorted(s) for s in r0["seen"]] == [list(range(8))] * 2,
         str({k: r0[k] for k in ("ddp", "device", "seen")}),
     )
@@ -161,21 +161,24 @@ def check_fsdp(tmp: Path, nproc: int, device: str, backend: str) -> bool:
     if not _report("train", rc == 0, out[-2000:]):
         return False
     full = _ranks(train, nproc)
+    per_epoch = 8 // nproc  # 8 samples, batches of one, 2 epochs; saved every 2 batches
+    last = 2 * per_epoch
+    kept = [f"ep{(b - 1) // per_epoch}-ba{b}" for b in range(last - 4, last + 1, 2)]  # 3 kept
     folders = sorted(p.name for p in (train / "ckpt").iterdir())
     shards = [".metadata"] + [f"__{r}_0.distcp" for r in range(nproc)]
-    written = folders == ["ep0-ba4", "ep1-ba6", "ep1-ba8"] and all(
+    written = folders == kept and all(
         sorted(p.name for p in (train / "ckpt" / f).iterdir()) == shards for f in folders
     )
     ok = _report(f"{nproc} rank(s) write each DCP folder, 3 kept", written, str(folders))
     ok &= _report("not wrapped in DDP", full[0]["wrapper"] == "FSDPNet", full[0]["wrapper"])
-    load = str(train / "ckpt" / "ep1-ba6")
+    load = str(train / "ckpt" / kept[1])  # in the second epoch
     rc, out, _ = _launch("fsdp_train.py", resume, nproc, "--mode", "resume", "--load", load, *extra)
     resumed = rc == 0 and all(
         _same_state(a["model"], b["model"]) and _same_state(a["optim"], b["optim"])
-        and a["seen"] == b["seen"] and a["batch"] == b["batch"] == 8
+        and a["seen"] == b["seen"] and a["batch"] == b["batch"] == last
         for a, b in zip(_ranks(resume, nproc), full, strict=True)
     )  # fmt: skip
-    return ok & _report("resume from ep1-ba6 ends as the uninterrupted run", resumed, out[-2000:])
+    return ok & _report(f"resume from {kept[1]} ends as uninterrupted", resumed, out[-2000:])
 
 
 class Check(NamedTuple):
@@ -204,7 +207,7 @@ def plan(cpu: bool, gpus: int) -> list[Check]:
         Check("DDP, 2 ranks both on cuda:0 over gloo (NCCL needs a GPU per rank)",
               lambda t: check_ddp_pair(t, "cuda:0", "gloo")),
         Check("DDP, 1 rank on cuda:0 over NCCL (a real NCCL group, DDP on the GPU)",
-              check_ddp_single_nccl),
+              check_ddp_single),
         Check(f"FSDP, 1 rank on cuda:0 ({both})", lambda t: check_fsdp(t, 1, "cuda:0", both)),
         Check("FSDP, 2 ranks both on cuda:0 over gloo",
               lambda t: check_fsdp(t, 2, "cuda:0", "gloo")),
