@@ -224,7 +224,14 @@ def new_group() -> Any:
     planning collectives run on its writing thread; on a group of their own they cannot
     interleave with training's collectives on the default group.
     """
-    return dist.new_group(backend="gloo") if _distributed() else None
+    if not _distributed():
+        return None
+    try:  # the default group's timeout (the Trainer's dist_timeout), not gloo's 30 minutes
+        world: Any = dist.group.WORLD
+        timeout = world._get_backend(torch.device("cpu")).options._timeout
+    except Exception:  # no CPU backend on the default group, or another torch
+        timeout = None
+    return dist.new_group(backend="gloo", timeout=timeout)
 
 
 def save(
