@@ -51,7 +51,7 @@ __all__ = ["Check", "plan", "run_ddp_check"]
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "distributed_scripts"
-LAUNCH_TIMEOUT = 150
+LAUNCH_TIMEOUT = 90  # a launch trains for seconds; a hang fails its check, not the whole run
 
 
 def _launch(script: str, out: Path, nproc: int, *args: str) -> tuple[int, str, float]:
@@ -75,7 +75,8 @@ def _ranks(out: Path, nproc: int) -> list[dict[str, Any]]:
 
 
 def _report(name: str, ok: bool, detail: str = "") -> bool:
-    print(f"  {name}: {'PASS' if ok else 'FAIL'}{' ' + detail if detail and not ok else ''}")
+    verdict = "PASS" if ok else "FAIL"
+    print(f"  {name}: {verdict}{' ' + detail if detail and not ok else ''}", flush=True)
     return ok
 
 
@@ -221,12 +222,12 @@ def run_ddp_check(cpu: bool) -> int:
         return 0
     gpus = 0 if cpu else torch.cuda.device_count()
     where = "CPU" if cpu else f"{gpus} GPU(s), {torch.cuda.get_device_name(0)}"
-    print(f"distributed check: torch {torch.__version__}, {where}")
+    print(f"distributed check: torch {torch.__version__}, {where}", flush=True)
     ok = True
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         for i, check in enumerate(plan(cpu, gpus)):
-            print(f"{check.title}:")
+            print(f"{check.title}:", flush=True)
             folder = Path(tmp, f"check{i}")
             folder.mkdir()
             try:
