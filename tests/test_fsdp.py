@@ -92,6 +92,9 @@ def test_an_fsdp_run_saves_dcp_folders_written_by_both_ranks(trained: Path) -> N
     # Both ranks ran their saver (it is rank-zero-only with DDP, not with FSDP).
     expected = [[b, str(ckpt / n)] for b, n in ((4, "ep0-ba4"), (6, "ep1-ba6"), (8, "ep1-ba8"))]
     assert r0["saved"] == r1["saved"] == expected
+    for r in (r0, r1):  # 4 saves on each rank, each staged (its shards) and written
+        assert (r["stats"]["saves"], r["stats"]["written"]) == (4, 4)
+        assert r["stats"]["host_bytes"] > 0
 
 
 @pytest.mark.slow

@@ -152,6 +152,7 @@ def main() -> None:
         "lr": scheduler.get_last_lr(), "batch": int(trainer.state.timer.batch),
         "wrapper": type(trainer.state.ddp_model).__name__,
         "saved": [[int(ts.batch), str(p[0])] for ts, p in saver.saved_checkpoints],
+        "stats": {k: getattr(saver.statistics(), k) for k in ("saves", "written", "host_bytes")},
     }))  # fmt: skip
     dist.destroy_process_group()
 
