@@ -21,7 +21,7 @@ Usage::
 
     python scripts/gpu_check.py                 # on a CUDA machine (about a minute)
     python scripts/gpu_check.py --cpu --steps 5 # a dry run of the same code on the CPU
-    python scripts/gpu_check.py --ddp           # two-process DDP check (nccl, 2+ GPUs)
+    python scripts/gpu_check.py --ddp           # DDP and FSDP under torchrun (1+ GPUs)
     python scripts/gpu_check.py --ddp --cpu     # the same with gloo on the CPU
 
 Without CUDA (and without ``--cpu``) it says so and exits 0. Exit status 1 means a
@@ -351,7 +351,7 @@ def time_configs(
 
 
 def _ddp_check(cpu: bool) -> int:
-    """``--ddp``: the two-process check of ``scripts/ddp_check.py`` (nccl, or gloo with --cpu)."""
+    """``--ddp``: the DDP and FSDP checks of ``scripts/ddp_check.py`` (on CUDA, or --cpu)."""
     import importlib.util
 
     path = Path(__file__).with_name("ddp_check.py")
@@ -373,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=None, help="MLP width (GPU 2048, CPU 64)")
     parser.add_argument("--batch-size", type=int, default=None, help="(GPU 512, CPU 32)")
     parser.add_argument(
-        "--ddp", action="store_true", help="two-process DDP check instead (scripts/ddp_check.py)"
+        "--ddp", action="store_true", help="DDP and FSDP checks instead (scripts/ddp_check.py)"
     )
     args = parser.parse_args(argv)
     if args.ddp:

@@ -226,24 +226,29 @@ def test_a_loader_that_cannot_be_sharded_warns_that_every_rank_reads_all_of_it()
     assert kept is batches
 
 
-FSDP_WITH_SAVER = """
+FSDP_WITH_UPLOADER = """
 import os, torch, torch.distributed as dist
-from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.distributed.fsdp import fully_shard
 from trainbus import Trainer
-from trainbus.callbacks import CheckpointSaver
+from trainbus.callbacks import CheckpointSaver, CheckpointUploader
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
 dist.init_process_group("gloo", rank=0, world_size=1)
-model = FullyShardedDataParallel(torch.nn.Linear(4, 2), device_id=torch.device("cpu"))
+model = fully_shard(torch.nn.Linear(4, 2))
 batches = [(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long))]
+saver = CheckpointSaver("ckpt")
+uploader = CheckpointUploader(saver, "s3://bucket/run", endpoint_url="http://127.0.0.1:9",
+                              region="us-east-1", access_key_id="k", secret_access_key="s")
 try:
     Trainer(model, batches, "1ep", loss_fn=torch.nn.functional.cross_entropy, device="cpu",
-            callbacks=[CheckpointSaver("ckpt")])
+            callbacks=[saver, uploader])
 except ValueError as exc:
     print(exc)
+print("saver alone:", type(Trainer(model, batches, "1ep", device="cpu", callbacks=[saver],
+      loss_fn=torch.nn.functional.cross_entropy).state.ddp_model).__name__)
 """
 
 
-def test_a_checkpoint_saver_with_an_fsdp_model_is_refused(tmp_path: Path) -> None:
+def test_a_checkpoint_uploader_with_an_fsdp_model_is_refused(tmp_path: Path) -> None:
     import socket
 
     with socket.socket() as sock:  # a free port for this one-process group
@@ -251,10 +256,10 @@ def test_a_checkpoint_saver_with_an_fsdp_model_is_refused(tmp_path: Path) -> Non
         port = sock.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1", PORT=str(port))
     proc = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", FSDP_WITH_SAVER],
+        [sys.executable, "-W", "ignore", "-c", FSDP_WITH_UPLOADER],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
         check=False,
     )  # fmt: skip
-    assert "callbacks=[CheckpointSaver(...)] cannot save an FSDP model yet" in proc.stdout, (
-        proc.stdout + proc.stderr
-    )
+    out = proc.stdout + proc.stderr
+    assert "callbacks=[CheckpointUploader(...)] cannot upload an FSDP model's" in out, out
+    assert "saver alone: FSDPLinear" in proc.stdout, out  # a saver is fine, and no DDP wrap

@@ -45,10 +45,27 @@ def test_ddp_without_cuda_is_skipped_with_a_reason(
     assert "gpu_check --ddp skipped: CUDA is not available" in capsys.readouterr().out
 
 
-def test_ddp_with_one_gpu_is_skipped_with_a_reason(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert _load().main(["--ddp"]) == 0
-    assert "NCCL needs one GPU per rank and this machine has 1" in capsys.readouterr().out
+def _ddp_plan(cpu: bool, gpus: int) -> list[str]:
+    spec = importlib.util.spec_from_file_location("ddp_check", SCRIPT.with_name("ddp_check.py"))
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [check.title for check in module.plan(cpu, gpus)]
+
+
+def test_ddp_with_one_gpu_runs_two_ranks_on_it_over_gloo_and_one_over_nccl() -> None:
+    assert _ddp_plan(cpu=False, gpus=1) == [
+        "DDP, 2 ranks both on cuda:0 over gloo (NCCL needs a GPU per rank)",
+        "DDP, 1 rank on cuda:0 over NCCL (a real NCCL group, DDP on the GPU)",
+        "FSDP, 1 rank on cuda:0 (cpu:gloo,cuda:nccl)",
+        "FSDP, 2 ranks both on cuda:0 over gloo",
+    ]
+    assert _ddp_plan(cpu=False, gpus=2) == [
+        "DDP, 2 ranks on cuda:0 and cuda:1 (cpu:gloo,cuda:nccl)",
+        "FSDP, 2 ranks on cuda:0 and cuda:1 (cpu:gloo,cuda:nccl)",
+    ]
+    assert _ddp_plan(cpu=True, gpus=0) == [
+        "DDP, 2 ranks on the CPU (gloo)",
+        "FSDP, 2 ranks on the CPU (gloo)",
+    ]

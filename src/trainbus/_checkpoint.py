@@ -116,6 +116,11 @@ class Capture:
             self.ready.synchronize()
             self.ready = None
 
+    def write(self, path: pathlib.Path) -> int:
+        """:meth:`wait`, then :func:`write_atomic` the payload to ``path``; its size."""
+        self.wait()
+        return write_atomic(path, self.payload)
+
 
 @dataclass
 class _Copier:
@@ -233,6 +238,7 @@ def capture(
     epoch_rng: torch.Tensor | None = None,
     callback_states: Callable[[Callback], Any] | None = None,
     pool: BufferPool | None = None,
+    include_model: bool = True,
 ) -> Capture:
     """Capture a consistent checkpoint of ``state`` (on the training thread).
 
@@ -244,6 +250,8 @@ def capture(
         callback_states: ``callback -> state_dict`` (default: ``cb.state_dict()``).
         pool: Host buffers of an earlier capture, no longer in use, to copy into (see
             :attr:`Capture.buffers`); buffers whose shape and dtype match are reused.
+        include_model: Capture the model and the optimizers (``False`` for a sharded
+            checkpoint, which saves them with ``torch.distributed.checkpoint``).
     """
     copier = _Copier(pool={k: list(v) for k, v in (pool or {}).items()})
     timer = state.timer.state_dict()
@@ -251,8 +259,9 @@ def capture(
         FORMAT_KEY: FORMAT_VERSION,
         "weights_only": weights_only,
         "timestamp": dict(timer),
-        "model": to_host(state.model.state_dict(), copier),
     }
+    if include_model:
+        payload["model"] = to_host(state.model.state_dict(), copier)
     if not weights_only:
         scaler = getattr(state, "scaler", None)
         get_state = callback_states or (lambda cb: cb.state_dict())
@@ -261,8 +270,9 @@ def capture(
             cb_state = get_state(cb)
             if cb_state:
                 callbacks[key] = to_host(cb_state, copier)
+        if include_model:
+            payload["optimizers"] = [to_host(o.state_dict(), copier) for o in state.optimizers]
         payload.update(
-            optimizers=[to_host(opt.state_dict(), copier) for opt in state.optimizers],
             schedulers=[to_host(s.state_dict(), copier) for s in state.schedulers],
             scaler=None if scaler is None else to_host(scaler.state_dict(), copier),
             timer=dict(timer),

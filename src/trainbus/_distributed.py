@@ -9,7 +9,8 @@ The Trainer calls into this module at a few points and nowhere else:
   CUDA device given without an index;
 - :func:`unwrap` and :func:`wrap_model`: the user's module stays ``state.model``; the
   ``DistributedDataParallel`` wrapper the loop trains through is ``state.ddp_model``
-  (a model already wrapped in DDP is unwrapped and kept; an FSDP model is left as it is);
+  (a model already wrapped in DDP is unwrapped and kept; an FSDP model is left as it is,
+  and its ``CheckpointSaver`` runs on every rank, saving with ``torch.distributed.checkpoint``);
 - :func:`shard_loader`: a ``DataLoader`` with a plain sampler is rebuilt with the same
   arguments and a ``DistributedSampler`` (the loop's resume hook calls its ``set_epoch``);
 - :func:`runs_here`: rank-zero-only callbacks are not registered with the engine on other
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from trainbus._dcp import is_sharded
 from trainbus._exceptions import TrainbusWarning
 
 if TYPE_CHECKING:
@@ -53,6 +55,7 @@ __all__ = [
     "DistInfo",
     "abort_on_failure",
     "check_checkpointing",
+    "is_sharded",
     "launched_by_torchrun",
     "rank_zero_only",
     "reduce_eval",
@@ -175,17 +178,6 @@ def setup(device: torch.device, timeout: float) -> tuple[DistInfo, torch.device]
     return info, device
 
 
-def _is_fsdp(model: torch.nn.Module) -> bool:
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-    except ImportError:  # pragma: no cover - every torch with DDP has FSDP
-        return False
-    if isinstance(model, FullyShardedDataParallel):
-        return True
-    fsdp2 = getattr(torch.distributed.fsdp, "FSDPModule", None)  # fully_shard (FSDP2)
-    return fsdp2 is not None and isinstance(model, fsdp2)
-
-
 def unwrap(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module | None]:
     """``(the user's module, the DDP wrapper it came in or None)``."""
     from torch.nn.parallel import DistributedDataParallel
@@ -205,7 +197,7 @@ def wrap_model(
     """
     if wrapper is not None:
         return wrapper
-    if not info.distributed or _is_fsdp(model):
+    if not info.distributed or is_sharded(model):
         return model
     from torch.nn.parallel import DistributedDataParallel
 
@@ -217,23 +209,23 @@ def wrap_model(
 
 
 def check_checkpointing(model: torch.nn.Module, callbacks: list[Any]) -> None:
-    """Refuse a ``CheckpointSaver`` with an FSDP model (not supported yet).
+    """Refuse a ``CheckpointUploader`` with an FSDP model (it uploads single files).
 
     Raises:
-        ValueError: ``model`` is FSDP-wrapped and ``callbacks`` hold a ``CheckpointSaver``:
-            its ``state_dict()`` is a collective that rank zero would run alone (a hang),
-            and saving through ``torch.distributed.checkpoint`` is not done.
+        ValueError: ``model`` is FSDP-wrapped and ``callbacks`` hold a
+            ``CheckpointUploader``: an FSDP model's checkpoints are folders of shards
+            written by every rank, which the uploader does not upload.
     """
-    if not _is_fsdp(model):
+    if not is_sharded(model):
         return
-    from trainbus.callbacks.checkpoint_saver import CheckpointSaver
+    from trainbus.callbacks.checkpoint_uploader import CheckpointUploader
 
-    if any(isinstance(cb, CheckpointSaver) for cb in callbacks):
+    if any(isinstance(cb, CheckpointUploader) for cb in callbacks):
         raise ValueError(
-            "callbacks=[CheckpointSaver(...)] cannot save an FSDP model yet: its state_dict() "
-            "is a collective that rank zero would run alone, and saving through "
-            "torch.distributed.checkpoint is not done; remove the saver and save the model "
-            "with torch.distributed.checkpoint yourself (docs/distributed.md, 'Checkpoints')"
+            "callbacks=[CheckpointUploader(...)] cannot upload an FSDP model's checkpoints: "
+            "they are torch.distributed.checkpoint folders written by every rank, and the "
+            "uploader sends single files; remove the uploader and keep the saver's folder on "
+            "storage every rank shares (docs/distributed.md, 'Checkpoints')"
         )
 
 
@@ -295,9 +287,19 @@ def shard_loader(loader: Any, info: DistInfo, *, name: str, seed: int) -> Any:
     return loader
 
 
-def runs_here(callback: object, info: DistInfo) -> bool:
-    """Whether ``callback`` is registered on this rank (rank-zero-only ones: rank 0 only)."""
-    return info.rank == 0 or not bool(getattr(callback, _RANK_ZERO_ATTR, False))
+def runs_here(callback: object, info: DistInfo, *, sharded: bool = False) -> bool:
+    """Whether ``callback`` is registered on this rank (rank-zero-only ones: rank 0 only).
+
+    With an FSDP model (``sharded``) a ``CheckpointSaver`` runs on every rank: each rank
+    writes its shards of every checkpoint.
+    """
+    if info.rank == 0 or not bool(getattr(callback, _RANK_ZERO_ATTR, False)):
+        return True
+    if sharded:
+        from trainbus.callbacks.checkpoint_saver import CheckpointSaver
+
+        return isinstance(callback, CheckpointSaver)
+    return False
 
 
 def sync_gradients(ddp_model: torch.nn.Module, last: bool) -> Any:

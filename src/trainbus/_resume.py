@@ -21,20 +21,20 @@ import os
 import pathlib
 import random
 import warnings
-import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainbus import _dcp
 from trainbus._checkpoint import (
     FORMAT_KEY,
-    TEMP_MARKER,
     callback_keys,
     capture_rng,
     safe_globals,
 )
+from trainbus._dcp import find_checkpoint
 from trainbus._exceptions import CheckpointLoadError, CheckpointWarning
 
 if TYPE_CHECKING:
@@ -71,24 +71,6 @@ class ResumePoint:
     path: pathlib.Path
     rng: dict[str, Any] | None
     epoch_rng: torch.Tensor | None
-
-
-def _is_checkpoint_candidate(path: pathlib.Path) -> bool:
-    if path.name.startswith(".") or TEMP_MARKER in path.name or not path.is_file():
-        return False
-    return zipfile.is_zipfile(path)  # torch.save writes a zip archive
-
-
-def find_checkpoint(folder: pathlib.Path) -> pathlib.Path | None:
-    """The newest complete checkpoint in ``folder`` (by modification time), or ``None``.
-
-    Temporary files of a write in progress (hidden, ``.<name>.partial-*``) are never
-    candidates; nor are files that are not ``torch.save`` archives.
-    """
-    candidates = [p for p in folder.iterdir() if _is_checkpoint_candidate(p)]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda p: (p.stat().st_mtime_ns, p.name))
 
 
 def _read(path: pathlib.Path) -> dict[str, Any]:
@@ -196,12 +178,14 @@ class LoadedCheckpoint:
     """A checkpoint read and checked against the run, not yet restored.
 
     Attributes:
-        path: The file it was read from.
-        contents: The checkpoint dict.
+        path: The file it was read from (a folder for a sharded checkpoint).
+        contents: The checkpoint dict (empty for a sharded checkpoint until restored).
+        sharded: A ``torch.distributed.checkpoint`` folder (an FSDP run's).
     """
 
     path: pathlib.Path
     contents: dict[str, Any]
+    sharded: bool = False
 
 
 def read_checkpoint(load_path: str | os.PathLike[str], state: State) -> LoadedCheckpoint | None:
@@ -230,11 +214,14 @@ def read_checkpoint(load_path: str | os.PathLike[str], state: State) -> LoadedCh
     path = pathlib.Path(load_path)
     if not path.exists() and _is_saver_folder(path, state):
         return None  # autoresume's first run: the saver has not made its folder yet
-    if path.is_dir():
+    if path.is_dir() and not (_dcp.is_complete(path) or _dcp.is_interrupted(path)):
         found = find_checkpoint(path)
         if found is None:
             return None
         path = found
+    if path.is_dir():
+        _dcp.check(path, state)
+        return LoadedCheckpoint(path, {}, sharded=True)
     return _read_checked(path, state)
 
 
@@ -262,6 +249,12 @@ def _read_remote(url: str, state: State) -> LoadedCheckpoint | None:
 
 
 def _read_checked(path: pathlib.Path, state: State) -> LoadedCheckpoint:
+    if _dcp.is_sharded(state.model):
+        raise CheckpointLoadError(
+            f"load_path={str(path)!r} is a single-file checkpoint, which an FSDP model does not "
+            "load; resume an FSDP run from a torch.distributed.checkpoint folder written by "
+            "CheckpointSaver with an FSDP model"
+        )
     ckpt = _read(path)
     _check_model(path, state.model, ckpt.get("model", {}))
     if not ckpt.get("weights_only"):
@@ -282,10 +275,14 @@ def restore_checkpoint(loaded: LoadedCheckpoint, state: State) -> ResumePoint | 
     weights-only checkpoint, after which training starts from the beginning).
     """
     path, ckpt = loaded.path, loaded.contents
-    state.model.load_state_dict(ckpt["model"])
+    if loaded.sharded:  # every rank loads its shards of the model and optimizers
+        ckpt = _dcp.load(path, state)
+    else:
+        state.model.load_state_dict(ckpt["model"])
     if ckpt.get("weights_only"):
         return None
-    _load_parts(path, "optimizers", state.optimizers, ckpt.get("optimizers", []))
+    if not loaded.sharded:
+        _load_parts(path, "optimizers", state.optimizers, ckpt.get("optimizers", []))
     _load_parts(path, "schedulers", state.schedulers, ckpt.get("schedulers", []))
     scaler = getattr(state, "scaler", None)
     if scaler is not None and ckpt.get("scaler") is not None:

@@ -24,6 +24,7 @@ from trainbus._distributed import (
     DEFAULT_DIST_TIMEOUT,
     abort_on_failure,
     check_checkpointing,
+    is_sharded,
     runs_here,
     setup,
     shard_loader,
@@ -268,7 +269,11 @@ class Trainer:
         self.engine = Engine(
             self.state,
             self.logger,
-            [cb for cb in self.state.callbacks if runs_here(cb, dist_info)],
+            [
+                cb
+                for cb in self.state.callbacks
+                if runs_here(cb, dist_info, sharded=is_sharded(model))
+            ],
             barriers=bus_options.barriers,
             max_lag=bus_options.max_lag,
             queue_size=bus_options.queue_size,

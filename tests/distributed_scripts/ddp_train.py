@@ -6,7 +6,10 @@ Launch it with ``python -m torch.distributed.run --standalone --nproc_per_node=2
 metrics. ``--mode train`` also logs to ``OUT/metrics-rank<r>.jsonl`` and saves a
 checkpoint per epoch in ``OUT/ckpt`` (both rank-zero-only); ``--mode resume --load
 PATH`` resumes from a checkpoint; ``--mode fail`` raises on rank 1 at batch 2 (and rank
-0's recorder closes only once torchrun has sent it SIGTERM).
+0's recorder closes only once torchrun has sent it SIGTERM). ``--backend NAME`` initialises
+the process group here (otherwise the Trainer does), e.g. ``gloo`` for two ranks on one GPU
+(``--device cuda:0``); ``--wrap`` passes the model already wrapped in
+``DistributedDataParallel`` (with one rank the Trainer would not wrap it).
 """
 
 from __future__ import annotations
@@ -106,12 +109,25 @@ def main() -> None:
     parser.add_argument("--mode", choices=["train", "resume", "fail"], default="train")
     parser.add_argument("--load", default=None)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--backend", default=None)
+    parser.add_argument("--wrap", action="store_true")
     args = parser.parse_args()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     rank = int(os.environ["RANK"])
+    if args.backend is not None:
+        if args.device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(args.device))
+        torch.distributed.init_process_group(args.backend)
     torch.manual_seed(1234 + rank)  # different initial weights: DDP must broadcast rank 0's
     model = Net()
+    trained: torch.nn.Module = model
+    if args.wrap:
+        from torch.nn.parallel import DistributedDataParallel
+
+        device = torch.device(args.device)
+        ids = [device.index] if device.type == "cuda" else None
+        trained = DistributedDataParallel(model.to(device), device_ids=ids)
     wait = args.mode == "fail" and rank == 0
     recorder = Recorder(out / f"rank{rank}.json", wait_for_sigterm=wait)
     callbacks: list[Callback] = [recorder, Marker(out)]
@@ -123,7 +139,7 @@ def main() -> None:
         callbacks.append(Boom())
     dataset = data()
     trainer = Trainer(
-        model,
+        trained,
         DataLoader(dataset, batch_size=1, shuffle=True),
         "1000ep" if args.mode == "fail" else "2ep",
         eval_dataloader=DataLoader(dataset, batch_size=2),

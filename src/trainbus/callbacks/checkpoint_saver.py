@@ -18,8 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from trainbus import _dcp
 from trainbus._callback import Callback, blocking
-from trainbus._checkpoint import BufferPool, Capture, capture, write_atomic
+from trainbus._checkpoint import BufferPool, Capture, capture
 from trainbus._events import Event
 from trainbus._resume import epoch_rng, wait_for_handlers
 from trainbus._time import Time
@@ -82,6 +83,9 @@ class CheckpointSaver(Callback):
     and the atomic rename happen on the saver's writer thread. A crash never leaves a
     torn file under a checkpoint's name. A write error is raised from ``fit()`` (at the
     next checkpoint event, or at close); ``close`` waits for the last write.
+
+    With an FSDP model it runs on every rank and each checkpoint is a folder of
+    ``torch.distributed.checkpoint`` shards (``docs/distributed.md``, "FSDP checkpoints").
 
     Args:
         folder: Where checkpoints are written (created if missing).
@@ -150,7 +154,8 @@ class CheckpointSaver(Callback):
         self.weights_only = bool(weights_only)
         self._lock = threading.Condition()
         self._saved: list[tuple[Timestamp, list[pathlib.Path]]] = []
-        self._job: tuple[Capture, Timestamp, pathlib.Path] | None = None
+        self._job: tuple[Capture | _dcp.ShardedSave, Timestamp, pathlib.Path] | None = None
+        self._sharded, self._group = False, None  # FSDP: DCP folders, DCP's process group
         self._capturing: tuple[Timestamp, pathlib.Path] | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -213,7 +218,9 @@ class CheckpointSaver(Callback):
         self._save_requested = True
 
     def path_for(self, timestamp: Timestamp) -> pathlib.Path:
-        """The file a checkpoint at ``timestamp`` is written to."""
+        """The file a checkpoint at ``timestamp`` is written to (a folder for an FSDP model)."""
+        if self._sharded:
+            return self.folder / _dcp.folder_name(self.filename, timestamp)
         return self.folder / self.filename.format(**timestamp.state_dict(), rank=_rank())
 
     # -- handlers (training thread) ----------------------------------------------------------
@@ -246,6 +253,7 @@ class CheckpointSaver(Callback):
         self._raise_write_error()
         if not self._is_due(event, state):
             return
+        self._sharded = _dcp.is_sharded(state.model)
         timestamp = state.timestamp
         path = self.path_for(timestamp)
         if self._save_requested:
@@ -259,19 +267,25 @@ class CheckpointSaver(Callback):
         t1 = time.perf_counter()
         self._stats["wait"] += t1 - t0
         self._raise_write_error()
-        if not self.overwrite and path.exists():
+        if not self.overwrite and (_dcp.is_complete(path) if self._sharded else path.exists()):
             raise FileExistsError(
                 f"CheckpointSaver: {str(path)!r} exists; pass overwrite=True to replace it, "
                 "or another folder or filename"
             )
+        if self._sharded and path.exists():
+            _dcp.remove(path)  # overwritten, or an interrupted save's (it had no .metadata)
         if not wait_for_handlers(state):  # every callback's state as of this event
             return  # the run is stopping: the next event unwinds it
         t2 = time.perf_counter()
         self._capturing = (timestamp, path)
         try:
-            cap = capture(
-                state, weights_only=self.weights_only, epoch_rng=epoch_rng(state), pool=self._pool
-            )
+            cap: Capture | _dcp.ShardedSave
+            if self._sharded:  # every rank: DCP stages here and writes beside training
+                self._group = self._group or _dcp.new_group()  # every rank, at its first save
+                cap = _dcp.save(state, path, self.weights_only, epoch_rng(state), self._group)
+            else:
+                cap = capture(state, weights_only=self.weights_only, epoch_rng=epoch_rng(state),
+                              pool=self._pool)  # fmt: skip
         finally:
             self._capturing = None
         elapsed = time.perf_counter() - t2
@@ -297,7 +311,9 @@ class CheckpointSaver(Callback):
             while self._job is not None:
                 self._lock.wait()
 
-    def _submit(self, cap: Capture, timestamp: Timestamp, path: pathlib.Path) -> None:
+    def _submit(
+        self, cap: Capture | _dcp.ShardedSave, timestamp: Timestamp, path: pathlib.Path
+    ) -> None:
         with self._lock:
             self._job = (cap, timestamp, path)
             if self._thread is None:
@@ -319,8 +335,7 @@ class CheckpointSaver(Callback):
             t0 = time.perf_counter()
             error: BaseException | None = None
             try:
-                cap.wait()
-                size = write_atomic(path, cap.payload)
+                size = cap.write(path)
                 for listener in list(self._listeners):
                     listener(timestamp, path)
             except BaseException as exc:
@@ -347,7 +362,7 @@ class CheckpointSaver(Callback):
         while keep > 0 and len(self._saved) > keep:
             _, paths = self._saved.pop(0)
             for p in paths:
-                p.unlink(missing_ok=True)
+                _dcp.remove(p)  # a file, or (rank zero) a sharded checkpoint's folder
 
     def close(self, state: State, logger: Logger) -> None:
         """Wait for the write in flight, stop the writer; raise a write error not yet raised."""
@@ -379,7 +394,7 @@ class CheckpointSaver(Callback):
         saved = []
         for ts, rel in state.get("saved", []):
             path = self.folder / rel
-            if path.is_file():
+            if path.is_file() or _dcp.is_complete(path):
                 saved.append((Timestamp(**ts), [path]))
         with self._lock:
             self._saved = saved
