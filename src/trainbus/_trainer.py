@@ -109,8 +109,9 @@ class Trainer:
         inline_max: Seconds. A plain handler whose calls have all taken at most this
             long is queued without waking its thread, and the training thread runs it at
             the next barrier event (where it waits anyway), skipping a thread wake-up. Its
-            first call runs on its callback's thread; a call over the limit moves it back
-            there for good. ``0`` sends every plain handler to its thread.
+            first call runs on its callback's thread; a call over ten times the limit, or
+            two in a row over it, move it back there for good. ``0`` sends every plain
+            handler to its thread.
         close_timeout: Seconds each callback's ``close`` and ``post_close`` may take, and
             a cancelled ``fit()`` waits for a stuck handler, before it is reported
             (:class:`~trainbus.CallbackTimeoutWarning`) and abandoned; every other

@@ -18,6 +18,7 @@ import torch
 from trainbus import Callback, Event, Logger, State
 from trainbus._bus._coroutine import Resume as _Resume
 from trainbus._bus._gate import Gate
+from trainbus._bus._inline import STRIKE_OUT, learn
 from trainbus._bus._items import STOP, CallItem, EventItem, LogItem
 from trainbus._bus._lane import ACTIVE, CLAIMED, IDLE, Lane
 from trainbus._bus._slot import Member
@@ -334,3 +335,47 @@ async def test_resume_inside_a_real_task_keeps_cancel_scopes_working() -> None:
     coro = handler()
     yielded = coro.send(None)  # started outside any task step of its own (eagerly)
     assert await _Resume(coro, yielded) == "cancelled in time"
+
+
+# -- the inline fast path's verdict (learn) -------------------------------------------------
+
+
+def _batch_end_slot() -> Any:
+    member = Member(resolve_callback(Plain()), 0, None, 0)
+    return member.slots[Event.BATCH_END]
+
+
+LIMIT = 50e-6
+
+
+def test_learn_makes_a_cheap_handler_inline() -> None:
+    slot = _batch_end_slot()
+    learn(slot, LIMIT / 2, LIMIT)
+    assert slot.inline_ok and not slot.inline_banned
+
+
+def test_learn_forgives_one_call_just_over_the_limit() -> None:
+    slot = _batch_end_slot()
+    learn(slot, LIMIT / 2, LIMIT)
+    learn(slot, 3 * LIMIT, LIMIT)  # e.g. preempted on a loaded machine
+    assert slot.inline_ok and not slot.inline_banned
+    learn(slot, LIMIT / 2, LIMIT)  # a cheap call clears the strike
+    learn(slot, 3 * LIMIT, LIMIT)
+    assert slot.inline_ok and not slot.inline_banned
+
+
+def test_learn_bans_two_calls_in_a_row_over_the_limit() -> None:
+    slot = _batch_end_slot()
+    learn(slot, LIMIT / 2, LIMIT)
+    learn(slot, 2 * LIMIT, LIMIT)
+    learn(slot, 2 * LIMIT, LIMIT)
+    assert not slot.inline_ok and slot.inline_banned
+    learn(slot, LIMIT / 10, LIMIT)
+    assert not slot.inline_ok  # for good
+
+
+def test_learn_bans_one_call_far_over_the_limit_at_once() -> None:
+    slot = _batch_end_slot()
+    learn(slot, LIMIT / 2, LIMIT)
+    learn(slot, (STRIKE_OUT + 1) * LIMIT, LIMIT)
+    assert not slot.inline_ok and slot.inline_banned

@@ -4,8 +4,10 @@ Waking a lane's thread costs 10-20 us of GIL hand-offs, far more than a handler 
 appends to a list. So:
 
 - **Eligibility.** A plain, non-``@blocking`` handler is *cheap* (``slot.inline_ok``) once
-  its calls, wherever they ran, took at most ``inline_max`` seconds; one slower call bans it
-  from the fast path for good (:func:`learn`). Async handlers never take it.
+  its calls, wherever they ran, took at most ``inline_max`` seconds; a call over
+  ``STRIKE_OUT`` times the limit, or two calls in a row over it, ban it from the fast path
+  for good (:func:`learn`): one call just over the limit is forgiven, since on a loaded
+  machine a no-op call can be preempted past 50 us. Async handlers never take it.
 - **Non-barrier events: deferred.** A cheap handler's item is queued on its idle lane
   *without* waking the lane (:meth:`InlinePath.defer`); publishing never waits for it (D3).
 - **Barrier events: run here.** At a barrier that waits for the lane (every slot of the
@@ -37,11 +39,13 @@ if TYPE_CHECKING:
     from trainbus._bus._slot import Slot
     from trainbus._bus._statistics import Counters
 
-__all__ = ["DEFER_MAX", "InlinePath", "learn"]
+__all__ = ["DEFER_MAX", "STRIKE_OUT", "InlinePath", "learn"]
 
 _perf = time.perf_counter
 #: Seconds a deferred item may wait, unwoken, for the next barrier.
 DEFER_MAX = 1e-3
+#: A call this many times over ``inline_max`` bans its handler from the fast path at once.
+STRIKE_OUT = 10
 #: How often the timer thread looks at deferred items while there are any.
 _TIMER_PERIOD = 2e-3
 
@@ -50,11 +54,14 @@ def learn(slot: Slot, elapsed: float, inline_max: float) -> None:
     """Update a plain handler's eligibility after a call that took ``elapsed`` seconds."""
     if slot.inline_banned or not inline_max or slot.is_async or slot.is_blocking:
         return
-    if elapsed > inline_max:
+    if elapsed <= inline_max:
+        slot.inline_ok = True
+        slot.inline_strike = False
+    elif slot.inline_strike or elapsed > STRIKE_OUT * inline_max:
         slot.inline_ok = False
         slot.inline_banned = True
-    else:
-        slot.inline_ok = True
+    else:  # once just over the limit: a preempted thread, or the handler's first slow call
+        slot.inline_strike = True
 
 
 class InlinePath:

@@ -30,6 +30,7 @@ class Slot:
         "inline_banned",
         "inline_calls",
         "inline_ok",
+        "inline_strike",
         "is_async",
         "is_blocking",
         "lag",
@@ -56,6 +57,7 @@ class Slot:
         self.max_time = 0.0
         self.inline_ok = False
         self.inline_banned = False
+        self.inline_strike = False
 
     def account(self, elapsed: float) -> None:
         """Count one finished call that took ``elapsed`` seconds."""
