@@ -63,34 +63,34 @@ class SlowDestination(LoggerDestination):
         time.sleep(0.01)  # the destination's work, not a synchronisation
 
 
+def _train(callbacks: list[Callback], loggers: list[LoggerDestination], backend: str) -> Trainer:
+    """Train ``BATCHES`` batches with these callbacks and loggers; fail on an error or a hang."""
+    trainer = Trainer(
+        TinyModel(),
+        make_loader(BATCHES),
+        "1ep",
+        callbacks=callbacks,
+        loggers=loggers,
+        queue_size=QUEUE_SIZE,
+        log_train_loss=False,
+        warn_slow_callbacks=False,
+    )
+    outcome = run_bounded(trainer.fit, backend)
+    assert outcome.error is None, repr(outcome.error)
+    return trainer
+
+
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_records_logged_from_handlers_are_bounded_by_queue_size(backend: str) -> None:
     counts = Counts()
     destination = SlowDestination(counts)
-    trainers: list[Trainer] = []
+    trainer = _train([FiveRecords(counts)], [destination], backend)
 
-    async def scenario() -> None:
-        trainer = Trainer(
-            TinyModel(),
-            make_loader(BATCHES),
-            "1ep",
-            callbacks=[FiveRecords(counts)],
-            loggers=[destination],
-            queue_size=QUEUE_SIZE,
-            log_train_loss=False,
-            warn_slow_callbacks=False,
-        )
-        trainers.append(trainer)
-        await trainer.fit()
-
-    outcome = run_bounded(scenario, backend)
-
-    assert outcome.error is None, repr(outcome.error)
     assert destination.records == BATCHES * PER_BATCH  # nothing dropped
     # The backlog seen by the destination (accepted, not yet started) stays within the
     # bound; without D12 for records it grows to nearly every record of the run (~95).
     assert max(counts.backlog) <= QUEUE_SIZE + 1, max(counts.backlog)
-    (stats,) = [c for c in trainers[0].engine.statistics().callbacks
+    (stats,) = [c for c in trainer.engine.statistics().callbacks
                 if c.name == "SlowDestination"]
     assert stats.handled >= BATCHES * PER_BATCH
     # The records were queued for it, so the statistics show them: peak_pending was 0.
@@ -138,28 +138,11 @@ def test_records_logged_from_async_handlers_are_bounded_by_queue_size(
     records (it grew to nearly every record of the run before)."""
     counts = Counts()
     destination = sink(counts)  # type: ignore[call-arg]
-    trainers: list[Trainer] = []
+    trainer = _train([FiveRecordsAsync(counts)], [destination], backend)
 
-    async def scenario() -> None:
-        trainer = Trainer(
-            TinyModel(),
-            make_loader(BATCHES),
-            "1ep",
-            callbacks=[FiveRecordsAsync(counts)],
-            loggers=[destination],
-            queue_size=QUEUE_SIZE,
-            log_train_loss=False,
-            warn_slow_callbacks=False,
-        )
-        trainers.append(trainer)
-        await trainer.fit()
-
-    outcome = run_bounded(scenario, backend)
-
-    assert outcome.error is None, repr(outcome.error)
     assert destination.records == BATCHES * PER_BATCH  # type: ignore[attr-defined]
     assert max(counts.backlog) <= QUEUE_SIZE + PER_BATCH, max(counts.backlog)
-    (stats,) = [c for c in trainers[0].engine.statistics().callbacks
+    (stats,) = [c for c in trainer.engine.statistics().callbacks
                 if c.name == sink.__name__]
     assert 0 < stats.peak_pending_records <= QUEUE_SIZE + PER_BATCH, stats
 
@@ -183,19 +166,6 @@ class EchoingDestination(LoggerDestination):
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_destinations_logging_into_each_other_do_not_deadlock(backend: str) -> None:
     first, second = EchoingDestination(), EchoingDestination()
+    _train([], [first, second], backend)
 
-    async def scenario() -> None:
-        await Trainer(
-            TinyModel(),
-            make_loader(BATCHES),
-            "1ep",
-            loggers=[first, second],
-            queue_size=QUEUE_SIZE,
-            log_train_loss=False,
-            warn_slow_callbacks=False,
-        ).fit()
-
-    outcome = run_bounded(scenario, backend)
-
-    assert outcome.error is None, repr(outcome.error)
     assert first.records == second.records == 2 * BATCHES * PER_BATCH  # nothing dropped

@@ -8,7 +8,7 @@ record it logs is charged to that lane (``_records.py``).
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -48,17 +48,11 @@ class Resume:
 
     def __await__(self) -> Generator[Any, Any, Any]:
         coro, value = self.coro, self.yielded
-        dispatcher, lane = self.dispatcher, self.lane
+        step = self._step
         if value is FRESH:
-            if dispatcher is not None:
-                dispatcher.running = lane
-            try:
-                value = coro.send(None)
-            except StopIteration as stop:
-                return stop.value
-            finally:
-                if dispatcher is not None:
-                    dispatcher.running = None
+            done, value = step(coro.send, None)
+            if done:
+                return value
         while True:
             try:
                 sent = yield value
@@ -66,22 +60,21 @@ class Resume:
                 coro.close()
                 raise
             except BaseException as exc:
-                if dispatcher is not None:
-                    dispatcher.running = lane
-                try:
-                    value = coro.throw(exc)
-                except StopIteration as stop:
-                    return stop.value
-                finally:
-                    if dispatcher is not None:
-                        dispatcher.running = None
+                done, value = step(coro.throw, exc)
             else:
-                if dispatcher is not None:
-                    dispatcher.running = lane
-                try:
-                    value = coro.send(sent)
-                except StopIteration as stop:
-                    return stop.value
-                finally:
-                    if dispatcher is not None:
-                        dispatcher.running = None
+                done, value = step(coro.send, sent)
+            if done:
+                return value
+
+    def _step(self, resume: Callable[[Any], Any], arg: Any) -> tuple[bool, Any]:
+        """Resume the coroutine once; return ``(finished, its result or what it yielded)``."""
+        tracker = self.dispatcher
+        if tracker is not None:
+            tracker.running = self.lane
+        try:
+            return False, resume(arg)
+        except StopIteration as stop:
+            return True, stop.value
+        finally:
+            if tracker is not None:
+                tracker.running = None
