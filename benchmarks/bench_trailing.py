@@ -10,12 +10,16 @@ Variants:
 
 - ``plain loop``: a hand-written torch loop, no trainbus, for reference;
 - ``no upload``: the readers only (the baseline the others are compared with);
-- ``no POST``: plus a ``@trainbus.trailing(2)`` ``async def batch_end`` that builds the
-  payload and awaits ``anyio.lowlevel.checkpoint()`` instead of the POST (the bus's share);
+- ``sleep, trailing(2)``: plus a ``@trainbus.trailing(2)`` ``async def batch_end`` that
+  builds the payload and awaits ``anyio.sleep(5 ms)``: the upload's wait without a client
+  (what the bus itself costs to hide 5 ms);
 - ``lockstep``: plus an ``async def batch_end`` that awaits one POST (``httpx.AsyncClient``,
   one kept-alive connection) to ``latency_server.py`` (its own process) answering after 5 ms;
-- ``trailing(2)``: the same handler declared ``@trainbus.trailing(2)``;
-- ``max_lag=2``: the undecorated handler with ``Trainer(max_lag=2)`` (every callback trails).
+- ``trailing(2)``: the same handler declared ``@trainbus.trailing(2)`` (the target's row);
+- ``raw client, trailing(2)``: the same with a hand-written HTTP/1.1 client on one anyio
+  stream (:class:`RawClient`): the same request for a fraction of httpx's CPU time;
+- ``max_lag=2``: the httpx handler undecorated, with ``Trainer(max_lag=2)`` (every callback
+  trails, the thread reader too: its barrier wait is gone from this row, not only the upload).
 
 Rounds are interleaved (each round runs every variant once, in a rotated order) after one
 untimed warm-up round. Wall clock (load-dependent): ms/batch min / median / spread and the
@@ -24,11 +28,14 @@ median of per-round paired differences and ratios against ``no upload``. CPU acc
 ``FIT_START`` and ``FIT_END`` split into CPU time (``time.thread_time``), run-queue wait
 (``/proc/thread-self/schedstat``: runnable, no core free), barrier waits
 (``engine.statistics()``) and the rest (``off-CPU other``: asleep but not at a barrier; in
-CPython that is waiting for the GIL); its voluntary context switches; CPU time of the event
-loop's thread, of the thread reader's thread and of the server process. ``hidden`` is the
+CPython that is waiting for the GIL; on a loaded machine the run-queue wait inside barrier
+waits is counted twice, so it can go negative), how often it waited at barriers and how
+often it went to sleep (voluntary context switches: barrier waits and GIL waits); CPU time of the event loop's
+thread, of the thread reader's thread, of the whole process and of the server process. ``hidden`` is the
 demo's figure (``trainbus demo``): ``1 - (waited at barriers and queues + drain after
 FIT_END) / handler time``. The script asserts that the thread reader saw the weights of its
-batch in every run but ``max_lag=2``.
+batch in every run but ``max_lag=2``. ``--switch-interval-ms`` sets
+``sys.setswitchinterval`` (how long a thread may hold the GIL while another waits).
 
 Run:  PYTHONPATH=src python benchmarks/bench_trailing.py [--rounds 7] [--batches 100]
       [--batch-ms 10] [--threads 1] [--switch-interval-ms 5] [--json out.json]
@@ -42,6 +49,8 @@ import gc
 import json
 import math
 import os
+import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -50,8 +59,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
+import anyio.abc
+import anyio.lowlevel
 import httpx
 import torch
 
@@ -60,8 +72,16 @@ from trainbus._demo import exposure
 
 BATCH = 128
 LATENCY_MS = 5.0
-VARIANTS = ("plain loop", "no upload", "no POST", "lockstep", "trailing(2)", "max_lag=2")
-LOCKSTEP_READER = ("no upload", "no POST", "lockstep", "trailing(2)")
+#: variant: (client, lag of the upload handler, the trainer's max_lag); ``None``: no trainbus.
+VARIANTS: dict[str, tuple[str | None, int, int] | None] = {
+    "plain loop": None,
+    "no upload": (None, 0, 0),
+    "sleep, trailing(2)": ("sleep", 2, 0),
+    "lockstep": ("httpx", 0, 0),
+    "trailing(2)": ("httpx", 2, 0),
+    "raw client, trailing(2)": ("raw", 2, 0),
+    "max_lag=2": ("httpx", 0, 2),
+}
 
 
 def make_model(hidden: int) -> torch.nn.Module:
@@ -117,12 +137,18 @@ class TruthReader(trainbus.Callback):
         self.end: dict[str, float] = {}
         self.torch_threads = 0
         self.ident = 0
+        self.engine: Any = None
+
+    def _sample(self) -> dict[str, float]:
+        stats = self.engine.statistics()
+        return {**sample(), "waits": stats.barrier_waits,
+                "waited": stats.barrier_wait_time + stats.backpressure_wait_time}
 
     @trainbus.blocking
     def fit_start(self, state: Any, logger: Any) -> None:
         self.torch_threads = torch.get_num_threads()
         self.ident = threading.get_ident()
-        self.start = sample()
+        self.start = self._sample()
 
     @trainbus.blocking
     def batch_end(self, state: Any, logger: Any) -> None:
@@ -130,7 +156,7 @@ class TruthReader(trainbus.Callback):
 
     @trainbus.blocking
     def fit_end(self, state: Any, logger: Any) -> None:
-        self.end = sample()
+        self.end = self._sample()
 
 
 class ThreadReader(trainbus.Callback):
@@ -138,48 +164,86 @@ class ThreadReader(trainbus.Callback):
 
     def __init__(self) -> None:
         self.seen: dict[int, float] = {}
-        self.first: dict[str, float] = {}
-        self.last: dict[str, float] = {}
+        self.first = self.last = math.nan
         self.idents: set[int] = set()
 
     def batch_end(self, state: Any, logger: Any) -> None:
         self.seen[int(state.timer.batch)] = checksum(state.model)
         self.idents.add(threading.get_ident())
-        self.last = sample()
-        if not self.first:
+        self.last = time.thread_time()
+        if math.isnan(self.first):
             self.first = self.last
 
 
-class Upload(trainbus.Callback):
-    """Awaits one POST per batch (the README's handler) on one kept-alive connection."""
+class RawClient:
+    """HTTP/1.1 POSTs on one kept-alive connection, parsed by hand: about the least CPU a
+    Python client can spend per request (``httpx`` spends several times more)."""
 
     def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.stream: anyio.abc.SocketStream | None = None
+
+    async def post(self, body: bytes) -> None:
+        if self.stream is None:
+            self.stream = await anyio.connect_tcp(self.host, self.port)
+            sock = self.stream.extra(anyio.abc.SocketAttribute.raw_socket)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        head = (f"POST / HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+        await self.stream.send(head.encode() + body)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += await self.stream.receive()
+        head_bytes, _, rest = data.partition(b"\r\n\r\n")
+        if not head_bytes.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"server answered {head_bytes[:40]!r}")
+        found = re.search(rb"content-length: *(\d+)", head_bytes, re.IGNORECASE)
+        length = int(found.group(1)) if found else 0
+        while len(rest) < length:
+            rest += await self.stream.receive()
+
+    async def aclose(self) -> None:
+        if self.stream is not None:
+            await self.stream.aclose()
+
+
+class Upload(trainbus.Callback):
+    """Awaits one POST per batch (the README's handler) on one kept-alive connection.
+
+    ``client``: ``"httpx"`` (``httpx.AsyncClient``), ``"raw"`` (:class:`RawClient`) or
+    ``"sleep"`` (builds the payload, then ``await anyio.sleep(5 ms)``: the same wait,
+    no client at all)."""
+
+    def __init__(self, url: str, client: str = "httpx") -> None:
         self.url = url
-        self.client = httpx.AsyncClient()
+        self.client = client
+        self.httpx = httpx.AsyncClient() if client == "httpx" else None
+        self.raw = RawClient(url) if client == "raw" else None
         self.sent = 0
 
     async def batch_end(self, state: Any, logger: Any) -> None:
-        await self.client.post(self.url, json={"batch": int(state.timer.batch)})
+        payload = {"batch": int(state.timer.batch)}
+        if self.httpx is not None:
+            (await self.httpx.post(self.url, json=payload)).raise_for_status()
+        elif self.raw is not None:
+            await self.raw.post(json.dumps(payload).encode())
+        else:
+            json.dumps(payload).encode()
+            await anyio.sleep(LATENCY_MS / 1e3)
         self.sent += 1
 
     async def close(self, state: Any, logger: Any) -> None:
-        await self.client.aclose()
+        if self.httpx is not None:
+            await self.httpx.aclose()
+        if self.raw is not None:
+            await self.raw.aclose()
 
 
 class TrailingUpload(Upload):
     @trainbus.trailing(2)
     async def batch_end(self, state: Any, logger: Any) -> None:
         await super().batch_end(state, logger)
-
-
-class NoPost(Upload):
-    """The same handler without the request: the payload, then one checkpoint."""
-
-    @trainbus.trailing(2)
-    async def batch_end(self, state: Any, logger: Any) -> None:
-        json.dumps({"batch": int(state.timer.batch)})
-        await anyio.lowlevel.checkpoint()
-        self.sent += 1
 
 
 def server_counts(url: str) -> dict[str, float]:
@@ -198,17 +262,18 @@ def plain_loop(data: list[Any], hidden: int) -> dict[str, float]:
         opt.step()
     d, n = delta(before, sample()), len(data)
     return {"ms": d["wall"] * 1e3 / n, "train_cpu": d["cpu"] * 1e3 / n,
-            "train_runq": d["runq"] * 1e3 / n, "train_vcsw": d["vcsw"] / n,
+            "train_runq": d["runq"] * 1e3 / n, "train_other": 0.0,
+            "train_waits": 0.0, "train_vcsw": d["vcsw"] / n,
             "process_cpu": (time.process_time() - process) * 1e3 / n}
 
 
 async def trainbus_run(variant: str, data: list[Any], url: str, hidden: int) -> dict[str, Any]:
+    client, lag, max_lag = VARIANTS[variant] or (None, 0, 0)
     truth, reader = TruthReader(), ThreadReader()
     callbacks: list[trainbus.Callback] = [truth, reader]
     upload: Upload | None = None
-    if variant != "no upload":
-        kind = {"trailing(2)": TrailingUpload, "no POST": NoPost}.get(variant, Upload)
-        upload = kind(url)
+    if client is not None:
+        upload = (TrailingUpload if lag else Upload)(url, client)
         callbacks.append(upload)
     model = make_model(hidden)
     trainer = trainbus.Trainer(
@@ -219,10 +284,11 @@ async def trainbus_run(variant: str, data: list[Any], url: str, hidden: int) -> 
         optimizers=torch.optim.SGD(model.parameters(), lr=0.01),
         callbacks=callbacks,
         device="cpu",
-        max_lag=2 if variant == "max_lag=2" else 0,
+        max_lag=max_lag,
         log_train_loss=False,
         warn_slow_callbacks=False,
     )
+    truth.engine = trainer.engine
     server0 = server_counts(url)
     loop0, process0 = sample(), time.process_time()
     await trainer.fit()
@@ -232,15 +298,16 @@ async def trainbus_run(variant: str, data: list[Any], url: str, hidden: int) -> 
     stats = trainer.engine.statistics()
     work, waited, hidden_s = exposure(stats, loop0["wall"] + loop["wall"] - truth.end["wall"])
     train = delta(truth.start, truth.end)
-    reader_cpu = (reader.last["cpu"] - reader.first["cpu"]) / (n - 1)
+    reader_cpu = (reader.last - reader.first) / (n - 1)
     assert upload is None or upload.sent == n
     ms = 1e3 / n
     return {
         "ms": loop["wall"] * ms,
         "train_cpu": train["cpu"] * ms,
         "train_runq": train["runq"] * ms,
-        "train_wait": waited * ms,
-        "train_other": (train["wall"] - train["cpu"] - train["runq"] - waited) * ms,
+        "train_wait": train["waited"] * ms,
+        "train_other": (train["wall"] - train["cpu"] - train["runq"] - train["waited"]) * ms,
+        "train_waits": train["waits"] / n,
         "train_vcsw": train["vcsw"] / n,
         "loop_cpu": loop["cpu"] * ms,
         "reader_cpu": reader_cpu * 1e3,
@@ -286,7 +353,8 @@ async def bench(rounds: int, batches: int, hidden: int) -> dict[str, list[dict[s
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     with latency_server() as url:
         for r in range(rounds + 1):  # round 0: warm-up, not kept
-            order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]
+            names = list(VARIANTS)
+            order = names[r % len(names) :] + names[: r % len(names)]
             for variant in order:
                 gc.collect()
                 if variant == "plain loop":
@@ -303,7 +371,8 @@ CPU_COLUMNS = {
     "train_runq": "its run-queue wait",
     "train_wait": "its barrier waits",
     "train_other": "its off-CPU other",
-    "train_vcsw": "its voluntary switches",
+    "train_waits": "its barrier waits (count)",
+    "train_vcsw": "its voluntary switches (count)",
     "loop_cpu": "loop thread CPU",
     "reader_cpu": "thread reader CPU",
     "server_cpu": "server CPU",
@@ -330,7 +399,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         for key in CPU_COLUMNS:
             if key in rs[0]:
                 row[key] = statistics.median(run[key] for run in rs)
-        if "hidden" in rs[0] and variant not in ("no upload", "no POST"):
+        if "hidden" in rs[0] and variant != "no upload":
             row["hidden_median"] = statistics.median(run["hidden"] for run in rs)
         if "thread_reader_mismatches" in rs[0]:
             row["thread_reader_mismatches"] = max(run["thread_reader_mismatches"] for run in rs)
@@ -363,7 +432,7 @@ def cpu_table(summary: dict[str, Any]) -> str:
     for variant, row in summary.items():
         cells = [
             "-" if key not in row or math.isnan(row[key])
-            else f"{row[key]:.2f}" if key == "train_vcsw" else f"{row[key]:.2f} ms"
+            else f"{row[key]:.2f}" if key in ("train_waits", "train_vcsw") else f"{row[key]:.2f} ms"
             for key in CPU_COLUMNS
         ]
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
@@ -391,8 +460,9 @@ def main() -> None:
     started = time.perf_counter()
     runs = anyio.run(bench, args.rounds, args.batches, hidden)
     summary = summarize(runs)
-    for variant in LOCKSTEP_READER:
-        assert summary[variant]["thread_reader_mismatches"] == 0, (variant, summary[variant])
+    for variant, config in VARIANTS.items():
+        if config is not None and not config[2]:  # the thread reader is lockstep
+            assert summary[variant]["thread_reader_mismatches"] == 0, (variant, summary[variant])
     extra = summary["trailing(2)"]["diff_median"]
     verdict = "met" if extra <= 0.5 else "**missed**"
     text = table(summary, args.batches)
