@@ -296,7 +296,7 @@ async def trainbus_run(variant: str, data: list[Any], url: str, hidden: int) -> 
     server = {k: v - server0[k] for k, v in server_counts(url).items()}
     n = len(data)
     stats = trainer.engine.statistics()
-    work, waited, hidden_s = exposure(stats, loop0["wall"] + loop["wall"] - truth.end["wall"])
+    work, _, hidden_s = exposure(stats, loop0["wall"] + loop["wall"] - truth.end["wall"])
     train = delta(truth.start, truth.end)
     reader_cpu = (reader.last - reader.first) / (n - 1)
     assert upload is None or upload.sent == n
