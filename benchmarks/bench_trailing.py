@@ -33,7 +33,9 @@ waits is counted twice, so it can go negative), how often it waited at barriers 
 often it went to sleep (voluntary context switches: barrier waits and GIL waits); CPU time of the event loop's
 thread, of the thread reader's thread, of the whole process and of the server process. ``hidden`` is the
 demo's figure (``trainbus demo``): ``1 - (waited at barriers and queues + drain after
-FIT_END) / handler time``. The script asserts that the thread reader saw the weights of its
+FIT_END) / handler time``. The verdict on the target (``trailing(2)`` at most +0.5 ms/batch
+over ``no upload``) is withheld when the training thread waited more than 0.5 ms/batch for a
+free core in the ``no upload`` row: the machine is too busy to judge it. The script asserts that the thread reader saw the weights of its
 batch in every run but ``max_lag=2``. ``--switch-interval-ms`` sets
 ``sys.setswitchinterval`` (how long a thread may hold the GIL while another waits).
 
@@ -465,6 +467,10 @@ def main() -> None:
             assert summary[variant]["thread_reader_mismatches"] == 0, (variant, summary[variant])
     extra = summary["trailing(2)"]["diff_median"]
     verdict = "met" if extra <= 0.5 else "**missed**"
+    runq = summary["no upload"]["train_runq"]
+    if runq > 0.5:  # NaN (no schedstat) compares False: the verdict stands
+        verdict = (f"not measurable here: the training thread waited {runq:.1f} ms/batch "
+                   "for a free core")
     text = table(summary, args.batches)
     cpu = cpu_table(summary)
     first = runs["trailing(2)"][0]
