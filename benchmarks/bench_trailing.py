@@ -65,7 +65,6 @@ from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
-import anyio.lowlevel
 import httpx
 import torch
 
