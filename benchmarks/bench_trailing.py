@@ -46,27 +46,23 @@ Run:  PYTHONPATH=src python benchmarks/bench_trailing.py [--rounds 7] [--batches
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import math
 import os
-import re
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
 import httpx
 import torch
+from thread_clock import delta, sample
+from upload_server import RawClient, latency_server, server_counts
 
 import trainbus
 from trainbus._demo import exposure
@@ -102,29 +98,6 @@ def make_data(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def checksum(model: torch.nn.Module) -> float:
     return float(model[0].weight.detach().sum())
-
-
-def sample() -> dict[str, float]:
-    """The calling thread's clocks: wall, CPU, run-queue wait (NaN where the kernel does not
-    say), voluntary and involuntary context switches."""
-    try:
-        runq = int(Path("/proc/thread-self/schedstat").read_text().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        runq = math.nan
-    vcsw = ivcsw = math.nan
-    try:
-        import resource
-
-        usage = resource.getrusage(resource.RUSAGE_THREAD)
-        vcsw, ivcsw = usage.ru_nvcsw, usage.ru_nivcsw
-    except (ImportError, AttributeError, OSError):
-        pass
-    return {"wall": time.perf_counter(), "cpu": time.thread_time(), "runq": runq,
-            "vcsw": vcsw, "ivcsw": ivcsw}
-
-
-def delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
-    return {k: b[k] - a[k] for k in a}
 
 
 class TruthReader(trainbus.Callback):
@@ -176,39 +149,6 @@ class ThreadReader(trainbus.Callback):
             self.first = self.last
 
 
-class RawClient:
-    """HTTP/1.1 POSTs on one kept-alive connection, parsed by hand: about the least CPU a
-    Python client can spend per request (``httpx`` spends several times more)."""
-
-    def __init__(self, url: str) -> None:
-        parts = urlsplit(url)
-        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
-        self.stream: anyio.abc.SocketStream | None = None
-
-    async def post(self, body: bytes) -> None:
-        if self.stream is None:
-            self.stream = await anyio.connect_tcp(self.host, self.port)
-            sock = self.stream.extra(anyio.abc.SocketAttribute.raw_socket)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        head = (f"POST / HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
-        await self.stream.send(head.encode() + body)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += await self.stream.receive()
-        head_bytes, _, rest = data.partition(b"\r\n\r\n")
-        if not head_bytes.startswith(b"HTTP/1.1 200"):
-            raise RuntimeError(f"server answered {head_bytes[:40]!r}")
-        found = re.search(rb"content-length: *(\d+)", head_bytes, re.IGNORECASE)
-        length = int(found.group(1)) if found else 0
-        while len(rest) < length:
-            rest += await self.stream.receive()
-
-    async def aclose(self) -> None:
-        if self.stream is not None:
-            await self.stream.aclose()
-
-
 class Upload(trainbus.Callback):
     """Awaits one POST per batch (the README's handler) on one kept-alive connection.
 
@@ -245,12 +185,6 @@ class TrailingUpload(Upload):
     @trainbus.trailing(2)
     async def batch_end(self, state: Any, logger: Any) -> None:
         await super().batch_end(state, logger)
-
-
-def server_counts(url: str) -> dict[str, float]:
-    with httpx.Client() as client:
-        out: dict[str, float] = client.get(url).json()
-        return out
 
 
 def plain_loop(data: list[Any], hidden: int) -> dict[str, float]:
@@ -325,19 +259,6 @@ async def trainbus_run(variant: str, data: list[Any], url: str, hidden: int) -> 
     }
 
 
-@contextlib.contextmanager
-def latency_server() -> Iterator[str]:
-    """``latency_server.py`` in its own process (its work does not share our GIL)."""
-    script = Path(__file__).resolve().parent / "latency_server.py"
-    cmd = [sys.executable, str(script), "--port", "0", "--latency-ms", str(LATENCY_MS)]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:
-        try:
-            assert proc.stdout is not None
-            yield proc.stdout.readline().strip()
-        finally:
-            proc.terminate()
-
-
 def calibrate(batch_ms: float) -> int:
     """The hidden width whose plain-loop batch costs about ``batch_ms`` of CPU time."""
     hidden = 2048
@@ -352,7 +273,7 @@ def calibrate(batch_ms: float) -> int:
 async def bench(rounds: int, batches: int, hidden: int) -> dict[str, list[dict[str, Any]]]:
     data = make_data(batches)
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
-    with latency_server() as url:
+    with latency_server(LATENCY_MS) as url:
         for r in range(rounds + 1):  # round 0: warm-up, not kept
             names = list(VARIANTS)
             order = names[r % len(names) :] + names[: r % len(names)]
