@@ -40,7 +40,7 @@ batch in every run but ``max_lag=2``. ``--switch-interval-ms`` sets
 ``sys.setswitchinterval`` (how long a thread may hold the GIL while another waits).
 
 Run:  PYTHONPATH=src python benchmarks/bench_trailing.py [--rounds 7] [--batches 100]
-      [--batch-ms 10] [--threads 1] [--switch-interval-ms 5] [--json out.json]
+      [--batch-ms 10] [--threads 1] [--switch-interval-ms 5] [--budget-s 90] [--json out.json]
 """
 
 from __future__ import annotations
@@ -270,11 +270,19 @@ def calibrate(batch_ms: float) -> int:
     return hidden
 
 
-async def bench(rounds: int, batches: int, hidden: int) -> dict[str, list[dict[str, Any]]]:
+async def bench(
+    rounds: int, batches: int, hidden: int, budget_s: float | None
+) -> dict[str, list[dict[str, Any]]]:
+    """Interleaved rounds; with ``budget_s``, no round starts that would end after it (at
+    least two rounds are kept)."""
     data = make_data(batches)
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+    started = time.perf_counter()
     with latency_server(LATENCY_MS) as url:
         for r in range(rounds + 1):  # round 0: warm-up, not kept
+            elapsed = time.perf_counter() - started
+            if budget_s is not None and r > 2 and elapsed * (r + 1) / r > budget_s:
+                break
             names = list(VARIANTS)
             order = names[r % len(names) :] + names[: r % len(names)]
             for variant in order:
@@ -371,6 +379,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--switch-interval-ms", type=float,
                         help="sys.setswitchinterval for the whole run (CPython's is 5 ms)")
+    parser.add_argument("--budget-s", type=float,
+                        help="start no round that would end after this many seconds")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.rounds < 1 or args.batches < 3:
@@ -380,7 +390,8 @@ def main() -> None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     hidden = args.hidden or calibrate(args.batch_ms)
     started = time.perf_counter()
-    runs = anyio.run(bench, args.rounds, args.batches, hidden)
+    runs = anyio.run(bench, args.rounds, args.batches, hidden, args.budget_s)
+    rounds = len(runs["no upload"])
     summary = summarize(runs)
     for variant, config in VARIANTS.items():
         if config is not None and not config[2]:  # the thread reader is lockstep
@@ -395,7 +406,7 @@ def main() -> None:
     cpu = cpu_table(summary)
     first = runs["trailing(2)"][0]
     conditions = (
-        f"MLP 512-{hidden}-10, batch {BATCH}, {args.batches} batches x {args.rounds} rounds, "
+        f"MLP 512-{hidden}-10, batch {BATCH}, {args.batches} batches x {rounds} rounds, "
         f"torch {torch.__version__} with {first['torch_threads']} intra-op thread(s) on the "
         f"training thread, switch interval {sys.getswitchinterval() * 1e3:g} ms, "
         f"{first['connections']:g} connection(s) for {first['requests']:g} POSTs per run, "
