@@ -36,7 +36,14 @@ demo's figure (``trainbus demo``): ``1 - (waited at barriers and queues + drain 
 FIT_END) / handler time``. The verdict on the target (``trailing(2)`` at most +0.5 ms/batch
 over ``no upload``) is withheld when the training thread waited more than 0.5 ms/batch for a
 free core in the ``no upload`` row: the machine is too busy to judge it. The script asserts that the thread reader saw the weights of its
-batch in every run but ``max_lag=2``. ``--switch-interval-ms`` sets
+batch in every run but ``max_lag=2``. ``--one VARIANT`` runs one variant once, for instruction
+counts that do not depend on load either::
+
+    valgrind --tool=callgrind --separate-threads=yes python benchmarks/bench_trailing.py \
+        --one "trailing(2)" --hidden 64 --batches 40
+
+(the training thread is the one whose profile shows ``gemm``; the loop thread is thread 1).
+``--switch-interval-ms`` sets
 ``sys.setswitchinterval`` (how long a thread may hold the GIL while another waits).
 
 Run:  PYTHONPATH=src python benchmarks/bench_trailing.py [--rounds 7] [--batches 100]
@@ -62,6 +69,7 @@ import anyio.abc
 import httpx
 import torch
 from thread_clock import delta, sample
+from trailing_report import cpu_table, summarize, table
 from upload_server import RawClient, latency_server, server_counts
 
 import trainbus
@@ -296,77 +304,10 @@ async def bench(
     return runs
 
 
-CPU_COLUMNS = {
-    "train_cpu": "training thread CPU",
-    "train_runq": "its run-queue wait",
-    "train_wait": "its barrier waits",
-    "train_other": "its off-CPU other",
-    "train_waits": "its barrier waits (count)",
-    "train_vcsw": "its voluntary switches (count)",
-    "loop_cpu": "loop thread CPU",
-    "reader_cpu": "thread reader CPU",
-    "server_cpu": "server CPU",
-    "process_cpu": "process CPU",
-}
-
-
-def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    base = [run["ms"] for run in runs["no upload"]]
-    base_cpu = [run["train_cpu"] for run in runs["no upload"]]
-    out: dict[str, Any] = {}
-    for variant, rs in runs.items():
-        ms = [run["ms"] for run in rs]
-        row: dict[str, Any] = {
-            "min": min(ms),
-            "median": statistics.median(ms),
-            "spread": max(ms) - min(ms),
-            "diff_median": statistics.median(m - b for m, b in zip(ms, base, strict=True)),
-            "ratio_median": statistics.median(m / b for m, b in zip(ms, base, strict=True)),
-            "cpu_diff_median": statistics.median(
-                run["train_cpu"] - b for run, b in zip(rs, base_cpu, strict=True)
-            ),
-        }
-        for key in CPU_COLUMNS:
-            if key in rs[0]:
-                row[key] = statistics.median(run[key] for run in rs)
-        if "hidden" in rs[0] and variant != "no upload":
-            row["hidden_median"] = statistics.median(run["hidden"] for run in rs)
-        if "thread_reader_mismatches" in rs[0]:
-            row["thread_reader_mismatches"] = max(run["thread_reader_mismatches"] for run in rs)
-        out[variant] = row
-    return out
-
-
-def table(summary: dict[str, Any], batches: int) -> str:
-    lines = [
-        "| variant | ms/batch min / median (spread) | vs no upload, paired median | "
-        "hidden (as `trainbus demo`) | thread reader saw a later batch's weights |",
-        "|---|---|---|---|---|",
-    ]
-    for variant, row in summary.items():
-        paired = (f"{row['diff_median']:+.2f} ms ({row['ratio_median']:.2f}x)"
-                  if variant != "no upload" else "-")
-        hidden = f"{row['hidden_median']:.0%}" if "hidden_median" in row else "-"
-        lag = (f"{row['thread_reader_mismatches']} of {batches} batches"
-               if "thread_reader_mismatches" in row else "-")
-        lines.append(f"| {variant} | {row['min']:.2f} / {row['median']:.2f} "
-                     f"({row['spread']:.2f}) | {paired} | {hidden} | {lag} |")
-    return "\n".join(lines)
-
-
-def cpu_table(summary: dict[str, Any]) -> str:
-    lines = [
-        "| per batch, median | " + " | ".join(CPU_COLUMNS.values()) + " |",
-        "|---|" + "---|" * len(CPU_COLUMNS),
-    ]
-    for variant, row in summary.items():
-        cells = [
-            "-" if key not in row or math.isnan(row[key])
-            else f"{row[key]:.2f}" if key in ("train_waits", "train_vcsw") else f"{row[key]:.2f} ms"
-            for key in CPU_COLUMNS
-        ]
-        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+async def one(variant: str, batches: int, hidden: int) -> dict[str, Any]:
+    """One run of ``variant``, no warm-up (``--one``)."""
+    with latency_server(LATENCY_MS) as url:
+        return await trainbus_run(variant, make_data(batches), url, hidden)
 
 
 def main() -> None:
@@ -381,6 +322,8 @@ def main() -> None:
                         help="sys.setswitchinterval for the whole run (CPython's is 5 ms)")
     parser.add_argument("--budget-s", type=float,
                         help="start no round that would end after this many seconds")
+    parser.add_argument("--one", choices=[v for v, c in VARIANTS.items() if c is not None],
+                        help="run this variant once and print its figures (for valgrind)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.rounds < 1 or args.batches < 3:
@@ -389,6 +332,9 @@ def main() -> None:
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     hidden = args.hidden or calibrate(args.batch_ms)
+    if args.one:
+        print(json.dumps(anyio.run(one, args.one, args.batches, hidden), indent=1))
+        return
     started = time.perf_counter()
     runs = anyio.run(bench, args.rounds, args.batches, hidden, args.budget_s)
     rounds = len(runs["no upload"])
