@@ -8,6 +8,10 @@ In-process::
         post_to(server.url)        # http://127.0.0.1:<port>/
         server.requests            # POSTs answered so far
 
+``GET /`` answers ``{"requests": ..., "connections": ..., "cpu_s": ...}``: POSTs answered,
+connections accepted and the server process's CPU seconds so far (``time.process_time()``),
+so a benchmark can charge the server's CPU to the run that caused it.
+
 As a process (prints its URL on the first line of stdout, then serves until killed)::
 
     python benchmarks/latency_server.py --port 0 --latency-ms 20
@@ -16,6 +20,7 @@ As a process (prints its URL on the first line of stdout, then serves until kill
 from __future__ import annotations
 
 import argparse
+import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,17 +33,32 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server: _Server
 
+    def setup(self) -> None:
+        super().setup()
+        with self.server.lock:
+            self.server.connections += 1
+
+    def do_GET(self) -> None:
+        with self.server.lock:
+            counts = (self.server.requests, self.server.connections)
+        body = json.dumps(
+            {"requests": counts[0], "connections": counts[1], "cpu_s": time.process_time()}
+        ).encode()
+        self._reply(body)
+
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         time.sleep(self.server.latency_s)
-        body = b'{"ok": true}'
+        self._reply(b'{"ok": true}')
+        with self.server.lock:
+            self.server.requests += 1
+
+    def _reply(self, body: bytes) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-        with self.server.lock:
-            self.server.requests += 1
 
     def log_message(self, format: str, *args: object) -> None:  # keep the benchmark output clean
         pass
@@ -51,6 +71,7 @@ class _Server(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), _Handler)
         self.latency_s = latency_s
         self.requests = 0
+        self.connections = 0
         self.lock = threading.Lock()
 
 

@@ -165,14 +165,22 @@ A 1 ms heartbeat task on the loop that awaits `trainer.fit()` (10 async no-op ca
 
 ## (g) A 5 ms upload awaited at `BATCH_END` (`benchmarks/bench_trailing.py`)
 
-MLP 512-1024-10, batch 128, one torch thread; an `async def batch_end` awaiting one httpx
-POST to a local server (its own process) answering after 5 ms; lockstep (default), declared
-`@trainbus.trailing(2)`, or undecorated under `Trainer(max_lag=2)`. Every trainbus run also has
-a `@blocking` weight reader and a plain one on its own thread; the last column counts the
+MLP 512-H-10 (H calibrated to 10 ms of CPU per plain-loop batch), batch 128, one torch thread
+in every row; an `async def batch_end` awaiting one POST on one kept-alive connection to a
+local server (its own process) answering after 5 ms; lockstep (default), declared
+`@trainbus.trailing(2)`, the same with a hand-written client, a 5 ms `anyio.sleep` instead of
+the POST, or undecorated under `Trainer(max_lag=2)`. Every trainbus run also has a
+`@blocking` weight reader and a plain one on its own thread; the last column counts the
 batches whose weights the thread reader saw late. "hidden" is the figure `trainbus demo`
 prints (handler time the training thread did not wait for, from `engine.statistics()`).
+{trailing['conditions']}.
 
 {trailing['table']}
+
+Where the time goes, per batch (CPU times do not depend on the machine's load; run-queue
+wait is the time the training thread was runnable with no core free):
+
+{trailing['cpu_table']}
 
 ## The bus alone (`benchmarks/bench_bus.py`)
 

@@ -1,0 +1,86 @@
+"""Scenario (g)'s summaries and tables (``bench_trailing.py``): per variant, wall clock
+(min / median / spread, paired differences and ratios against ``no upload``) and the
+CPU accounting (medians over rounds)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+__all__ = ["CPU_COLUMNS", "cpu_table", "summarize", "table"]
+
+CPU_COLUMNS = {
+    "train_cpu": "training thread CPU",
+    "train_runq": "its run-queue wait",
+    "train_wait": "its barrier waits",
+    "train_other": "its off-CPU other",
+    "train_waits": "its barrier waits (count)",
+    "train_vcsw": "its voluntary switches (count)",
+    "loop_cpu": "loop thread CPU",
+    "reader_cpu": "thread reader CPU",
+    "server_cpu": "server CPU",
+    "process_cpu": "process CPU",
+}
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per variant: wall-clock figures, paired against ``no upload``, and CPU medians."""
+    base = [run["ms"] for run in runs["no upload"]]
+    base_cpu = [run["train_cpu"] for run in runs["no upload"]]
+    out: dict[str, Any] = {}
+    for variant, rs in runs.items():
+        ms = [run["ms"] for run in rs]
+        row: dict[str, Any] = {
+            "min": min(ms),
+            "median": statistics.median(ms),
+            "spread": max(ms) - min(ms),
+            "diff_median": statistics.median(m - b for m, b in zip(ms, base, strict=True)),
+            "ratio_median": statistics.median(m / b for m, b in zip(ms, base, strict=True)),
+            "cpu_diff_median": statistics.median(
+                run["train_cpu"] - b for run, b in zip(rs, base_cpu, strict=True)
+            ),
+        }
+        for key in CPU_COLUMNS:
+            if key in rs[0]:
+                row[key] = statistics.median(run[key] for run in rs)
+        if "hidden" in rs[0] and variant != "no upload":
+            row["hidden_median"] = statistics.median(run["hidden"] for run in rs)
+        if "thread_reader_mismatches" in rs[0]:
+            row["thread_reader_mismatches"] = max(run["thread_reader_mismatches"] for run in rs)
+        out[variant] = row
+    return out
+
+
+def table(summary: dict[str, Any], batches: int) -> str:
+    """The wall-clock table (markdown)."""
+    lines = [
+        "| variant | ms/batch min / median (spread) | vs no upload, paired median | "
+        "hidden (as `trainbus demo`) | thread reader saw a later batch's weights |",
+        "|---|---|---|---|---|",
+    ]
+    for variant, row in summary.items():
+        paired = (f"{row['diff_median']:+.2f} ms ({row['ratio_median']:.2f}x)"
+                  if variant != "no upload" else "-")
+        hidden = f"{row['hidden_median']:.0%}" if "hidden_median" in row else "-"
+        lag = (f"{row['thread_reader_mismatches']} of {batches} batches"
+               if "thread_reader_mismatches" in row else "-")
+        lines.append(f"| {variant} | {row['min']:.2f} / {row['median']:.2f} "
+                     f"({row['spread']:.2f}) | {paired} | {hidden} | {lag} |")
+    return "\n".join(lines)
+
+
+def cpu_table(summary: dict[str, Any]) -> str:
+    """The CPU-accounting table (markdown)."""
+    lines = [
+        "| per batch, median | " + " | ".join(CPU_COLUMNS.values()) + " |",
+        "|---|" + "---|" * len(CPU_COLUMNS),
+    ]
+    for variant, row in summary.items():
+        cells = [
+            "-" if key not in row or math.isnan(row[key])
+            else f"{row[key]:.2f}" if key in ("train_waits", "train_vcsw") else f"{row[key]:.2f} ms"
+            for key in CPU_COLUMNS
+        ]
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
