@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from run_all_peers import run_one
+from run_all_peers import PEERS, run_one
 
 BENCH = Path(__file__).resolve().parents[1]
 RUNS = [("ignite", "a"), ("ignite", "b"), ("trainbus", "a"), ("trainbus", "b"),
@@ -32,7 +32,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--ignite-python", type=Path, help="an interpreter with ignite "
+                        "installed (default: benchmarks/.venvs/ignite)")
     args = parser.parse_args()
+    if args.ignite_python:
+        PEERS["ignite"] = args.ignite_python
     server = subprocess.Popen([sys.executable, str(BENCH / "latency_server.py"), "--port", "0",
                                "--latency-ms", "20"], stdout=subprocess.PIPE, text=True)
     per_round: list[dict[str, float]] = []
