@@ -210,8 +210,9 @@ def plan(cpu: bool, gpus: int) -> list[Check]:
         Check("DDP, 1 rank on cuda:0 over NCCL (a real NCCL group, DDP on the GPU)",
               check_ddp_single),
         Check(f"FSDP, 1 rank on cuda:0 ({both})", lambda t: check_fsdp(t, 1, "cuda:0", both)),
-        Check("FSDP, 2 ranks both on cuda:0 over gloo",
-              lambda t: check_fsdp(t, 2, "cuda:0", "gloo")),
+        # Not here: FSDP with 2 ranks both on cuda:0 over gloo. Both ranks died of SIGSEGV in
+        # gloo's CUDA collectives (torch 2.11.0+cu130, one H200, 2026-11-30); FSDP on CUDA
+        # with 2 ranks needs a GPU per rank (NCCL), the plan above for 2+ GPUs.
     ]  # fmt: skip
 
 

@@ -59,7 +59,6 @@ def test_ddp_with_one_gpu_runs_two_ranks_on_it_over_gloo_and_one_over_nccl() -> 
         "DDP, 2 ranks both on cuda:0 over gloo (NCCL needs a GPU per rank)",
         "DDP, 1 rank on cuda:0 over NCCL (a real NCCL group, DDP on the GPU)",
         "FSDP, 1 rank on cuda:0 (cpu:gloo,cuda:nccl)",
-        "FSDP, 2 ranks both on cuda:0 over gloo",
     ]
     assert _ddp_plan(cpu=False, gpus=2) == [
         "DDP, 2 ranks on cuda:0 and cuda:1 (cpu:gloo,cuda:nccl)",
