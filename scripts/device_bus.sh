@@ -12,4 +12,4 @@ step() { local name=$1 limit=$2; shift 2
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH="$PWD/src:/tmp/site"
 step compare_bus 150 taskset -c 0,1 python benchmarks/compare_bus.py --before .devcarry/base/src --rounds 3
-step handler_calls 200 taskset -c 2,3 python benchmarks/peers/compare_handler_calls.py --rounds 5 --reps 3 --ignite-python "$(command -v python)"
+step handler_calls 200 taskset -c 2,3 python benchmarks/peers/compare_handler_calls.py --rounds 4 --reps 3 --ignite-python "$(command -v python)"
