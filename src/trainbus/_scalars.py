@@ -62,17 +62,29 @@ class DeferredScalar:
 
     def ready(self) -> bool:
         """Whether :meth:`get` would return without waiting for the device."""
-        return self._value is not None or bool(self._event.query())
+        event = self._event
+        return self._value is not None or event is None or bool(event.query())
 
     def get(self) -> float:
-        """The value; waits for the device copy if it has not finished."""
-        if self._value is None:
-            self._event.synchronize()
-            assert self._host is not None
-            self._value = float(self._host.reshape(()).item())
+        """The value; waits for the device copy if it has not finished.
+
+        Safe from several threads at once (two destinations resolving one record): each
+        works on its own references, and ``_value`` is set before the copy is let go, so
+        a caller that finds the copy gone finds the value.
+        """
+        value = self._value
+        if value is None:
+            event, host = self._event, self._host
+            if event is None or host is None:  # another thread resolved it meanwhile
+                value = self._value
+                assert value is not None
+                return value
+            event.synchronize()
+            value = float(host.reshape(()).item())
+            self._value = value
             self._host = None
             self._event = None
-        return self._value
+        return value
 
     def __float__(self) -> float:
         return self.get()
