@@ -68,7 +68,6 @@ def train_once(arm: str, epochs: int, browser: Any) -> float:
     page = None
     try:
         if board is not None:
-            board.attach(trainer)
             board.start()
             if arm == "open":
                 page = browser.new_page()

@@ -138,7 +138,6 @@ def test_a_tab_that_never_reads_does_not_hold_the_run(no_leaked_threads: None) -
     # Snapshots every 10 ms (tens of KiB each) overflow the socket buffers within a second.
     with Dashboard(history=64, interval=0.01) as dashboard:
         trainer = trainer_with(dashboard, batches=1500)
-        dashboard.attach(trainer)
         silent = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         silent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         silent.connect(("127.0.0.1", dashboard.port))
@@ -185,3 +184,54 @@ def test_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     namespace: dict[str, Any] = {"__name__": "docs_dashboard"}
     exec(compile(block.group(1), "docs/dashboard.md", "exec"), namespace)
     assert namespace["trainer"].state.timestamp.batch == 40
+
+
+def test_a_dashboard_in_loggers_follows_its_trainers_bus_without_attach() -> None:
+    with Dashboard(interval=0.01) as dashboard:
+        trainer = trainer_with(dashboard, batches=30, callbacks=[Sleepy()])
+        trainer.fit_sync()
+        snaps = [i for i in dashboard.stream._history if isinstance(i, StreamBusSnapshot)]
+    assert snaps, "no bus snapshot: the engine did not hand the dashboard its bus"
+    final = snaps[-1].statistics
+    assert final["batches"] == 30
+    assert {c["name"] for c in final["callbacks"]} == {"Sleepy", "Dashboard"}
+    assert {s["row"] for s in snaps[-1].timeline} >= {"training thread", "Sleepy"}
+
+
+def test_attach_is_deprecated_and_still_returns_the_dashboard() -> None:
+    dashboard = Dashboard()
+    trainer = trainer_with(dashboard)
+    with pytest.warns(DeprecationWarning, match=r"attach\(trainer\) is no longer needed"):
+        assert dashboard.attach(trainer) is dashboard
+    assert dashboard._feed is not None and dashboard._feed.engine is trainer.engine
+
+
+def test_the_snapshot_takes_the_bus_figures_and_names_its_estimates() -> None:
+    from trainbus import CallbackStatistics
+    from trainbus.callbacks._bus_feed import BusFeed
+
+    trainer = trainer_with(EventStream(), batches=5, callbacks=[Sleepy()])
+    feed = BusFeed(trainer.engine)
+    trainer.fit_sync()
+    stats = feed.statistics()
+    bus = {c.name: c for c in trainer.engine.statistics().callbacks}
+    for row in stats["callbacks"]:
+        real = bus[row["name"]]
+        for field in ("handled", "inline", "total_time", "max_time", "slowest", "pending",
+                      "peak_pending", "pending_records", "peak_pending_records", "on_thread"):
+            assert row[field] == getattr(real, field), (row["name"], field)
+    # What the bus does not count per callback is estimated, and the snapshot says so.
+    missing = [f for f in ("lag_batches", "barrier_wait_caused")
+               if not hasattr(CallbackStatistics, f)]
+    assert stats["estimated"] == missing
+
+
+def test_the_recorder_stays_bounded_when_no_snapshot_is_taken() -> None:
+    from trainbus.callbacks._bus_feed import BusFeed
+
+    trainer = trainer_with(EventStream(), batches=300, callbacks=[Sleepy()])
+    feed = BusFeed(trainer.engine, max_recorded=256)  # nobody takes snapshots
+    trainer.fit_sync()
+    assert trainer.engine.statistics().batches == 300  # > 1,000 spans were recorded
+    assert len(list(feed.recorder.spans())) == 256
+    assert feed.snapshot().timeline  # the newest spans are still there

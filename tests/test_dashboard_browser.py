@@ -98,7 +98,6 @@ def local_run(batches: int, callbacks: list[Callback], dashboard: Dashboard) -> 
     trainer = Trainer(model, make_loader(batches), "1ep",
                       optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
                       callbacks=callbacks, loggers=[dashboard], warn_slow_callbacks=False)
-    dashboard.attach(trainer)
     return trainer
 
 

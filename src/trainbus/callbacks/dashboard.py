@@ -17,6 +17,7 @@ import asyncio
 import socket
 import threading
 import time
+import warnings
 from collections import deque
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ from trainbus.callbacks._stream_items import StreamEvent, StreamMetrics, json_re
 from trainbus.callbacks.event_stream import DEFAULT_STREAM_EVENTS, EventStream
 
 if TYPE_CHECKING:
+    from trainbus._engine import Engine
     from trainbus._logger import Logger
     from trainbus._state import State
     from trainbus._trainer import Trainer
@@ -43,9 +45,9 @@ _FLUSH_S = 0.05  # how often the server's loop takes what the run sent
 class Dashboard(LoggerDestination):
     """Serves a live dashboard of this run at ``http://127.0.0.1:<port>/``.
 
-    Pass it in ``loggers=[...]`` (so it sees logged metrics) and hand it the trainer with
-    :meth:`attach` for the callbacks panel and the timeline (a callback cannot reach the
-    trainer's engine by itself). The server starts at :meth:`start` (or with the run) and
+    Pass it in ``loggers=[...]``: it sees the run's events and logged metrics, and the
+    trainer's engine hands it the bus for the callbacks panel and the timeline (no other
+    call needed). The server starts at :meth:`start` (or with the run) and
     keeps serving after the run, so the page can still be read, until :meth:`stop` or
     the end of a ``with`` block; its thread is a daemon.
 
@@ -61,7 +63,6 @@ class Dashboard(LoggerDestination):
     Example:
         >>> with Dashboard() as dashboard:
         ...     trainer = Trainer(model, loader, "3ep", loggers=[dashboard])
-        ...     dashboard.attach(trainer)
         ...     print("open", dashboard.url)
         ...     trainer.fit_sync()
     """
@@ -106,11 +107,30 @@ class Dashboard(LoggerDestination):
         self.start()
         return f"http://{self.host}:{self.port}/"
 
-    def attach(self, trainer: Trainer) -> Dashboard:
-        """Show ``trainer``'s callbacks and timeline too (records its timeline from now)."""
+    def _bind_engine(self, engine: Engine) -> None:
+        """Called by the engine it joins, once, when the engine is built (a private hook).
+
+        The callbacks panel and the timeline follow that engine from now on (it starts
+        recording its timeline, bounded).
+        """
         from trainbus.callbacks._bus_feed import BusFeed
 
-        self._feed = BusFeed(trainer.engine)
+        self._feed = BusFeed(engine)
+
+    def attach(self, trainer: Trainer) -> Dashboard:
+        """Deprecated: a ``Dashboard`` in ``loggers=[...]`` finds its trainer by itself.
+
+        Still follows ``trainer``'s bus (if it did not already) and returns the dashboard,
+        with a :class:`DeprecationWarning`.
+        """
+        warnings.warn(
+            "Dashboard.attach(trainer) is no longer needed: a Dashboard passed in "
+            "Trainer(loggers=[...]) follows that trainer's bus by itself; remove the call",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if self._feed is None or self._feed.engine is not trainer.engine:
+            self._bind_engine(trainer.engine)
         return self
 
     def start(self) -> None:
