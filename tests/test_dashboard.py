@@ -235,3 +235,58 @@ def test_the_recorder_stays_bounded_when_no_snapshot_is_taken() -> None:
     assert trainer.engine.statistics().batches == 300  # > 1,000 spans were recorded
     assert len(list(feed.recorder.spans())) == 256
     assert feed.snapshot().timeline  # the newest spans are still there
+
+
+def test_rate_coalesces_the_stream_into_at_most_n_messages_a_second() -> None:
+    # Snapshots and outbox flushes every 10 ms: ~100 messages a second without ?rate.
+    with Dashboard(interval=0.01) as dashboard:
+        trainer = trainer_with(dashboard, batches=200, callbacks=[Sleepy()])
+        messages: list[list[dict[str, Any]]] = []
+        subscribed = threading.Event()
+        window: list[float] = []
+
+        def read() -> None:
+            url = f"{dashboard.url}events?since=0&bus=1&pack=1&rate=5"
+            window.append(time.monotonic())
+            with httpx.Client(timeout=DEADLINE) as client, client.stream("GET", url) as r:
+                subscribed.set()
+                for line in r.iter_lines():
+                    if line.startswith("data: ["):
+                        messages.append(json.loads(line[6:]))
+                    elif line == "event: end":
+                        break
+            window.append(time.monotonic())
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert subscribed.wait(DEADLINE)
+        trainer.fit_sync()
+        reader.join(DEADLINE)
+    seqs = [item["seq"] for message in messages for item in message]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # every item, once, in order
+    assert sum(i["type"] == "metrics" for m in messages for i in m) == 200
+    # The stream was open for `seconds` (request to end, as the client saw it): at most 5
+    # messages a second went out in that time (plus the first, sent at once).
+    seconds = window[1] - window[0]
+    assert len(messages) <= 1 + 5 * seconds + 1, (len(messages), seconds)
+
+
+def test_rate_is_checked() -> None:
+    with Dashboard() as dashboard:
+        for query, fix in (("pack=1&rate=0", "rate='0' must be messages per second"),
+                           ("pack=1&rate=x", "rate='x' must be"),
+                           ("rate=4", "needs pack=1")):
+            response = httpx.get(f"{dashboard.url}events?{query}")
+            assert response.status_code == 400
+            assert fix in response.json()["error"]
+
+
+def test_no_bus_snapshot_is_made_while_nobody_watches() -> None:
+    with Dashboard(interval=0.01) as dashboard:
+        trainer = trainer_with(dashboard, batches=100, callbacks=[Sleepy()])
+        trainer.fit_sync()  # >= 0.2 s: twenty intervals
+        snaps = [i for i in dashboard.stream._history if isinstance(i, StreamBusSnapshot)]
+    assert len(snaps) == 1  # only the run's last one, for tabs that open later
+    assert snaps[0].statistics["batches"] == 100
+    by_name = {c["name"]: c for c in snaps[0].statistics["callbacks"]}
+    assert by_name["Sleepy"]["barrier_wait_caused"] > 0  # estimates kept up meanwhile

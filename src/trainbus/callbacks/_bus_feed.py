@@ -152,6 +152,14 @@ class BusFeed:
             for row, label, start, duration, _ in chosen
         )
 
+    def take(self) -> None:
+        """Fold the recorder's new spans into the estimates, without making a snapshot.
+
+        Cheap (no snapshot is built): call it between snapshots nobody asked for, so
+        that the estimates miss no span the bounded recorder would forget.
+        """
+        self._account(self._take_new())
+
     def statistics(self) -> dict[str, Any]:
         """``engine.statistics()`` as plain values, with the per-callback estimates.
 

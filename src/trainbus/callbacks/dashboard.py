@@ -4,11 +4,11 @@ The page (loss and eval curves, throughput, a callbacks panel and a timeline of 
 batches; ``docs/dashboard.md``) is the one ``trainbus.serve`` shows for its jobs. The
 server runs on a thread of its own with its own event loop, so browser tabs, slow or
 closed, never touch the training loop: the callback's handlers (plain and cheap) only
-append each item to an outbox, and every 50 ms the server's loop publishes what waits
-there into an :class:`~trainbus.callbacks.EventStream` whose subscribers have bounded
-buffers. The bus snapshots (callbacks panel, timeline) are
-taken on the server's thread every ``interval`` seconds. Needs
-``pip install 'trainbus[service]'`` (Starlette, uvicorn).
+append each item to an outbox, and four times a second the server's loop publishes what
+waits there into an :class:`~trainbus.callbacks.EventStream` whose subscribers have
+bounded buffers. The bus snapshots (callbacks panel, timeline) are taken on the server's
+thread every ``interval`` seconds while a tab watches (and once at the end of the run).
+Needs ``pip install 'trainbus[service]'`` (Starlette, uvicorn).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ __all__ = ["Dashboard"]
 
 _END = object()  # the outbox's marker: the run closed
 _SEND_BUFFER = 64 * 1024
-_FLUSH_S = 0.05  # how often the server's loop takes what the run sent
+#: How often the server's loop takes what the run sent (the page asks for 4 messages/s).
+_FLUSH_S = 0.25
 
 
 class Dashboard(LoggerDestination):
@@ -54,7 +55,8 @@ class Dashboard(LoggerDestination):
     Args:
         host: The interface to listen on (default ``127.0.0.1``: this machine only).
         port: The port (``0``: any free port; read :attr:`url`).
-        interval: Seconds between two bus snapshots (callbacks panel, timeline).
+        interval: Seconds between two bus snapshots (callbacks panel, timeline), taken
+            while a tab watches.
         history: Items kept for tabs that open (or reconnect) later.
 
     Attributes:
@@ -184,14 +186,21 @@ class Dashboard(LoggerDestination):
         self._server = server
 
         async def ticker() -> None:
+            tick = min(_FLUSH_S, self.interval)
             next_snapshot = time.monotonic() + self.interval
             while True:
-                await asyncio.sleep(_FLUSH_S)
+                await asyncio.sleep(tick)
                 self._flush()
                 if time.monotonic() >= next_snapshot:
                     next_snapshot = time.monotonic() + self.interval
-                    if self._running and self._feed is not None:
-                        self.stream.publish(self._feed.snapshot())
+                    # Nobody watches: no snapshot (a tab that opens gets one at its first
+                    # tick; the recorder is bounded meanwhile).
+                    feed, watched = self._feed, self.stream.statistics().subscribers > 0
+                    if feed is not None and self._running:
+                        if watched:
+                            self.stream.publish(feed.snapshot())
+                        else:
+                            feed.take()
 
         async def main() -> None:
             self._loop = asyncio.get_running_loop()
