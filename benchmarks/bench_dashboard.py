@@ -16,7 +16,8 @@ Per run it measures, between ``FIT_START`` and the return of ``fit()``:
                 what the training thread itself computed, load-independent;
 - ``proc cpu``:  CPU ms per batch of the whole training process (every thread: training,
                 callback lanes, the dashboard's server);
-- ``server``:    the dashboard server thread's CPU ms per second of training;
+- ``server``:    the dashboard server thread's CPU µs per batch (it shares the GIL with the
+                training thread);
 - ``chromium``:  CPU seconds per second of training of every Chromium process this script
                 started (utime + stime from ``/proc``, through psutil), by process type.
 
@@ -34,6 +35,7 @@ Run:  PYTHONPATH=src python benchmarks/bench_dashboard.py [--rounds 9] [--epochs
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import statistics
@@ -51,6 +53,7 @@ from trainbus.callbacks import Dashboard
 
 CHROMIUM = os.environ.get("TRAINBUS_CHROMIUM", "/usr/bin/chromium")
 ARMS = ("closed", "open", "none")
+SETTLE_S = 1.0
 
 
 class CpuProbe(Callback):
@@ -129,7 +132,10 @@ def train_once(arm: str, epochs: int, browser: Any) -> dict[str, Any]:
                 page = browser.new_page(viewport={"width": 1280, "height": 900})
                 page.goto(board.url)
                 page.wait_for_function("window.trainbusDashboard.status === 'live'")
-                page.wait_for_timeout(1000)  # the tab settles (as one opened before a run)
+        # Every arm waits the same before it trains: the tab settles (as one opened before
+        # a run), and what the previous arm left (threads ending, a closed page) is done.
+        gc.collect()
+        time.sleep(SETTLE_S)
         server = board._thread if board is not None else None
         marks: dict[str, Any] = {}
 
@@ -156,7 +162,7 @@ def train_once(arm: str, epochs: int, browser: Any) -> dict[str, Any]:
             "wall": wall * 1e3 / batches,
             "train_cpu": (probe.end - probe.start) * 1e3 / batches,
             "proc_cpu": marks["proc"] * 1e3 / batches,
-            "server": marks["server"] * 1e3 / wall,
+            "server": marks["server"] * 1e6 / batches,
             "chromium": sum(marks["chromium"].values()) / wall,
             "chromium_by": {k: v / wall for k, v in marks["chromium"].items()},
         }
@@ -192,7 +198,7 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
           f"python {platform.python_version()}; {os.cpu_count()} CPUs; load average "
           f"{os.getloadavg()[0]:.2f}\n")
     print("| per arm (median over rounds) | wall ms/batch | train-thread CPU ms/batch | "
-          "process CPU ms/batch | server CPU ms/s | Chromium CPU s/s |")
+          "process CPU ms/batch | server CPU µs/batch | Chromium CPU s/s |")
     print("|---|---|---|---|---|---|")
     for arm in ARMS:
         print(f"| {arm} | " + " | ".join(

@@ -38,6 +38,8 @@ __all__ = ["BusFeed"]
 PRODUCER_ROW = "training thread"
 #: The figures a snapshot estimates per callback unless the bus counts them.
 ESTIMATED = ("lag_batches", "barrier_wait_caused")
+#: Spans ending before the timeline's start that the timeline's scan steps over.
+_SLACK = 64
 
 _Span = tuple[str, str, float, float, int]  # row, label, start, duration, thread
 
@@ -86,6 +88,7 @@ class BusFeed:
         self.max_spans = max_spans
         self._recent: deque[_Span] = deque(maxlen=4096)
         self._batch_ends: list[float] = []
+        self._batch_starts: deque[float] = deque(maxlen=max(1, timeline_batches))
         self._last_handlers: deque[tuple[float, str]] = deque(maxlen=32)
         self._last_end: dict[str, float] = {}
         self._caused: dict[str, float] = {}
@@ -117,6 +120,7 @@ class BusFeed:
             if row == PRODUCER_ROW:
                 if label.startswith("batch"):
                     self._batch_ends.append(end)
+                    self._batch_starts.append(start)
                 elif label == "wait: barrier" and duration > 0:
                     culprit = _released_by(handlers, start, end)
                     if culprit is not None:
@@ -136,11 +140,23 @@ class BusFeed:
         return min(most, len(self._batch_ends) - bisect.bisect_right(self._batch_ends, last))
 
     def _timeline(self) -> tuple[dict[str, Any], ...]:
-        batches = [s for s in self._recent if s[0] == PRODUCER_ROW and s[1].startswith("batch")]
-        if not batches:
+        if not self._batch_starts:
             return ()
-        since = batches[-self.timeline_batches :][0][2]
-        chosen = [s for s in self._recent if s[2] + s[3] >= since][-self.max_spans :]
+        since = self._batch_starts[0]  # the start of the oldest batch shown
+        # Newest first, stopping well past the first span that ended before `since` (spans
+        # arrive in about the order they ended): no scan of the whole recent history.
+        chosen: list[_Span] = []
+        older = 0
+        for span in reversed(self._recent):
+            if span[2] + span[3] >= since:
+                chosen.append(span)
+                if len(chosen) >= self.max_spans:
+                    break
+            else:
+                older += 1
+                if older > _SLACK:
+                    break
+        chosen.reverse()
         origin = self.recorder.origin
         return tuple(
             {
