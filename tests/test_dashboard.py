@@ -290,3 +290,43 @@ def test_no_bus_snapshot_is_made_while_nobody_watches() -> None:
     assert snaps[0].statistics["batches"] == 100
     by_name = {c["name"]: c for c in snaps[0].statistics["callbacks"]}
     assert by_name["Sleepy"]["barrier_wait_caused"] > 0  # estimates kept up meanwhile
+
+
+def test_the_dashboard_trails_training_instead_of_holding_its_barrier() -> None:
+    from trainbus import Event
+
+    reached = threading.Event()
+
+    class Reach(Callback):
+        def batch_end(self, state: Any, logger: Any) -> None:
+            if int(state.timer.batch) == 3:
+                reached.set()
+
+    class Stalled(Dashboard):
+        """Its handler for batch 1 waits until training has reached batch 3."""
+
+        released: bool | None = None
+
+        def _send(self, item: Any) -> None:
+            if (isinstance(item, StreamEvent) and item.event is Event.BATCH_END
+                    and int(item.timestamp.batch) == 1):
+                self.released = reached.wait(timeout=10)
+            super()._send(item)
+
+    with Stalled() as dashboard:
+        trainer = trainer_with(dashboard, batches=6, callbacks=[Reach()])
+        trainer.fit_sync()
+    assert dashboard.released is True  # a lockstep handler would have held batch 1's barrier
+    assert Stalled.trailing == 4
+
+
+def test_a_handler_that_started_after_a_wait_did_not_release_it() -> None:
+    from collections import deque
+
+    from trainbus.callbacks._bus_feed import _released_by
+
+    # (end, callback, start): the wait lasted from 0.8 to 1.0 s. "Inline" ran on the
+    # training thread right after the wait; "Lane" ended inside it: it released it.
+    handlers = deque([(0.95, "Lane", 0.5), (1.0015, "Inline", 1.0002)])
+    assert _released_by(handlers, 0.8, 1.0) == "Lane"
+    assert _released_by(deque([(1.0015, "Inline", 1.0002)]), 0.8, 1.0) is None

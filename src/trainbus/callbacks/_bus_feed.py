@@ -44,11 +44,21 @@ _SLACK = 64
 _Span = tuple[str, str, float, float, int]  # row, label, start, duration, thread
 
 
-def _released_by(handlers: deque[tuple[float, str]], start: float, end: float) -> str | None:
-    """The callback whose handler ended last inside ``[start, end]`` (a little slack)."""
+def _released_by(
+    handlers: deque[tuple[float, str, float]], start: float, end: float
+) -> str | None:
+    """The callback whose handler ended last inside ``[start, end]`` (a little slack).
+
+    A handler that started after the wait ended cannot have released it (the training
+    thread runs cheap handlers itself right after a barrier): it is not a candidate.
+    """
     best: tuple[float, str] | None = None
-    for handler_end, row in handlers:
-        if start <= handler_end <= end + 0.002 and (best is None or handler_end > best[0]):
+    for handler_end, row, handler_start in handlers:
+        if (
+            start <= handler_end <= end + 0.002
+            and handler_start < end
+            and (best is None or handler_end > best[0])
+        ):
             best = (handler_end, row)
     return best[1] if best else None
 
@@ -89,7 +99,7 @@ class BusFeed:
         self._recent: deque[_Span] = deque(maxlen=4096)
         self._batch_ends: list[float] = []
         self._batch_starts: deque[float] = deque(maxlen=max(1, timeline_batches))
-        self._last_handlers: deque[tuple[float, str]] = deque(maxlen=32)
+        self._last_handlers: deque[tuple[float, str, float]] = deque(maxlen=32)
         self._last_end: dict[str, float] = {}
         self._caused: dict[str, float] = {}
         self._read = 0
@@ -126,7 +136,7 @@ class BusFeed:
                     if culprit is not None:
                         self._caused[culprit] = self._caused.get(culprit, 0.0) + duration
             else:
-                handlers.append((end, row))
+                handlers.append((end, row, start))
                 if end > self._last_end.get(row, 0.0):
                     self._last_end[row] = end
             self._recent.append(span)

@@ -69,6 +69,10 @@ class Dashboard(LoggerDestination):
         ...     trainer.fit_sync()
     """
 
+    #: Its handlers only forward their event's snapshot to the page: they may trail training
+    #: by a few batches instead of holding the ``BATCH_END`` barrier (``@trailing``).
+    trailing = 4
+
     def __init__(
         self,
         *,
