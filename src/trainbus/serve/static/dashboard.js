@@ -259,7 +259,8 @@
       if (body.children[i] !== tr) body.insertBefore(tr, body.children[i] || null);
       const slowest = c.name === D.slowest ? "slowest" : "";
       if (tr.className !== slowest) tr.className = slowest;
-      const records = c.peak_pending_records ? ` +${c.pending_records} rec (${c.peak_pending_records})` : "";
+      const records = c.peak_pending_records  // a logger: its queued records too
+        ? `; records ${c.pending_records} (${c.peak_pending_records})` : "";
       const cells = [c.name, fmtTime(c.total_time), fmtTime(c.mean_time), fmtTime(c.max_time),
         String(c.handled), mark("lag_batches", String(c.lag_batches)),
         `${c.pending} (${c.peak_pending})${records}`,
