@@ -138,7 +138,6 @@ def test_a_tab_that_never_reads_does_not_hold_the_run(no_leaked_threads: None) -
     # Snapshots every 10 ms (tens of KiB each) overflow the socket buffers within a second.
     with Dashboard(history=64, interval=0.01) as dashboard:
         trainer = trainer_with(dashboard, batches=1500)
-        dashboard.attach(trainer)
         silent = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         silent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         silent.connect(("127.0.0.1", dashboard.port))
@@ -185,3 +184,149 @@ def test_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     namespace: dict[str, Any] = {"__name__": "docs_dashboard"}
     exec(compile(block.group(1), "docs/dashboard.md", "exec"), namespace)
     assert namespace["trainer"].state.timestamp.batch == 40
+
+
+def test_a_dashboard_in_loggers_follows_its_trainers_bus_without_attach() -> None:
+    with Dashboard(interval=0.01) as dashboard:
+        trainer = trainer_with(dashboard, batches=30, callbacks=[Sleepy()])
+        trainer.fit_sync()
+        snaps = [i for i in dashboard.stream._history if isinstance(i, StreamBusSnapshot)]
+    assert snaps, "no bus snapshot: the engine did not hand the dashboard its bus"
+    final = snaps[-1].statistics
+    assert final["batches"] == 30
+    assert {c["name"] for c in final["callbacks"]} == {"Sleepy", "Dashboard"}
+    assert {s["row"] for s in snaps[-1].timeline} >= {"training thread", "Sleepy"}
+
+
+def test_attach_is_deprecated_and_still_returns_the_dashboard() -> None:
+    dashboard = Dashboard()
+    trainer = trainer_with(dashboard)
+    with pytest.warns(DeprecationWarning, match=r"attach\(trainer\) is no longer needed"):
+        assert dashboard.attach(trainer) is dashboard
+    assert dashboard._feed is not None and dashboard._feed.engine is trainer.engine
+
+
+def test_the_snapshot_takes_the_bus_figures_and_names_its_estimates() -> None:
+    from trainbus import CallbackStatistics
+    from trainbus.callbacks._bus_feed import BusFeed
+
+    trainer = trainer_with(EventStream(), batches=5, callbacks=[Sleepy()])
+    feed = BusFeed(trainer.engine)
+    trainer.fit_sync()
+    stats = feed.statistics()
+    bus = {c.name: c for c in trainer.engine.statistics().callbacks}
+    for row in stats["callbacks"]:
+        real = bus[row["name"]]
+        for field in ("handled", "inline", "total_time", "max_time", "slowest", "pending",
+                      "peak_pending", "pending_records", "peak_pending_records", "on_thread"):
+            assert row[field] == getattr(real, field), (row["name"], field)
+    # What the bus does not count per callback is estimated, and the snapshot says so.
+    missing = [f for f in ("lag_batches", "barrier_wait_caused")
+               if not hasattr(CallbackStatistics, f)]
+    assert stats["estimated"] == missing
+
+
+def test_the_recorder_stays_bounded_when_no_snapshot_is_taken() -> None:
+    from trainbus.callbacks._bus_feed import BusFeed
+
+    trainer = trainer_with(EventStream(), batches=300, callbacks=[Sleepy()])
+    feed = BusFeed(trainer.engine, max_recorded=256)  # nobody takes snapshots
+    trainer.fit_sync()
+    assert trainer.engine.statistics().batches == 300  # > 1,000 spans were recorded
+    assert len(list(feed.recorder.spans())) == 256
+    assert feed.snapshot().timeline  # the newest spans are still there
+
+
+def test_rate_coalesces_the_stream_into_at_most_n_messages_a_second() -> None:
+    # Snapshots and outbox flushes every 10 ms: ~100 messages a second without ?rate.
+    with Dashboard(interval=0.01) as dashboard:
+        trainer = trainer_with(dashboard, batches=200, callbacks=[Sleepy()])
+        messages: list[list[dict[str, Any]]] = []
+        subscribed = threading.Event()
+        window: list[float] = []
+
+        def read() -> None:
+            url = f"{dashboard.url}events?since=0&bus=1&pack=1&rate=5"
+            window.append(time.monotonic())
+            with httpx.Client(timeout=DEADLINE) as client, client.stream("GET", url) as r:
+                subscribed.set()
+                for line in r.iter_lines():
+                    if line.startswith("data: ["):
+                        messages.append(json.loads(line[6:]))
+                    elif line == "event: end":
+                        break
+            window.append(time.monotonic())
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert subscribed.wait(DEADLINE)
+        trainer.fit_sync()
+        reader.join(DEADLINE)
+    seqs = [item["seq"] for message in messages for item in message]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # every item, once, in order
+    assert sum(i["type"] == "metrics" for m in messages for i in m) == 200
+    # The stream was open for `seconds` (request to end, as the client saw it): at most 5
+    # messages a second went out in that time (plus the first, sent at once).
+    seconds = window[1] - window[0]
+    assert len(messages) <= 1 + 5 * seconds + 1, (len(messages), seconds)
+
+
+def test_rate_is_checked() -> None:
+    with Dashboard() as dashboard:
+        for query, fix in (("pack=1&rate=0", "rate='0' must be messages per second"),
+                           ("pack=1&rate=x", "rate='x' must be"),
+                           ("rate=4", "needs pack=1")):
+            response = httpx.get(f"{dashboard.url}events?{query}")
+            assert response.status_code == 400
+            assert fix in response.json()["error"]
+
+
+def test_no_bus_snapshot_is_made_while_nobody_watches() -> None:
+    with Dashboard(interval=0.01) as dashboard:
+        trainer = trainer_with(dashboard, batches=100, callbacks=[Sleepy()])
+        trainer.fit_sync()  # >= 0.2 s: twenty intervals
+        snaps = [i for i in dashboard.stream._history if isinstance(i, StreamBusSnapshot)]
+    assert len(snaps) == 1  # only the run's last one, for tabs that open later
+    assert snaps[0].statistics["batches"] == 100
+    by_name = {c["name"]: c for c in snaps[0].statistics["callbacks"]}
+    assert by_name["Sleepy"]["barrier_wait_caused"] > 0  # estimates kept up meanwhile
+
+
+def test_the_dashboard_trails_training_instead_of_holding_its_barrier() -> None:
+    from trainbus import Event
+
+    reached = threading.Event()
+
+    class Reach(Callback):
+        def batch_end(self, state: Any, logger: Any) -> None:
+            if int(state.timer.batch) == 3:
+                reached.set()
+
+    class Stalled(Dashboard):
+        """Its handler for batch 1 waits until training has reached batch 3."""
+
+        released: bool | None = None
+
+        def _send(self, item: Any) -> None:
+            if (isinstance(item, StreamEvent) and item.event is Event.BATCH_END
+                    and int(item.timestamp.batch) == 1):
+                self.released = reached.wait(timeout=10)
+            super()._send(item)
+
+    with Stalled() as dashboard:
+        trainer = trainer_with(dashboard, batches=6, callbacks=[Reach()])
+        trainer.fit_sync()
+    assert dashboard.released is True  # a lockstep handler would have held batch 1's barrier
+    assert Stalled.trailing == 4
+
+
+def test_a_handler_that_started_after_a_wait_did_not_release_it() -> None:
+    from collections import deque
+
+    from trainbus.callbacks._bus_feed import _released_by
+
+    # (end, callback, start): the wait lasted from 0.8 to 1.0 s. "Inline" ran on the
+    # training thread right after the wait; "Lane" ended inside it: it released it.
+    handlers = deque([(0.95, "Lane", 0.5), (1.0015, "Inline", 1.0002)])
+    assert _released_by(handlers, 0.8, 1.0) == "Lane"
+    assert _released_by(deque([(1.0015, "Inline", 1.0002)]), 0.8, 1.0) is None

@@ -98,7 +98,6 @@ def local_run(batches: int, callbacks: list[Callback], dashboard: Dashboard) -> 
     trainer = Trainer(model, make_loader(batches), "1ep",
                       optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
                       callbacks=callbacks, loggers=[dashboard], warn_slow_callbacks=False)
-    dashboard.attach(trainer)
     return trainer
 
 
@@ -227,4 +226,36 @@ def test_demo_page_at_the_end_of_the_run(browser: Any, tmp_path: Path) -> None:
         shot = tmp_path / "dashboard.png"
         watched.page.screenshot(path=str(shot), full_page=True)
         assert shot.stat().st_size > 10_000
+        assert watched.errors == []
+
+
+def test_the_page_draws_at_most_four_frames_a_second_and_keeps_its_table_rows(
+    browser: Any,
+) -> None:
+    with Dashboard(interval=0.05) as dashboard:
+        trainer = local_run(300, [Quick(), SlowPoke()], dashboard)
+        watched = Watched(browser)
+        watched.page.goto(dashboard.url)
+        watched.wait("D.status === 'live'")
+        # Every <tr> ever put into the callbacks table, counted once.
+        watched.page.evaluate("""() => {
+            const seen = new Set();
+            window.rowsCreated = 0;
+            new MutationObserver((records) => {
+                for (const r of records) for (const n of r.addedNodes)
+                    if (!seen.has(n)) { seen.add(n); window.rowsCreated += 1; }
+            }).observe(document.querySelector('#callbacks tbody'), {childList: true});
+        }""")
+        fit = in_thread(trainer.fit_sync)
+        watched.wait("D.ended !== null && D.bus !== null && D.bus.statistics.batches === 300")
+        fit.join(timeout=30)
+        watched.page.wait_for_timeout(300)  # the last frame
+        assert watched.page.evaluate("window.rowsCreated") == 3  # Quick, SlowPoke, Dashboard
+        assert watched.page.locator("#callbacks tbody tr").count() == 3
+        frames, first, last, messages, received = watched.page.evaluate(
+            "[D => [D.frames, D.firstFrameAt, D.lastFrameAt, D.messages, D.received]]"
+            "[0](window.trainbusDashboard)")
+        assert frames >= 2 and received > 600  # ~2 items a batch
+        assert frames - 1 <= (last - first) / 250  # frames at least 250 ms apart
+        assert messages < received / 10  # the server packs the items (?pack=1&rate=4)
         assert watched.errors == []

@@ -329,7 +329,6 @@ def run_demo(
         warn_slow_callbacks=False,  # the uploader is slow on purpose
     )
     if board is not None:
-        board.attach(trainer)
         stream.write(f"dashboard: {board.url}\n")
         stream.flush()
     started = time.perf_counter()

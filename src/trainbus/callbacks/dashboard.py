@@ -4,11 +4,11 @@ The page (loss and eval curves, throughput, a callbacks panel and a timeline of 
 batches; ``docs/dashboard.md``) is the one ``trainbus.serve`` shows for its jobs. The
 server runs on a thread of its own with its own event loop, so browser tabs, slow or
 closed, never touch the training loop: the callback's handlers (plain and cheap) only
-append each item to an outbox, and every 50 ms the server's loop publishes what waits
-there into an :class:`~trainbus.callbacks.EventStream` whose subscribers have bounded
-buffers. The bus snapshots (callbacks panel, timeline) are
-taken on the server's thread every ``interval`` seconds. Needs
-``pip install 'trainbus[service]'`` (Starlette, uvicorn).
+append each item to an outbox, and four times a second the server's loop publishes what
+waits there into an :class:`~trainbus.callbacks.EventStream` whose subscribers have
+bounded buffers. The bus snapshots (callbacks panel, timeline) are taken on the server's
+thread every ``interval`` seconds while a tab watches (and once at the end of the run).
+Needs ``pip install 'trainbus[service]'`` (Starlette, uvicorn).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import asyncio
 import socket
 import threading
 import time
+import warnings
 from collections import deque
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ from trainbus.callbacks._stream_items import StreamEvent, StreamMetrics, json_re
 from trainbus.callbacks.event_stream import DEFAULT_STREAM_EVENTS, EventStream
 
 if TYPE_CHECKING:
+    from trainbus._engine import Engine
     from trainbus._logger import Logger
     from trainbus._state import State
     from trainbus._trainer import Trainer
@@ -37,22 +39,24 @@ __all__ = ["Dashboard"]
 
 _END = object()  # the outbox's marker: the run closed
 _SEND_BUFFER = 64 * 1024
-_FLUSH_S = 0.05  # how often the server's loop takes what the run sent
+#: How often the server's loop takes what the run sent (the page asks for 4 messages/s).
+_FLUSH_S = 0.25
 
 
 class Dashboard(LoggerDestination):
     """Serves a live dashboard of this run at ``http://127.0.0.1:<port>/``.
 
-    Pass it in ``loggers=[...]`` (so it sees logged metrics) and hand it the trainer with
-    :meth:`attach` for the callbacks panel and the timeline (a callback cannot reach the
-    trainer's engine by itself). The server starts at :meth:`start` (or with the run) and
+    Pass it in ``loggers=[...]``: it sees the run's events and logged metrics, and the
+    trainer's engine hands it the bus for the callbacks panel and the timeline (no other
+    call needed). The server starts at :meth:`start` (or with the run) and
     keeps serving after the run, so the page can still be read, until :meth:`stop` or
     the end of a ``with`` block; its thread is a daemon.
 
     Args:
         host: The interface to listen on (default ``127.0.0.1``: this machine only).
         port: The port (``0``: any free port; read :attr:`url`).
-        interval: Seconds between two bus snapshots (callbacks panel, timeline).
+        interval: Seconds between two bus snapshots (callbacks panel, timeline), taken
+            while a tab watches.
         history: Items kept for tabs that open (or reconnect) later.
 
     Attributes:
@@ -61,10 +65,13 @@ class Dashboard(LoggerDestination):
     Example:
         >>> with Dashboard() as dashboard:
         ...     trainer = Trainer(model, loader, "3ep", loggers=[dashboard])
-        ...     dashboard.attach(trainer)
         ...     print("open", dashboard.url)
         ...     trainer.fit_sync()
     """
+
+    #: Its handlers only forward their event's snapshot to the page: they may trail training
+    #: by a few batches instead of holding the ``BATCH_END`` barrier (``@trailing``).
+    trailing = 4
 
     def __init__(
         self,
@@ -106,11 +113,30 @@ class Dashboard(LoggerDestination):
         self.start()
         return f"http://{self.host}:{self.port}/"
 
-    def attach(self, trainer: Trainer) -> Dashboard:
-        """Show ``trainer``'s callbacks and timeline too (records its timeline from now)."""
+    def _bind_engine(self, engine: Engine) -> None:
+        """Called by the engine it joins, once, when the engine is built (a private hook).
+
+        The callbacks panel and the timeline follow that engine from now on (it starts
+        recording its timeline, bounded).
+        """
         from trainbus.callbacks._bus_feed import BusFeed
 
-        self._feed = BusFeed(trainer.engine)
+        self._feed = BusFeed(engine)
+
+    def attach(self, trainer: Trainer) -> Dashboard:
+        """Deprecated: a ``Dashboard`` in ``loggers=[...]`` finds its trainer by itself.
+
+        Still follows ``trainer``'s bus (if it did not already) and returns the dashboard,
+        with a :class:`DeprecationWarning`.
+        """
+        warnings.warn(
+            "Dashboard.attach(trainer) is no longer needed: a Dashboard passed in "
+            "Trainer(loggers=[...]) follows that trainer's bus by itself; remove the call",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if self._feed is None or self._feed.engine is not trainer.engine:
+            self._bind_engine(trainer.engine)
         return self
 
     def start(self) -> None:
@@ -164,14 +190,21 @@ class Dashboard(LoggerDestination):
         self._server = server
 
         async def ticker() -> None:
+            tick = min(_FLUSH_S, self.interval)
             next_snapshot = time.monotonic() + self.interval
             while True:
-                await asyncio.sleep(_FLUSH_S)
+                await asyncio.sleep(tick)
                 self._flush()
                 if time.monotonic() >= next_snapshot:
                     next_snapshot = time.monotonic() + self.interval
-                    if self._running and self._feed is not None:
-                        self.stream.publish(self._feed.snapshot())
+                    # Nobody watches: no snapshot (a tab that opens gets one at its first
+                    # tick; the recorder is bounded meanwhile).
+                    feed, watched = self._feed, self.stream.statistics().subscribers > 0
+                    if feed is not None and self._running:
+                        if watched:
+                            self.stream.publish(feed.snapshot())
+                        else:
+                            feed.take()
 
         async def main() -> None:
             self._loop = asyncio.get_running_loop()

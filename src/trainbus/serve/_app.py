@@ -8,7 +8,8 @@ Routes::
     GET    /jobs/{id}/events   server-sent events until the job closes         200 / 404
                                (?since=N, or Last-Event-ID: replay from item N;
                                 ?buffer=N: this client's server-side buffer;
-                                ?bus=1: with the bus snapshots)
+                                ?bus=1: with the bus snapshots;
+                                ?pack=1&rate=N: packs of items, at most N/s)
     GET    /jobs/{id}/dashboard  the job's live dashboard (HTML)               200 / 404
     GET    /static/...         the dashboard's script, style and uPlot         200
     DELETE /jobs/{id}          cancel (waits until its callbacks closed)       200 / 404
@@ -148,7 +149,8 @@ async def job_events(request: Request) -> Response:
     The stream starts with what the job's stream still keeps (from ``?since=N``, or
     after ``Last-Event-ID``, which wins), then follows the job live. ``?buffer=N`` sets
     how many items may wait for this client before its oldest are dropped; ``?bus=1``
-    adds the bus snapshots (``event: bus``) the dashboard draws.
+    adds the bus snapshots (``event: bus``) the dashboard draws; ``?pack=1&rate=N``
+    sends what arrives as at most N ``event: items`` messages a second.
     """
     job = _job(request)
     if isinstance(job, Response):

@@ -4,7 +4,9 @@
   ``EventSource`` on ``events`` relative to the page's URL;
 - :func:`static_files`: the page's script, style and the vendored uPlot (no CDN);
 - :func:`sse_response`: an :class:`~trainbus.callbacks.EventStream` as server-sent events,
-  replaying from ``?since=N`` or ``Last-Event-ID``, each client with a bounded buffer.
+  replaying from ``?since=N`` or ``Last-Event-ID``, each client with a bounded buffer;
+  with ``?pack=1&rate=N`` what arrives is coalesced into at most N messages a second (the
+  dashboard asks for 4), so a browser's work does not grow with the run's event rate.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
@@ -38,6 +41,8 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _MAX_CLIENT_BUFFER = 100_000
+_MAX_RATE = 1000
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 #: Milliseconds a browser waits before it reconnects a dropped stream (SSE ``retry:``).
 RECONNECT_MS = 300
 
@@ -62,8 +67,9 @@ def _packed(items: list[Any]) -> str:
         return ""
     last = next((i.seq for i in reversed(items) if getattr(i, "seq", None) is not None), None)
     head = f"id: {last}\n" if last is not None else ""
-    body = ",".join(item.to_json() for item in items)
-    return f"{head}event: items\ndata: [{body}]\n\n"
+    # One encoder call for the whole pack: half the CPU of one ``to_json()`` per item.
+    body = _ENCODER.encode([item.to_dict() for item in items])
+    return f"{head}event: items\ndata: {body}\n\n"
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -118,6 +124,21 @@ def _buffer(request: Request) -> int | JSONResponse | None:
     return size
 
 
+def _rate(request: Request, pack: bool) -> float | JSONResponse | None:
+    raw = request.query_params.get("rate")
+    if raw is None:
+        return None
+    try:
+        rate = float(raw)
+    except ValueError:
+        rate = 0.0
+    if not 0 < rate <= _MAX_RATE:
+        return _error(400, f"rate={raw!r} must be messages per second, > 0 and <= {_MAX_RATE}")
+    if not pack:
+        return _error(400, f"rate={raw!r} needs pack=1 (items are coalesced into packs)")
+    return rate
+
+
 def _since(request: Request) -> int | JSONResponse:
     """Where a stream starts: after ``Last-Event-ID`` (a reconnect), ``?since=N``, or 0.
 
@@ -152,7 +173,9 @@ def sse_response(
     client's buffer), ``?bus=1`` (include the bus snapshots, ``event: bus``), ``?pack=1``
     (what is buffered at each wake-up goes out as one ``event: items`` whose data is a JSON
     array of the items and whose ``id`` is the last one's: a browser then handles a few
-    messages a second instead of one per item).
+    messages a second instead of one per item), ``?rate=N`` with ``pack=1`` (at most N
+    messages a second: what arrives meanwhile waits for the next pack, in this client's
+    bounded buffer).
 
     Args:
         request: The request.
@@ -168,10 +191,13 @@ def sse_response(
         return buffer
     with_bus = _flag(request, "bus")
     pack = _flag(request, "pack")
+    rate = _rate(request, pack)
+    if isinstance(rate, Response):
+        return rate
     # Subscribe before the response starts, so that nothing published in between is lost.
     sub = stream.subscribe(since=since, buffer_size=buffer)
     return StreamingResponse(
-        _body(sub, end, hub, with_bus, pack),
+        _body(sub, end, hub, with_bus, pack, 1.0 / rate if rate else 0.0),
         media_type="text/event-stream",
         headers=_SSE_HEADERS,
     )
@@ -183,6 +209,7 @@ async def _body(
     hub: ConnectionHub | None,
     with_bus: bool,
     pack: bool,
+    spacing: float,
 ) -> AsyncIterator[str]:
     if hub is not None:
         hub.subscriptions.add(sub)
@@ -191,7 +218,13 @@ async def _body(
             yield f"retry: {RECONNECT_MS}\n\n"
         async with sub:
             try:
+                next_at = 0.0
                 async for first in sub:
+                    if spacing:  # ?rate=N: wait for the pack's turn; items gather meanwhile
+                        now = anyio.current_time()
+                        if now < next_at:
+                            await anyio.sleep(next_at - now)
+                        next_at = max(now, next_at) + spacing
                     # One write for everything buffered: fewer sends under a burst.
                     ready = [
                         item

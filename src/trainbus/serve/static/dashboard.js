@@ -1,20 +1,28 @@
 // trainbus dashboard: follows a run's server-sent events (no polling, no build step).
 //
-// Responsiveness at high event rates: EventSource handlers only queue the raw message;
-// at most five times a second (on an animation frame; on a timer while the tab is hidden)
-// one flush parses the queue, folds it into the series and redraws each chart once. Series
-// keep at most MAX_POINTS points: past that, neighbouring points are averaged in pairs,
-// so a long run shows its whole history at a coarser resolution and memory stays flat.
+// Cheap by design, so that a tab open next to a training run takes little CPU from it:
+// - the server coalesces the stream into at most 4 messages a second (?pack=1&rate=4), each
+//   a JSON array of what arrived meanwhile: the page's work does not grow with the events;
+// - EventSource handlers only queue the raw message; a frame (requestAnimationFrame, at most
+//   every FRAME_MS = 250 ms) parses the queue, folds it into the series and redraws only what
+//   changed (a dirty flag per part): each chart once, header texts only when they differ;
+// - a hidden tab folds data in but draws nothing (no frames); it draws once when shown;
+// - series keep at most MAX_POINTS points: past that, neighbouring points are averaged in
+//   pairs (old points get coarser), so memory and the cost of a redraw stay flat;
+// - the callbacks table keeps one row per callback and updates its cells in place (no DOM
+//   rebuilt, no layout of the whole page); the timeline is one canvas, resized only when
+//   its size changes.
 "use strict";
 (function () {
-  const MAX_POINTS = 4000;
-  const RENDER_MS = 200;
+  const MAX_POINTS = 2000;
+  const FRAME_MS = 250;
   const EVENTS = ["init", "fit_start", "epoch_start", "batch_end", "epoch_end", "eval_start",
     "eval_end", "fit_end", "metrics", "hyperparameters", "bus", "gap", "end", "disconnected"];
   const UNNUMBERED = new Set(["end", "gap", "disconnected"]);
   const D = {
     status: "connecting", lastSeq: -1, duplicates: 0, duplicateSeqs: [], received: 0, reconnects: 0,
-    frames: 0, dropped: 0, epoch: 0, batch: 0, ended: null,
+    frames: 0, firstFrameAt: null, lastFrameAt: null, messages: 0,
+    dropped: 0, epoch: 0, batch: 0, ended: null,
     loss: { x: [], y: [], count: 0, steps: [] },
     evals: { x: [], names: [], ys: {} },
     speed: { x: [], y: [] },
@@ -24,12 +32,11 @@
 
   const $ = (id) => document.getElementById(id);
   let queue = [];
-  let scheduled = false;
-  let dirty = { loss: false, eval: false, speed: false, bus: false, header: false };
+  const dirty = { loss: false, eval: false, speed: false, bus: false, header: false };
   let startWall = null;
   const recentBatches = [];  // [wall_time, batch] of the last second or so
   let lastSpeedAt = 0;
-  let rateWindow = [];
+  const rateWindow = [];
 
   function num(v) {
     const n = typeof v === "number" ? v : Number(v);
@@ -55,7 +62,8 @@
 
   function onMetrics(data) {
     const m = data.metrics || {};
-    for (const [name, value] of Object.entries(m)) {
+    for (const name in m) {
+      const value = m[name];
       if (name === "loss/train") {
         pushPoint(D.loss, data.step, num(value));
         D.loss.count += 1;
@@ -131,30 +139,60 @@
     }
   }
 
-  function flush() {
-    scheduled = false;
+  // -- frames: at most one every FRAME_MS, none while the tab is hidden -----------------
+
+  let lastFrame = -Infinity;
+  let timer = null;
+  let frameRequested = false;
+
+  function fold() {  // parse what waits in the queue into the series (no drawing)
     const batch = queue;
     queue = [];
-    const now = performance.now();
-    rateWindow.push([now, batch.length]);
-    while (rateWindow.length && now - rateWindow[0][0] > 1000) rateWindow.shift();
-    D.eventsPerSec = rateWindow.reduce((s, r) => s + r[1], 0);
+    let items = 0;
     for (const [name, raw, id] of batch) {
+      const before = D.received;
       try { handle(name, raw, id); } catch (err) { console.warn("trainbus dashboard:", err); }
+      items += D.received - before;
     }
+    const now = performance.now();
+    rateWindow.push([now, items]);
+    while (rateWindow.length && now - rateWindow[0][0] > 1000) rateWindow.shift();
+    let sum = 0;
+    for (const r of rateWindow) sum += r[1];
+    D.eventsPerSec = sum;
+  }
+
+  function frame() {
+    frameRequested = false;
+    fold();
+    if (document.hidden) return;  // drawn when shown again (visibilitychange)
+    const now = performance.now();
+    lastFrame = now;
     render();
     D.frames += 1;
+    if (D.firstFrameAt === null) D.firstFrameAt = now;
+    D.lastFrameAt = now;
   }
 
   function schedule() {
-    if (scheduled) return;
-    scheduled = true;
-    // At most RENDER_MS apart, then on the next animation frame (hidden tabs get no
-    // frames: they flush on the timer alone).
-    setTimeout(() => {
-      if (document.hidden) flush(); else requestAnimationFrame(() => { if (scheduled) flush(); });
-    }, RENDER_MS);
+    if (frameRequested || timer !== null) return;
+    const wait = lastFrame + FRAME_MS - performance.now();
+    if (wait > 0) {
+      timer = setTimeout(() => { timer = null; request(); }, wait);
+    } else {
+      request();
+    }
   }
+
+  function request() {
+    if (document.hidden) { fold(); return; }  // hidden tabs get no animation frames
+    frameRequested = true;
+    requestAnimationFrame(frame);
+  }
+
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden) { dirty.header = true; schedule(); }
+  });
 
   // -- charts ---------------------------------------------------------------------------
 
@@ -164,6 +202,7 @@
       scales: { x: { time: false } },
       axes: [{ label: xLabel }, {}],
       legend: { live: false },
+      cursor: { drag: { x: false, y: false } },
       series: [{ label: xLabel }, ...series],
     };
   }
@@ -195,63 +234,84 @@
     return (s * 1e6).toFixed(0) + " µs";
   }
 
+  function setText(el, text) {  // touch the DOM only when the text changes
+    if (el.textContent !== text) el.textContent = text;
+  }
+
+  const tableRows = new Map();  // callback name -> <tr>
+
   function renderBus() {
     const stats = D.bus.statistics;
+    const estimated = new Set(stats.estimated || []);
     const rows = [...stats.callbacks].sort((a, b) => b.total_time - a.total_time);
     D.slowest = rows.length && rows[0].total_time > 0 ? rows[0].name : null;
-    $("slowest").textContent = D.slowest || "-";
+    setText($("slowest"), D.slowest || "-");
     const body = $("callbacks").querySelector("tbody");
-    body.textContent = "";
-    for (const c of rows) {
-      const tr = document.createElement("tr");
-      if (c.name === D.slowest) tr.className = "slowest";
-      const cells = [c.name, fmtTime(c.total_time), fmtTime(c.mean_time), fmtTime(c.max_time),
-        String(c.handled), String(c.lag_batches), `${c.pending} (${c.peak_pending})`,
-        fmtTime(c.barrier_wait_caused)];
-      for (const text of cells) {
-        const td = document.createElement("td");
-        td.textContent = text;
-        tr.appendChild(td);
+    const mark = (field, text) => (estimated.has(field) ? "≈ " + text : text);
+    rows.forEach((c, i) => {
+      let tr = tableRows.get(c.name);
+      if (tr === undefined) {
+        tr = document.createElement("tr");
+        tr.dataset.callback = c.name;
+        for (let k = 0; k < 8; k++) tr.appendChild(document.createElement("td"));
+        tableRows.set(c.name, tr);
       }
-      tr.dataset.callback = c.name;
-      body.appendChild(tr);
-    }
-    $("bus-summary").textContent =
+      if (body.children[i] !== tr) body.insertBefore(tr, body.children[i] || null);
+      const slowest = c.name === D.slowest ? "slowest" : "";
+      if (tr.className !== slowest) tr.className = slowest;
+      const records = c.peak_pending_records  // a logger: its queued records too
+        ? `; records ${c.pending_records} (${c.peak_pending_records})` : "";
+      const cells = [c.name, fmtTime(c.total_time), fmtTime(c.mean_time), fmtTime(c.max_time),
+        String(c.handled), mark("lag_batches", String(c.lag_batches)),
+        `${c.pending} (${c.peak_pending})${records}`,
+        mark("barrier_wait_caused", fmtTime(c.barrier_wait_caused))];
+      for (let k = 0; k < cells.length; k++) setText(tr.children[k], cells[k]);
+    });
+    setText($("bus-summary"),
       `${stats.batches} batches; training waited ${fmtTime(stats.barrier_wait_time)} at barriers ` +
       `(${stats.barrier_waits} waits) and ${fmtTime(stats.backpressure_wait_time)} for full queues; ` +
-      `handlers ran ${fmtTime(stats.handler_time)} in all; queue depth ${stats.queue_depth}.`;
+      `handlers ran ${fmtTime(stats.handler_time)} in all; queue depth ${stats.queue_depth}.` +
+      (estimated.size ? " ≈: estimated from the timeline." : ""));
     renderTimeline();
   }
+
+  let canvasSize = "";
 
   function renderTimeline() {
     const canvas = $("timeline");
     const spans = D.bus.timeline || [];
     const names = ["training thread", ...D.bus.statistics.callbacks.map((c) => c.name)];
-    const rowH = 22, left = 150;
+    const rowH = 22, left = 150, height = names.length * rowH + 20;
     const width = canvas.clientWidth || 800;
     const ratio = window.devicePixelRatio || 1;
-    canvas.height = (names.length * rowH + 20) * ratio;
-    canvas.width = width * ratio;
-    canvas.style.height = names.length * rowH + 20 + "px";
+    const size = `${width}x${height}x${ratio}`;
+    if (size !== canvasSize) {  // a new size reallocates the canvas: only when it changes
+      canvasSize = size;
+      canvas.width = width * ratio;
+      canvas.height = height * ratio;
+      canvas.style.height = height + "px";
+    }
     const g = canvas.getContext("2d");
-    g.scale(ratio, ratio);
-    g.clearRect(0, 0, width, names.length * rowH + 20);
+    g.setTransform(ratio, 0, 0, ratio, 0, 0);
+    g.clearRect(0, 0, width, height);
     g.font = "12px system-ui, sans-serif";
     g.textBaseline = "middle";
-    names.forEach((n, i) => { g.fillStyle = "#1d2330"; g.fillText(n, 4, i * rowH + rowH / 2); });
+    g.fillStyle = "#1d2330";
+    names.forEach((n, i) => g.fillText(n, 4, i * rowH + rowH / 2));
     if (!spans.length) return;
-    const t0 = Math.min(...spans.map((s) => s.start));
-    const t1 = Math.max(...spans.map((s) => s.start + s.dur));
+    let t0 = Infinity, t1 = -Infinity;
+    for (const s of spans) { t0 = Math.min(t0, s.start); t1 = Math.max(t1, s.start + s.dur); }
     const scale = (width - left - 10) / Math.max(t1 - t0, 1e-3);
+    const rowOf = new Map(names.map((n, i) => [n, i]));
     for (const s of spans) {
-      const row = names.indexOf(s.row);
-      if (row < 0) continue;
+      const row = rowOf.get(s.row);
+      if (row === undefined) continue;
       g.fillStyle = s.row !== "training thread" ? "#55a868"
         : s.label.startsWith("wait") ? "#dd8452" : "#4c72b0";
       g.fillRect(left + (s.start - t0) * scale, row * rowH + 3, Math.max(1, s.dur * scale), rowH - 6);
     }
     g.fillStyle = "#6b7280";
-    g.fillText(`${(t1 - t0).toFixed(1)} ms`, width - 60, names.length * rowH + 10);
+    g.fillText(`${(t1 - t0).toFixed(1)} ms`, width - 60, height - 10);
   }
 
   function render() {
@@ -259,19 +319,19 @@
     if (dirty.speed) speedChart.setData([D.speed.x, D.speed.y]);
     if (dirty.eval) renderEval();
     if (dirty.bus && D.bus) renderBus();
-    $("epoch").textContent = D.epoch;
-    $("batch").textContent = D.batch;
-    $("dropped").textContent = D.dropped;
-    $("rate").textContent = D.eventsPerSec;
+    setText($("epoch"), String(D.epoch));
+    setText($("batch"), String(D.batch));
+    setText($("dropped"), String(D.dropped));
+    setText($("rate"), String(D.eventsPerSec));
     const sp = D.speed.y.length ? D.speed.y[D.speed.y.length - 1] : null;
-    $("throughput").textContent = sp === null ? "-" : sp.toFixed(1);
-    dirty = { loss: false, eval: false, speed: false, bus: false, header: false };
+    setText($("throughput"), sp === null ? "-" : sp.toFixed(1));
+    for (const k in dirty) dirty[k] = false;
   }
 
   function setStatus(s) {
     D.status = s;
     const el = $("status");
-    el.textContent = s;
+    setText(el, s);
     el.className = "pill " + s;
   }
 
@@ -285,16 +345,19 @@
 
   // -- the stream -----------------------------------------------------------------------
 
-  const source = new EventSource("events?since=0&bus=1&pack=1&buffer=20000");
+  // ?pack=1&rate=4: at most four `items` messages a second, each a JSON array of items.
+  const source = new EventSource("events?since=0&bus=1&pack=1&rate=4&buffer=20000");
   source.onopen = () => { if (!D.ended) setStatus("live"); };
   source.onerror = () => {
     if (D.ended) return;
     if (source.readyState === EventSource.CONNECTING) { D.reconnects += 1; setStatus("reconnecting"); }
     else setStatus("closed");
   };
-  // ?pack=1: the server sends what it has buffered as one `items` message (a JSON array).
-  source.addEventListener("items", (e) => { queue.push(["items", e.data, e.lastEventId]); schedule(); });
-  for (const name of EVENTS) {
-    source.addEventListener(name, (e) => { queue.push([name, e.data, e.lastEventId]); schedule(); });
-  }
+  const enqueue = (name) => (e) => {
+    D.messages += 1;
+    queue.push([name, e.data, e.lastEventId]);
+    schedule();
+  };
+  source.addEventListener("items", enqueue("items"));
+  for (const name of EVENTS) source.addEventListener(name, enqueue(name));
 })();
