@@ -66,7 +66,16 @@ def _current_call_soon() -> Callable[..., Any] | None:
 
 
 def no_running_loop() -> bool:
-    """Whether the calling thread runs no asyncio or trio event loop."""
+    """Whether the calling thread runs no asyncio or trio event loop (cheap: no exception
+    is raised when none runs, since plain-code ``engine.run_event()`` asks every call)."""
+    if asyncio.events._get_running_loop() is not None:
+        return False
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return True
+    in_run = getattr(trio.lowlevel, "in_trio_run", None)
+    if in_run is not None:
+        return not in_run()
     return _current_call_soon() is None
 
 

@@ -31,6 +31,7 @@ import time
 from typing import TYPE_CHECKING
 
 from trainbus._bus._items import EventItem
+from trainbus._bus._lane import CLAIMED, IDLE
 from trainbus._bus._running import call_plain, finish_event, skip_event
 
 if TYPE_CHECKING:
@@ -122,16 +123,49 @@ class InlinePath:
         """Run a barrier event's cheap handler here if its lane is idle and in step.
 
         Returns ``None`` when it did not run (queue it instead), else whether it stayed
-        cheap.
+        cheap. Claiming, running and accounting are written out (they mirror
+        ``Lane.try_claim``, :meth:`_run_one` and ``Lane.release``): this runs once per cheap
+        handler per barrier, and ``engine.run_event()`` from plain code is nothing else.
         """
-        if not lane.uniform or lane.enq != lane.done or not lane.try_claim():
+        if not lane.uniform or lane.enq != lane.done or lane.state != IDLE:
             return None
-        try:
-            if self.gate.stopping:  # a handler failed on the lane: nothing more runs (D10)
+        with lane.lock:
+            if lane.state != IDLE or lane.pending:
                 return None
-            return self._run_one(lane, slot, item, count=True)
+            lane.state = CLAIMED
+        try:
+            gate = self.gate
+            if gate.stopping:  # a handler failed on the lane: nothing more runs (D10)
+                return None
+            lane.current = slot.qualname  # for messages (Ctrl-C, stuck reports)
+            t0 = _perf()
+            try:
+                slot.fn(item.view, item.logger)
+            except BaseException as exc:
+                gate.fail(exc, slot.handler, slot.event, lane)
+            elapsed = _perf() - t0
+            lane.current = None
+            slot.inline_calls += 1
+            lane.enq += 1  # it was not queued: count it here
+            if elapsed > self.inline_max or slot.inline_strike:
+                learn(slot, elapsed, self.inline_max)
+            slot.calls += 1
+            slot.total_time += elapsed
+            if elapsed > slot.max_time:
+                slot.max_time = elapsed
+            lane.last_batch = item.batch
+            trace = self.counters.trace
+            if trace is not None:
+                trace.handler(lane.name, slot.event, t0, elapsed)
+            lane.done += 1
+            target = lane.wait_done
+            if target is not None and lane.done >= target:
+                lane.notify(lane)
+            return slot.inline_ok
         finally:
-            lane.release()
+            lane.state = IDLE
+            if lane.pending:
+                lane.wake()
 
     def _run_claimed(self, lane: Lane) -> bool:
         """Run a claimed lane's leading cheap event items here; release it after."""
@@ -154,14 +188,12 @@ class InlinePath:
             lane.release()
         return cheap
 
-    def _run_one(self, lane: Lane, slot: Slot, item: EventItem, *, count: bool = False) -> bool:
-        """Run one item here; with ``count`` it was not queued, so count it in ``enq``."""
+    def _run_one(self, lane: Lane, slot: Slot, item: EventItem) -> bool:
+        """Run one queued item of a claimed lane here."""
         lane.current = slot.handler.qualname  # for messages (Ctrl-C, stuck reports)
         elapsed = call_plain(self.gate, lane, slot, item)
         lane.current = None
         slot.inline_calls += 1
-        if count:
-            lane.enq += 1
         learn(slot, elapsed, self.inline_max)
         finish_event(lane, slot, item, elapsed, self.counters)
         return slot.inline_ok
