@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -343,6 +344,11 @@ def time_configs(
         "trainbus, no callbacks": bench.trainbus,
         f"trainbus, {len(passed)} built-in callbacks": with_callbacks,
     }
+    if args.each:  # where the cost of the callbacks goes: each alone (loggers alone too)
+        for name, factory, is_logger in passed:
+            configs[f"  {name} alone"] = partial(
+                _alone, bench, factory, is_logger
+            )
     bench.plain(max(skip * 2, 3))  # warm up kernels and the allocator
     _synchronize(cuda)
     samples: dict[str, list[float]] = {name: [] for name in configs}
@@ -352,6 +358,12 @@ def time_configs(
             _synchronize(cuda)
             samples[name] += clock.step_ms(skip)
     return {name: statistics.median(v) if v else float("nan") for name, v in samples.items()}
+
+
+def _alone(bench: Bench, factory: Callable[[], Any], is_logger: bool, steps: int) -> StepClock:
+    if is_logger:
+        return bench.trainbus(steps, loggers=[factory()])
+    return bench.trainbus(steps, [factory()], loggers=[InMemoryLogger()])
 
 
 def _ddp_check(cpu: bool) -> int:
@@ -373,6 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cpu", action="store_true", help="dry run on the CPU (no sync check)")
     parser.add_argument("--steps", type=int, default=300, help="steps per timed run")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per configuration")
+    parser.add_argument("--each", action="store_true", help="also time each callback alone")
     parser.add_argument("--check-steps", type=int, default=None, help="steps per sync check")
     parser.add_argument("--width", type=int, default=None, help="MLP width (GPU 2048, CPU 64)")
     parser.add_argument("--batch-size", type=int, default=None, help="(GPU 512, CPU 32)")
@@ -411,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = medians["plain loop"]
     for label, ms in medians.items():
         print(f"  {label:<34} {ms:8.3f} ms  x{ms / base:.3f} of the plain loop")
-    bare, full = list(medians.values())[1:]
+    bare, full = list(medians.values())[1:3]
     print(f"  with / without callbacks: x{full / bare:.3f}")
     print("RESULT:", "OK" if ok else "FAILED (see above)")
     return 0 if ok else 1
