@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import anyio
@@ -9,7 +11,7 @@ import pytest
 
 from tests.dispatch._probes import expected, fit, nap
 from tests.helpers import EventLog, make_trainer
-from trainbus import Callback
+from trainbus import Callback, blocking
 from trainbus.loggers import InMemoryLogger
 
 pytestmark = pytest.mark.anyio
@@ -51,3 +53,45 @@ async def test_statistics_after_a_run() -> None:
     free = make_trainer(n, callbacks=[AsyncCount()], barriers=(), warn_slow_callbacks=False)
     await fit(free)
     assert free.engine.statistics().barrier_waits == 0
+
+
+def test_per_callback_lag_and_the_barrier_wait_it_caused() -> None:
+    """Each callback's own ``lag_batches`` (how far it trails now) and
+    ``barrier_wait_caused`` (the waits it ended) — not only the bus-wide maximum."""
+    release = threading.Event()
+    seen: list[Any] = []
+
+    class Trailer(Callback):
+        trailing = 2
+
+        async def batch_end(self, state: Any, logger: Any) -> None:
+            if int(state.timer.batch) == 1:  # stuck until the watcher has looked
+                await anyio.to_thread.run_sync(release.wait)
+
+    class Slow(Callback):
+        def batch_end(self, state: Any, logger: Any) -> None:
+            time.sleep(0.005)  # its work: the barrier waits for it every batch
+            if int(state.timer.batch) == 3:
+                release.wait()  # in flight while the watcher looks
+
+    class Watcher(Callback):
+        @blocking
+        def batch_end(self, state: Any, logger: Any) -> None:
+            if int(state.timer.batch) == 3:
+                seen.append(trainer.engine.statistics())
+                release.set()
+
+    trainer = make_trainer(5, callbacks=[Trailer(), Slow(), Watcher()], inline_max=0,
+                           warn_slow_callbacks=False)
+    trainer.fit_sync()
+    trailer, slow, watcher = seen[0].callbacks
+    # It finished none of the three batches published so far (stuck in the first).
+    assert trailer.lag_batches == 3 and trailer.pending == 3 and trailer.handled == 0, trailer
+    assert slow.lag_batches == 1 and slow.pending == 1  # this batch's call, in flight
+    assert watcher.lag_batches == 0 and watcher.pending == 0
+    final = trainer.engine.statistics().callbacks
+    assert final[1].barrier_wait_caused > 0  # the slow one ended the barrier waits
+    assert final[2].barrier_wait_caused == 0  # a @blocking handler never makes it wait
+    total = sum(c.barrier_wait_caused for c in final)
+    stats = trainer.engine.statistics()
+    assert total <= stats.barrier_wait_time + stats.backpressure_wait_time + 1e-9

@@ -47,6 +47,8 @@ class Gate:
         #: Set once; then the producer unwinds at its next event or wait (``Stopped``).
         self.stopping = False
         self.errors: list[BaseException] = []
+        #: The lane whose arrival ended the last wait (charged with that wait).
+        self._last: Lane | None = None
         #: Seconds one wait may last before ``on_long_wait`` is told (once per wait).
         self.wait_warning = math.inf
         #: Told ``(kind, event, lanes, seconds)`` when a wait passes ``wait_warning``.
@@ -120,7 +122,11 @@ class Gate:
                     lanes = sorted(self._waiting, key=lambda lane: lane.index)
                 self.on_long_wait(kind, event, lanes, after)
                 self._signal.get()
-        self.counters.waited(kind, t0, _perf() - t0)
+        elapsed = _perf() - t0
+        self.counters.waited(kind, t0, elapsed)
+        last, self._last = self._last, None
+        if last is not None:
+            last.member.wait_caused += elapsed
         if self.stopping:
             raise Stopped
 
@@ -132,6 +138,7 @@ class Gate:
             if lane in self._waiting:
                 self._waiting.discard(lane)
                 if not self._waiting:
+                    self._last = lane
                     self._signal.put(True)
 
     def fail(

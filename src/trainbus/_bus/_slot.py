@@ -80,6 +80,7 @@ class Member:
         lags: The distinct lags (batches) of its slots.
         peak: The most event items ever queued at once for it, over every session.
         peak_records: For a destination, the most records ever queued at once for it.
+        wait_caused: Seconds the producer waited with it the last lane it waited for.
     """
 
     __slots__ = (
@@ -92,6 +93,7 @@ class Member:
         "peak_records",
         "slots",
         "table",
+        "wait_caused",
     )
 
     def __init__(
@@ -109,6 +111,7 @@ class Member:
         self.lags = frozenset(slot.lag for slot in self.slots.values()) or frozenset({0})
         self.peak = 0
         self.peak_records = 0
+        self.wait_caused = 0.0
 
     @property
     def is_destination(self) -> bool:

@@ -32,6 +32,11 @@ class CallbackStatistics:
         pending_records: For a destination, log records queued or being delivered now.
         peak_pending_records: For a destination, the most records ever queued at once
             (bounded by ``queue_size``, D12).
+        lag_batches: How many batches it trails the training thread by now (0 when it
+            has nothing pending).
+        barrier_wait_caused: Seconds the training thread waited at barriers, for queues
+            or for ``@blocking`` hand-overs while this callback was the last one it waited
+            for (each wait is charged to the callback that ended it).
     """
 
     name: str
@@ -45,6 +50,8 @@ class CallbackStatistics:
     on_thread: bool
     pending_records: int = 0
     peak_pending_records: int = 0
+    lag_batches: int = 0
+    barrier_wait_caused: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +139,7 @@ def collect_statistics(
         lane = lanes[member.index] if lanes else None
         slots = member.all_slots()
         pending = lane.enq - lane.done if lane is not None else 0
+        lag = now_batch - lane.last_batch if pending and lane is not None else 0
         slowest = max(slots, key=lambda s: s.max_time, default=None)
         per_callback.append(
             CallbackStatistics(
@@ -146,13 +154,14 @@ def collect_statistics(
                 on_thread=member.on_thread,
                 pending_records=lane.log_enq - lane.log_done if lane is not None else 0,
                 peak_pending_records=member.peak_records,
+                lag_batches=max(lag, 0),
+                barrier_wait_caused=member.wait_caused,
             )
         )
         depth += pending
         peak = max(peak, member.peak)
         lag_events = max(lag_events, pending)
-        if pending and lane is not None:
-            lag_batches = max(lag_batches, now_batch - lane.last_batch)
+        lag_batches = max(lag_batches, lag)
     return BusStatistics(
         callbacks=tuple(per_callback),
         events_published=counters.published,
