@@ -275,9 +275,14 @@ class Engine:
         """Per-callback handler times, queue depths, lag and producer waits."""
         return self._bus.statistics()
 
-    def record_trace(self) -> TraceRecorder:
-        """Start recording a timeline of handler calls and producer waits."""
-        recorder = TraceRecorder()
+    def record_trace(self, max_spans: int | None = None) -> TraceRecorder:
+        """Start recording a timeline of handler calls and producer waits.
+
+        Args:
+            max_spans: Keep only the newest this many spans (memory stays flat over a long
+                run; a live view uses :meth:`TraceRecorder.drain`); ``None`` keeps all.
+        """
+        recorder = TraceRecorder(max_spans)
         self._bus.trace = recorder
         return recorder
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +35,17 @@ class TraceSpan:
 
 
 class TraceRecorder:
-    """Collects spans from every thread; appends are cheap and thread-safe."""
+    """Collects spans from every thread; appends are cheap and thread-safe.
 
-    def __init__(self) -> None:
-        self._spans: list[tuple[str, str, float, float, int]] = []
+    Args:
+        max_spans: Keep only the newest this many spans (a ring: memory stays flat over a
+            long run); ``None`` keeps every span.
+    """
+
+    def __init__(self, max_spans: int | None = None) -> None:
+        if max_spans is not None and (isinstance(max_spans, bool) or max_spans < 1):
+            raise ValueError(f"max_spans={max_spans!r} must be a positive int, or None")
+        self._spans: deque[tuple[str, str, float, float, int]] = deque(maxlen=max_spans)
         self.origin = time.perf_counter()
 
     def handler(self, lane: str, event: Event | None, start: float, duration: float) -> None:
@@ -57,6 +65,20 @@ class TraceRecorder:
         """The recorded spans, in recording order."""
         for row, label, start, duration, thread in list(self._spans):
             yield TraceSpan(row, label, start, duration, thread)
+
+    def drain(self) -> list[TraceSpan]:
+        """The spans recorded since the last ``drain``, oldest first; they are forgotten
+        (a live view reads its feed this way). Safe while other threads record: they only
+        append on the right, this pops on the left."""
+        spans = self._spans
+        out: list[TraceSpan] = []
+        for _ in range(len(spans)):
+            try:
+                row, label, start, duration, thread = spans.popleft()
+            except IndexError:
+                break
+            out.append(TraceSpan(row, label, start, duration, thread))
+        return out
 
     def chrome_trace(self) -> dict[str, Any]:
         """The spans as a Chrome trace-event document (one row per lane)."""

@@ -8,25 +8,17 @@ whether or not a snapshot took them), each snapshot takes the recorder's new spa
 the feed keeps only the last few thousand.
 
 Every per-callback figure is one of ``engine.statistics()``'s
-(:class:`~trainbus.CallbackStatistics`) where the bus counts it. Two are not counted per
-callback by the bus, so they are estimated from the timeline and named in the snapshot's
-``estimated`` list (a field of the bus with the same name replaces the estimate):
-
-- ``barrier_wait_caused``: each barrier wait of the training thread is charged to the
-  callback whose handler ended last inside it (the one that released the barrier);
-- ``lag_batches``: for a callback with queued work, the batches the training thread
-  finished since that callback's last handler ended, at most the bus's own
-  ``lag_batches`` (that of the furthest-behind callback).
+(:class:`~trainbus.CallbackStatistics`), counted by the bus: ``lag_batches`` (how far the
+callback trails now) and ``barrier_wait_caused`` (the producer's waits it ended) included.
+The snapshot's ``estimated`` list names figures estimated rather than counted: none today.
 """
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from trainbus import CallbackStatistics
 from trainbus.callbacks._stream_items import StreamBusSnapshot
 
 if TYPE_CHECKING:
@@ -36,31 +28,10 @@ __all__ = ["BusFeed"]
 
 #: The timeline row of the training thread (``TraceRecorder``'s producer row).
 PRODUCER_ROW = "training thread"
-#: The figures a snapshot estimates per callback unless the bus counts them.
-ESTIMATED = ("lag_batches", "barrier_wait_caused")
 #: Spans ending before the timeline's start that the timeline's scan steps over.
 _SLACK = 64
 
 _Span = tuple[str, str, float, float, int]  # row, label, start, duration, thread
-
-
-def _released_by(
-    handlers: deque[tuple[float, str, float]], start: float, end: float
-) -> str | None:
-    """The callback whose handler ended last inside ``[start, end]`` (a little slack).
-
-    A handler that started after the wait ended cannot have released it (the training
-    thread runs cheap handlers itself right after a barrier): it is not a candidate.
-    """
-    best: tuple[float, str] | None = None
-    for handler_end, row, handler_start in handlers:
-        if (
-            start <= handler_end <= end + 0.002
-            and handler_start < end
-            and (best is None or handler_end > best[0])
-        ):
-            best = (handler_end, row)
-    return best[1] if best else None
 
 
 class BusFeed:
@@ -89,65 +60,22 @@ class BusFeed:
         max_recorded: int = 8192,
     ) -> None:
         self.engine = engine
-        self.recorder: TraceRecorder = engine.record_trace()
-        # Bound the recorder before anything records: a ring instead of its list. (The bus
-        # has no bounded recorder of its own; its appends take the attribute at each call.)
-        if isinstance(getattr(self.recorder, "_spans", None), list):
-            self.recorder._spans = deque(maxlen=max_recorded)  # type: ignore[assignment]
+        self.recorder: TraceRecorder = engine.record_trace(max_spans=max_recorded)
         self.timeline_batches = timeline_batches
         self.max_spans = max_spans
         self._recent: deque[_Span] = deque(maxlen=4096)
-        self._batch_ends: list[float] = []
         self._batch_starts: deque[float] = deque(maxlen=max(1, timeline_batches))
-        self._last_handlers: deque[tuple[float, str, float]] = deque(maxlen=32)
-        self._last_end: dict[str, float] = {}
-        self._caused: dict[str, float] = {}
-        self._read = 0
 
     def _take_new(self) -> list[_Span]:
         """The spans recorded since the last call; the recorder forgets them."""
-        spans = getattr(self.recorder, "_spans", None)
-        if isinstance(spans, deque):
-            # Other threads only append (on the right): popping on the left is safe.
-            new: list[_Span] = []
-            for _ in range(len(spans)):
-                try:
-                    new.append(spans.popleft())
-                except IndexError:
-                    break
-            return new
-        every = [(s.row, s.label, s.start, s.duration, s.thread) for s in self.recorder.spans()]
-        new, self._read = every[self._read :], len(every)
-        return new
+        return [(s.row, s.label, s.start, s.duration, s.thread) for s in self.recorder.drain()]
 
     def _account(self, new: list[_Span]) -> None:
-        # Spans arrive in the order they ended, so the handler that released a barrier
-        # is among the last few handler spans recorded before the wait's own span.
-        handlers = self._last_handlers
         for span in new:
-            row, label, start, duration, _ = span
-            end = start + duration
-            if row == PRODUCER_ROW:
-                if label.startswith("batch"):
-                    self._batch_ends.append(end)
-                    self._batch_starts.append(start)
-                elif label == "wait: barrier" and duration > 0:
-                    culprit = _released_by(handlers, start, end)
-                    if culprit is not None:
-                        self._caused[culprit] = self._caused.get(culprit, 0.0) + duration
-            else:
-                handlers.append((end, row, start))
-                if end > self._last_end.get(row, 0.0):
-                    self._last_end[row] = end
+            row, label, start, _, _ = span
+            if row == PRODUCER_ROW and label.startswith("batch"):
+                self._batch_starts.append(start)
             self._recent.append(span)
-        if len(self._batch_ends) > 8192:
-            del self._batch_ends[:-4096]
-
-    def _lag(self, name: str, pending: int, most: int) -> int:
-        if pending <= 0:
-            return 0
-        last = self._last_end.get(name, 0.0)
-        return min(most, len(self._batch_ends) - bisect.bisect_right(self._batch_ends, last))
 
     def _timeline(self) -> tuple[dict[str, Any], ...]:
         if not self._batch_starts:
@@ -179,22 +107,17 @@ class BusFeed:
         )
 
     def take(self) -> None:
-        """Fold the recorder's new spans into the estimates, without making a snapshot.
+        """Fold the recorder's new spans into the timeline, without making a snapshot.
 
         Cheap (no snapshot is built): call it between snapshots nobody asked for, so
-        that the estimates miss no span the bounded recorder would forget.
+        that the timeline misses no span the bounded recorder would forget.
         """
         self._account(self._take_new())
 
     def statistics(self) -> dict[str, Any]:
-        """``engine.statistics()`` as plain values, with the per-callback estimates.
-
-        ``estimated`` names the per-callback figures that come from the timeline, not
-        from the bus (see the module's docstring).
-        """
+        """``engine.statistics()`` as plain values (``estimated``: none, see the module)."""
         self._account(self._take_new())
         stats = self.engine.statistics()
-        estimated = [name for name in ESTIMATED if not hasattr(CallbackStatistics, name)]
         callbacks = []
         for c in stats.callbacks:
             row: dict[str, Any] = {
@@ -210,13 +133,9 @@ class BusFeed:
                 "pending_records": c.pending_records,
                 "peak_pending_records": c.peak_pending_records,
                 "on_thread": c.on_thread,
-                "lag_batches": getattr(c, "lag_batches", None),
-                "barrier_wait_caused": getattr(c, "barrier_wait_caused", None),
+                "lag_batches": c.lag_batches,
+                "barrier_wait_caused": c.barrier_wait_caused,
             }
-            if row["lag_batches"] is None:
-                row["lag_batches"] = self._lag(c.name, c.pending, stats.lag_batches)
-            if row["barrier_wait_caused"] is None:
-                row["barrier_wait_caused"] = self._caused.get(c.name, 0.0)
             callbacks.append(row)
         return {
             "batches": stats.batches,
@@ -230,7 +149,7 @@ class BusFeed:
             "backpressure_wait_time": stats.backpressure_wait_time,
             "handler_time": stats.handler_time,
             "callbacks": callbacks,
-            "estimated": estimated,
+            "estimated": [],
         }
 
     def snapshot(self) -> StreamBusSnapshot:
