@@ -17,7 +17,10 @@ each round in a rotated order. Scenarios (each ``+`` figure is paired with its b
     pl-mlflow-async  the same with ``MLFlowLogger(synchronous=False)``
     tb-none          trainbus: a ``@blocking`` callback computes the 10 values, logs
                      nothing                                                           (base)
-    tb-null          it logs them to a no-op ``async`` destination (the bus's record path)
+    tb-null          it logs them to a no-op ``async def log_record`` destination: the
+                     bus's record path to a loop lane (one loop wake-up per record)
+    tb-null-thread   the same with a plain ``def log_record``: the bus's record path to a
+                     thread lane (MLflowLogger's, since it runs on one)
     tb-mlflow        it logs them to ``MLflowLogger`` (defaults: 1000 points per request,
                      flushed every second)
     tb-mlflow-stub   the same against a stub (a process of its own) that answers MLflow's
@@ -193,7 +196,7 @@ def with_trainbus(w: Any, kind: str, url: str, exp: str, db: str | None,
         loggers.append(mlflow_logger)
     elif kind == "null":
         loggers.append(NullDestination())
-    elif kind == "syncnull":
+    elif kind == "null-thread":
         loggers.append(SyncNull())
     meter = mp.Meter()
     meter.watch_this_thread()  # fit_sync runs the event loop on this thread
@@ -281,6 +284,36 @@ def report(rows: dict[str, list[Row]], header: str) -> None:
         print(line)
 
 
+def compare(args: argparse.Namespace) -> None:
+    """The stub rows against two trees in alternating subprocesses, round by round (ABAB)."""
+    import os
+
+    trees = {"before": args.before, "after": str(HERE.parent / "src")}
+    command = [sys.executable, __file__, "--stub-only", "--json", "--reps", str(args.reps),
+               "--repeat", str(args.repeat)]
+    rounds: dict[str, list[dict[str, list[Row]]]] = {k: [] for k in trees}
+    for _ in range(args.rounds):
+        for tree, src in trees.items():
+            out = subprocess.run(command, env={**os.environ, "PYTHONPATH": src}, check=True,
+                                 capture_output=True, text=True, timeout=1800).stdout
+            rounds[tree].append(json.loads(out.strip().splitlines()[-1]))
+    figures = [("wall", "wall"), ("train_cpu", "train CPU"), ("other", "other threads CPU")]
+    print(f"ms per batch, median over {args.reps} reps per round; after - before per round "
+          f"(paired) min / median / max over {args.rounds} rounds")
+    print(f"{'scenario':<16}{'figure':<19}{'before':>9}{'after':>9}{'after - before':>32}")
+    for scenario in rounds["after"][0]:
+        for key, label in figures:
+            med: dict[str, list[float]] = {}
+            for tree in trees:
+                med[tree] = [statistics.median(
+                    r[key] if key != "other" else r["proc_cpu"] - r["train_cpu"]
+                    for r in run[scenario]) for run in rounds[tree]]
+            diff = [a - b for a, b in zip(med["after"], med["before"], strict=True)]
+            print(f"{scenario:<16}{label:<19}{statistics.median(med['before']):9.3f}"
+                  f"{statistics.median(med['after']):9.3f}"
+                  f"{min(diff):+12.3f} / {statistics.median(diff):+.3f} / {max(diff):+.3f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
@@ -289,10 +322,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-lightning", action="store_true")
     parser.add_argument("--lightning-python",
                         default=str(HERE / ".venvs" / "lightning" / "bin" / "python"))
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--before", metavar="SRC",
+                        help="compare the trainbus rows with the src/ folder of another tree")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of --before")
     parser.add_argument("--serve-stub", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_stub:
         serve_stub()
+        return
+    if args.before:
+        compare(args)
         return
     import torch
     import workloads
@@ -306,6 +346,7 @@ def main(argv: list[str] | None = None) -> None:
         "plain": lambda: plain(w, None, "", "", None),
         "tb-none": lambda: with_trainbus(w, "none", stub.url, name, None, None),
         "tb-null": lambda: with_trainbus(w, "null", stub.url, name, None, None),
+        "tb-null-thread": lambda: with_trainbus(w, "null-thread", stub.url, name, None, None),
         "tb-mlflow-stub": lambda: with_trainbus(w, "mlflow-stub", stub.url, name, None, stub),
     }
     versions = f"torch {torch.__version__}"
@@ -350,6 +391,9 @@ def main(argv: list[str] | None = None) -> None:
                 server.stop()
             stub.stop()
     grouped = {n: rows[n] for p in BASES for n in order if n.split("-")[0] == p}
+    if args.json:
+        print(json.dumps(grouped))
+        return
     report(grouped, f"{len(w.batches)} batches of MLP 256-512-10, batch 64, 1 torch thread, "
                     f"10 metrics per batch; {versions}; {args.reps} reps, median [min-max]; "
                     "per batch")
