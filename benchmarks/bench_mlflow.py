@@ -74,6 +74,8 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 import mlflow_points as mp  # noqa: E402
 
 Row = dict[str, float]
+DEVICE = "cpu"  # --device: where the plain and trainbus rows train
+INSTRUMENT: tuple[int, int] | None = None  # --instrument A B (callgrind; trainbus rows)
 
 
 # -- the stub server (a process of its own: ``--serve-stub``) ------------------------------------
@@ -198,11 +200,11 @@ def with_trainbus(w: Any, kind: str, url: str, exp: str, db: str | None,
         loggers.append(NullDestination())
     elif kind == "null-thread":
         loggers.append(SyncNull())
-    meter = mp.Meter()
+    meter = mp.Meter(INSTRUMENT)
     meter.watch_this_thread()  # fit_sync runs the event loop on this thread
     before = stub.counts() if stub is not None else None
     Trainer(w.model, w.batches, "1ep", loss_fn=w.loss_fn, optimizers=w.optimizer(),
-            callbacks=[TenMetrics(meter, log=kind != "none")], loggers=loggers, device="cpu",
+            callbacks=[TenMetrics(meter, log=kind != "none")], loggers=loggers, device=DEVICE,
             warn_slow_callbacks=False, log_train_loss=False).fit_sync()
     row = meter.per_batch()
     row["fit_ms"] = (time.perf_counter() - row["t_last"]) * 1e3
@@ -297,20 +299,24 @@ def compare(args: argparse.Namespace) -> None:
             out = subprocess.run(command, env={**os.environ, "PYTHONPATH": src}, check=True,
                                  capture_output=True, text=True, timeout=1800).stdout
             rounds[tree].append(json.loads(out.strip().splitlines()[-1]))
+    def fig(row: Row, key: str) -> float:
+        return row["proc_cpu"] - row["train_cpu"] if key == "other" else row[key]
+
     figures = [("wall", "wall"), ("train_cpu", "train CPU"), ("other", "other threads CPU")]
-    print(f"ms per batch, median over {args.reps} reps per round; after - before per round "
-          f"(paired) min / median / max over {args.rounds} rounds")
-    print(f"{'scenario':<16}{'figure':<19}{'before':>9}{'after':>9}{'after - before':>32}")
-    for scenario in rounds["after"][0]:
+    print(f"ms per batch over tb-none (paired within each run: median over {args.reps} reps); "
+          f"before | after, and after - before: min / median / max over {args.rounds} rounds")
+    print(f"{'scenario':<16}{'figure':<19}{'+before':>9}{'+after':>9}{'after - before':>32}")
+    for scenario in [n for n in rounds["after"][0] if n.startswith("tb-") and n != "tb-none"]:
         for key, label in figures:
             med: dict[str, list[float]] = {}
             for tree in trees:
                 med[tree] = [statistics.median(
-                    r[key] if key != "other" else r["proc_cpu"] - r["train_cpu"]
-                    for r in run[scenario]) for run in rounds[tree]]
+                    fig(a, key) - fig(b, key)
+                    for a, b in zip(run[scenario], run["tb-none"], strict=True))
+                    for run in rounds[tree]]
             diff = [a - b for a, b in zip(med["after"], med["before"], strict=True)]
-            print(f"{scenario:<16}{label:<19}{statistics.median(med['before']):9.3f}"
-                  f"{statistics.median(med['after']):9.3f}"
+            print(f"{scenario:<16}{label:<19}{statistics.median(med['before']):+9.3f}"
+                  f"{statistics.median(med['after']):+9.3f}"
                   f"{min(diff):+12.3f} / {statistics.median(diff):+.3f} / {max(diff):+.3f}")
 
 
@@ -322,6 +328,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-lightning", action="store_true")
     parser.add_argument("--lightning-python",
                         default=str(HERE / ".venvs" / "lightning" / "bin" / "python"))
+    parser.add_argument("--device", default="cpu",
+                        help="e.g. cuda: the plain and trainbus rows train there (no sync "
+                             "per batch: a small MLP is bound by the CPU's launches)")
+    parser.add_argument("--only", help="run only this scenario (and no warm-up): callgrind")
+    parser.add_argument("--instrument", type=int, nargs=2, metavar=("A", "B"),
+                        help="callgrind: instrument batches A+1..B only (see callgrind_mlflow)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--before", metavar="SRC",
                         help="compare the trainbus rows with the src/ folder of another tree")
@@ -334,12 +346,21 @@ def main(argv: list[str] | None = None) -> None:
     if args.before:
         compare(args)
         return
+    if args.instrument:
+        global INSTRUMENT
+        INSTRUMENT = (args.instrument[0], args.instrument[1])
     import torch
     import workloads
 
     torch.set_num_threads(1)
     w = workloads.make_workload("mlp")
     w.batches = w.batches * args.repeat
+    if args.device != "cpu":  # plain and trainbus rows only; the model and data live there
+        global DEVICE
+        DEVICE = args.device
+        w.model.to(DEVICE)
+        w.batches = [(x.to(DEVICE), y.to(DEVICE)) for x, y in w.batches]
+        args.no_lightning = True
     name = f"bench-{uuid.uuid4().hex[:6]}"
     stub = StubProcess()
     table: dict[str, Callable[[], Row]] = {
@@ -377,7 +398,9 @@ def main(argv: list[str] | None = None) -> None:
                             mode=mode, url=url, experiment=name, db=db))
             order = sorted(table, key=lambda n: (list(BASES).index(n.split("-")[0]), n))
             order.sort(key=lambda n: n.split("-")[0] == "tb" and n != "tb-none")
-            for scenario in order:  # warm-up
+            if args.only:
+                order = [args.only]
+            for scenario in order if not args.only else ():  # warm-up
                 table[scenario]()
             rows: dict[str, list[Row]] = {n: [] for n in order}
             for rep in range(args.reps):
@@ -391,10 +414,12 @@ def main(argv: list[str] | None = None) -> None:
                 server.stop()
             stub.stop()
     grouped = {n: rows[n] for p in BASES for n in order if n.split("-")[0] == p}
+    if args.only:
+        grouped = rows
     if args.json:
         print(json.dumps(grouped))
         return
-    report(grouped, f"{len(w.batches)} batches of MLP 256-512-10, batch 64, 1 torch thread, "
+    report(grouped, f"{len(w.batches)} batches of MLP 256-512-10, batch 64, {DEVICE}, 1 torch thread, "
                     f"10 metrics per batch; {versions}; {args.reps} reps, median [min-max]; "
                     "per batch")
 

@@ -8,7 +8,9 @@ readable in the server's sqlite store.
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
 import threading
 import time
 
@@ -26,13 +28,17 @@ class Meter:
     """Marks at the end of batches 1 and N on the training thread; per-batch figures.
 
     ``other`` is the CPU clock of a second thread to watch (the event loop), if any.
+    ``instrument=(a, b)``: under ``valgrind --tool=callgrind --instr-atstart=no``, turn
+    instrumentation on at the end of batch ``a`` and off at the end of batch ``b`` (with
+    ``callgrind_control``), so the counts cover batches ``a+1..b`` only.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, instrument: tuple[int, int] | None = None) -> None:
         self.first: tuple[float, ...] | None = None
         self.last: tuple[float, ...] = ()
         self.batches = 0
         self.other: int | None = None
+        self.instrument = instrument
 
     def watch_this_thread(self) -> None:
         """Watch the calling thread's CPU time too (call it on the event loop)."""
@@ -46,6 +52,10 @@ class Meter:
             self.first = now
         self.last = now
         self.batches += 1
+        if self.instrument is not None and self.batches in self.instrument:
+            switch = "on" if self.batches == self.instrument[0] else "off"
+            subprocess.run(["callgrind_control", "-i", switch, str(os.getpid())], check=True,
+                           capture_output=True, timeout=600)
 
     def per_batch(self) -> dict[str, float]:
         """ms per batch from the end of batch 1 to the end of the last one.
