@@ -76,6 +76,7 @@ import mlflow_points as mp  # noqa: E402
 Row = dict[str, float]
 DEVICE = "cpu"  # --device: where the plain and trainbus rows train
 INSTRUMENT: tuple[int, int] | None = None  # --instrument A B (callgrind; trainbus rows)
+TOGGLE: Callable[[bool], None] | None = None  # what INSTRUMENT calls (count_mlflow_calls.py)
 
 
 # -- the stub server (a process of its own: ``--serve-stub``) ------------------------------------
@@ -200,7 +201,7 @@ def with_trainbus(w: Any, kind: str, url: str, exp: str, db: str | None,
         loggers.append(NullDestination())
     elif kind == "null-thread":
         loggers.append(SyncNull())
-    meter = mp.Meter(INSTRUMENT)
+    meter = mp.Meter(INSTRUMENT, TOGGLE)
     meter.watch_this_thread()  # fit_sync runs the event loop on this thread
     before = stub.counts() if stub is not None else None
     Trainer(w.model, w.batches, "1ep", loss_fn=w.loss_fn, optimizers=w.optimizer(),
@@ -254,6 +255,8 @@ class LightningWorker:
 # -- the report ------------------------------------------------------------------------------------
 
 BASES = {"plain": "plain", "client": "plain", "pl": "pl-none", "tb": "tb-none"}
+ORDER = ["plain", "client-sync", "client-async", "pl-none", "pl-log", "pl-mlflow",
+         "pl-mlflow-async", "tb-none", "tb-null", "tb-null-thread", "tb-mlflow", "tb-mlflow-stub"]
 COLUMNS = [("wall", "wall ms"), ("train_cpu", "train CPU ms"), ("proc_cpu", "proc CPU ms")]
 
 
@@ -396,8 +399,7 @@ def main(argv: list[str] | None = None) -> None:
                     for mode in ("none", "log", "mlflow", "mlflow-async"):
                         table[f"pl-{mode}"] = (lambda mode=mode: lw.fit(
                             mode=mode, url=url, experiment=name, db=db))
-            order = sorted(table, key=lambda n: (list(BASES).index(n.split("-")[0]), n))
-            order.sort(key=lambda n: n.split("-")[0] == "tb" and n != "tb-none")
+            order = [n for n in ORDER if n in table]
             if args.only:
                 order = [args.only]
             for scenario in order if not args.only else ():  # warm-up
@@ -413,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
             if server is not None:
                 server.stop()
             stub.stop()
-    grouped = {n: rows[n] for p in BASES for n in order if n.split("-")[0] == p}
+    grouped = {n: rows[n] for n in ORDER if n in rows}
     if args.only:
         grouped = rows
     if args.json:

@@ -13,8 +13,9 @@ import sqlite3
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 
-__all__ = ["KEYS", "Meter", "values", "wait_readable"]
+__all__ = ["KEYS", "Meter", "callgrind_toggle", "values", "wait_readable"]
 
 KEYS = [f"m{i}" for i in range(10)]
 
@@ -28,17 +29,19 @@ class Meter:
     """Marks at the end of batches 1 and N on the training thread; per-batch figures.
 
     ``other`` is the CPU clock of a second thread to watch (the event loop), if any.
-    ``instrument=(a, b)``: under ``valgrind --tool=callgrind --instr-atstart=no``, turn
-    instrumentation on at the end of batch ``a`` and off at the end of batch ``b`` (with
-    ``callgrind_control``), so the counts cover batches ``a+1..b`` only.
+    ``instrument=(a, b)``: call ``toggle(True)`` at the end of batch ``a`` and
+    ``toggle(False)`` at the end of batch ``b``; by default :func:`callgrind_toggle` (under
+    ``valgrind --tool=callgrind --instr-atstart=no``: counts of batches ``a+1..b`` only).
     """
 
-    def __init__(self, instrument: tuple[int, int] | None = None) -> None:
+    def __init__(self, instrument: tuple[int, int] | None = None,
+                 toggle: Callable[[bool], None] | None = None) -> None:
         self.first: tuple[float, ...] | None = None
         self.last: tuple[float, ...] = ()
         self.batches = 0
         self.other: int | None = None
         self.instrument = instrument
+        self.toggle = toggle or callgrind_toggle
 
     def watch_this_thread(self) -> None:
         """Watch the calling thread's CPU time too (call it on the event loop)."""
@@ -53,9 +56,7 @@ class Meter:
         self.last = now
         self.batches += 1
         if self.instrument is not None and self.batches in self.instrument:
-            switch = "on" if self.batches == self.instrument[0] else "off"
-            subprocess.run(["callgrind_control", "-i", switch, str(os.getpid())], check=True,
-                           capture_output=True, timeout=600)
+            self.toggle(self.batches == self.instrument[0])
 
     def per_batch(self) -> dict[str, float]:
         """ms per batch from the end of batch 1 to the end of the last one.
@@ -70,6 +71,12 @@ class Meter:
         wall, train, proc, other = ((b - a) * 1e3 / n for a, b in zip(self.first, self.last, strict=True))
         return {"wall": wall, "train_cpu": train, "proc_cpu": proc, "loop_cpu": other,
                 "t_last": self.last[0]}
+
+
+def callgrind_toggle(on: bool) -> None:
+    """Turn callgrind's instrumentation of this process on or off."""
+    subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(os.getpid())],
+                   check=True, capture_output=True, timeout=600)
 
 
 def wait_readable(db: str, run_id: str, n_points: int, timeout: float = 300.0) -> float:

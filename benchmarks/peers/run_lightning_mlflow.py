@@ -100,10 +100,11 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     w = wl.make_workload("mlp")
     module = Module(w)
-    print(json.dumps({"version": pl.__version__}), flush=True)
+    answers, sys.stdout = sys.stdout, sys.stderr  # MLflow prints links to its runs
+    print(json.dumps({"version": pl.__version__}), file=answers, flush=True)
     for line in sys.stdin:
         if line.strip():
-            print(json.dumps(fit(module, w, json.loads(line))), flush=True)
+            print(json.dumps(fit(module, w, json.loads(line))), file=answers, flush=True)
 
 
 if __name__ == "__main__":
