@@ -44,11 +44,12 @@ import workloads as wl
 
 class Values(pl.Callback):
     def __init__(self, meter: mp.Meter, log: bool) -> None:
-        self.meter, self.log = meter, log
+        # not ``self.log``: Lightning sets that attribute on callbacks (its logging method)
+        self.meter, self.log_values = meter, log
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         metrics = mp.values(trainer.global_step)
-        if self.log:
+        if self.log_values:
             pl_module.log_dict(metrics, on_step=True, on_epoch=False)
         self.meter.mark()
 
