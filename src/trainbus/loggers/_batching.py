@@ -1,25 +1,22 @@
 """The delivery machinery that HTTP destinations share: batches, spool, retries, close.
 
 :class:`BatchingDestination` is the base of :class:`~trainbus.loggers.HTTPMetricsUploader`
-and :class:`~trainbus.loggers.MLflowLogger`. A subclass says what an item is
-(:meth:`~BatchingDestination._items`), how many items fit in one request
-(:meth:`~BatchingDestination._cut`), how to open the run (:meth:`~BatchingDestination._open`)
-and how to send one batch (:meth:`~BatchingDestination._attempt`); everything else is here.
+and :class:`~trainbus.loggers.MLflowLogger`. A subclass says what an item is (``_items``),
+how many items fit in one request (``_cut``), how to open the run (``_open``) and how to
+send one batch (``_attempt``); everything else is here.
 
-How it runs: a subclass's ``log_record`` hands a record's items to ``_add`` on the event
-loop (``async def``: a loop lane), or puts them in ``self._inbox`` on its own lane thread
-(plain ``def``: a thread lane, cheaper per record; ``_inbox.py``). On the loop, ``_add``
-buffers items and seals a batch when a request's worth is buffered (no I/O). ``background``
-runs the *stager* (seals the partial buffer every ``flush_interval``, spools sealed batches
-in a worker thread, times ``close``) and the *sender* (sends the oldest batch until a 2xx
-or a refusal; with a spool, only batches already on disk). ``close`` seals the rest, waits
-up to ``close_timeout`` and reports. Buffer, outbox and signal are touched from the loop
-thread only (no locks, a plain ``anyio.Event``); the spool's ``fsync`` runs in a thread.
+How it runs: a subclass's ``log_record`` hands a record's items to ``_add`` on the loop
+(``async def``: a loop lane) or puts them in ``self._inbox`` from its lane thread (plain
+``def``, cheaper per record; ``_inbox.py``). ``_add`` buffers items and seals a batch per
+request's worth (no I/O). ``background`` runs the *stager* (seals the buffer every
+``flush_interval``, spools sealed batches in a worker thread, times ``close``) and the
+*sender* (sends the oldest batch until a 2xx or a refusal; with a spool, only batches on
+disk). ``close`` seals the rest, waits up to ``close_timeout`` and reports. Buffer, outbox
+and signal are touched on the loop only (no locks); the spool's ``fsync`` runs in a thread.
 
-Whether the run completed: an ``async def fit_end`` notes that the ``FIT_END`` event came.
-A ``close`` without it ends a run that failed or was cancelled; there, once every batch is
-safe in the spool, ``close`` waits no longer than the next failed attempt (the server may
-be down: the next run resends the spool) instead of the whole ``close_timeout``.
+Whether the run completed: an ``async def fit_end`` notes that ``FIT_END`` came. A
+``close`` without it ends a failed or cancelled run; once every batch is in the spool, it
+waits only until the next failed attempt (the next run resends the spool), not ``close_timeout``.
 """
 
 from __future__ import annotations
@@ -140,8 +137,7 @@ class BatchingDestination(LoggerDestination):
     # -- what training calls -----------------------------------------------------------------
 
     def _add(self, items: list[Any], params: bool) -> None:
-        """Buffer ``items`` (event loop only); seal a batch once a request's worth is
-        buffered. Hyperparameters (``params``) are sealed at once, in batches of their own."""
+        """Buffer ``items`` and seal full batches (loop only); ``params`` go in batches alone."""
         if not items:
             return
         if params:
@@ -164,8 +160,7 @@ class BatchingDestination(LoggerDestination):
         httpx = require_httpx(type(self).__name__)
         self._completed = False
         signal = self._signal = Signal()
-        call_soon, take = loop_caller(), self._take
-        self._inbox.wake = lambda: call_soon(take)
+        self._inbox.wake = loop_caller(self._take)
         try:
             if self._spool is not None:
                 await self._recover(self._spool)
@@ -226,14 +221,14 @@ class BatchingDestination(LoggerDestination):
     def statistics(self) -> UploaderStatistics:
         """Counters of what was sent, retried, spooled and refused (safe from any thread)."""
         outbox = list(self._outbox)
+        pending = sum(len(b.points) for b in outbox) + len(self._buffer) + self._inbox.pending
         return UploaderStatistics(
             points_sent=self.points_sent,
             batches_sent=self.batches_sent,
             retries=self.retries,
             spooled_batches=self.spooled_batches,
             pending_batches=len(outbox),
-            pending_points=sum(len(b.points) for b in outbox) + len(self._buffer)
-            + self._inbox.pending,
+            pending_points=pending,
             rejected_batches=self._rejected,
             recovered_batches=self._recovered,
             skipped_values=self._skipped,

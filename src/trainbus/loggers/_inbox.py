@@ -25,11 +25,11 @@ from typing import Any
 __all__ = ["Inbox", "loop_caller"]
 
 
-def loop_caller() -> Callable[[Callable[[], None]], None]:
-    """A thread-safe ``call_soon`` for the running event loop (asyncio or trio).
+def loop_caller(fn: Callable[[], None]) -> Callable[[], None]:
+    """A function that schedules ``fn()`` on the running event loop (asyncio or trio).
 
-    The returned function schedules ``fn()`` on the loop from any thread and returns at
-    once; once the loop has ended it does nothing.
+    Call the result from any thread: it returns at once; once the loop has ended it does
+    nothing.
     """
     try:
         call: Callable[..., Any] = asyncio.get_running_loop().call_soon_threadsafe
@@ -37,7 +37,7 @@ def loop_caller() -> Callable[[Callable[[], None]], None]:
         trio = sys.modules["trio"]
         call = trio.lowlevel.current_trio_token().run_sync_soon
 
-    def call_soon(fn: Callable[[], None]) -> None:
+    def call_soon() -> None:
         try:
             call(fn)
         except Exception:  # asyncio: "Event loop is closed"; trio: RunFinishedError
