@@ -112,8 +112,13 @@ class _Stub(BaseHTTPRequestHandler):
         pass
 
 
+class _Quiet(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that closes its connection at exit is not news
+
+
 def serve_stub() -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
+    server = _Quiet(("127.0.0.1", 0), _Stub)
     print(server.server_address[1], flush=True)
     server.serve_forever()
 
