@@ -7,7 +7,8 @@
 #     bash benchmarks/setup_peers.sh
 #
 # Versions installed when this was written (Python 3.11.7, torch 2.13.0+cpu):
-#   lightning: pytorch-lightning 2.6.6 (lightning-utilities 0.15.3, torchmetrics 1.9.0)
+#   lightning: pytorch-lightning 2.6.6 (lightning-utilities 0.15.3, torchmetrics 1.9.0),
+#              mlflow-skinny 3.17.2 (the client Lightning's MLFlowLogger needs)
 #   ignite:    pytorch-ignite 0.5.5
 #   composer:  mosaicml 0.32.1 (--no-deps; its release pins torch<2.8) plus the
 #              COMPOSER_DEPS below, found by trial (import composer, build a
@@ -43,7 +44,7 @@ install() {  # install NAME: the framework's packages into an existing venv
   local pip="$VENVS/$1/bin/python -m pip install -q --disable-pip-version-check"
   $pip "$TORCH"
   case "$1" in
-    lightning) $pip pytorch-lightning ;;
+    lightning) $pip pytorch-lightning 'mlflow-skinny==3.17.2' ;;  # MLFlowLogger: bench_mlflow.py
     ignite) $pip pytorch-ignite numpy ;;  # numpy only silences torch's import warning
     composer)
       $pip --no-deps 'mosaicml==0.32.*'

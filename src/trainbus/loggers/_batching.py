@@ -1,26 +1,22 @@
 """The delivery machinery that HTTP destinations share: batches, spool, retries, close.
 
 :class:`BatchingDestination` is the base of :class:`~trainbus.loggers.HTTPMetricsUploader`
-and :class:`~trainbus.loggers.MLflowLogger`. A subclass says what an item is
-(:meth:`~BatchingDestination._items`), how many items fit in one request
-(:meth:`~BatchingDestination._cut`), how to open the run (:meth:`~BatchingDestination._open`)
-and how to send one batch (:meth:`~BatchingDestination._attempt`); everything else is here.
+and :class:`~trainbus.loggers.MLflowLogger`. A subclass says what an item is (``_items``),
+how many items fit in one request (``_cut``), how to open the run (``_open``) and how to
+send one batch (``_attempt``); everything else is here.
 
-How it runs, all on the event loop: ``log_record`` appends items to a buffer and seals a
-batch when a request's worth is buffered (no I/O). ``background`` runs the *stager* (seals
-the partial buffer every ``flush_interval``, writes sealed batches to the spool in a worker
-thread, times ``close``) and the *sender* (sends the oldest batch until a 2xx or a
-refusal; with a spool, only batches already on disk, so each is spooled before its first
-attempt). ``close`` seals the rest, waits up to ``close_timeout`` and reports.
+How it runs: a subclass's ``log_record`` hands a record's items to ``_add`` on the loop
+(``async def``: a loop lane) or puts them in ``self._inbox`` from its lane thread (plain
+``def``, cheaper per record; ``_inbox.py``). ``_add`` buffers items and seals a batch per
+request's worth (no I/O). ``background`` runs the *stager* (seals the buffer every
+``flush_interval``, spools sealed batches in a worker thread, times ``close``) and the
+*sender* (sends the oldest batch until a 2xx or a refusal; with a spool, only batches on
+disk). ``close`` seals the rest, waits up to ``close_timeout`` and reports. Buffer, outbox
+and signal are touched on the loop only (no locks); the spool's ``fsync`` runs in a thread.
 
-Why ``log_record`` is ``async def``: then the destination's lane is a loop lane, and the
-buffer, outbox and wake-up signal are touched from the loop thread only (no locks, a plain
-``anyio.Event``); the spool's ``fsync`` runs in a worker thread.
-
-Whether the run completed: an ``async def fit_end`` notes that the ``FIT_END`` event came.
-A ``close`` without it ends a run that failed or was cancelled; there, once every batch is
-safe in the spool, ``close`` waits no longer than the next failed attempt (the server may
-be down: the next run resends the spool) instead of the whole ``close_timeout``.
+Whether the run completed: an ``async def fit_end`` notes that ``FIT_END`` came. A
+``close`` without it ends a failed or cancelled run; once every batch is in the spool, it
+waits only until the next failed attempt (the next run resends the spool), not ``close_timeout``.
 """
 
 from __future__ import annotations
@@ -46,6 +42,7 @@ from trainbus.loggers._delivery import (
     require_httpx,
     undelivered_message,
 )
+from trainbus.loggers._inbox import Inbox, loop_caller
 from trainbus.loggers._retry import Retrier
 from trainbus.loggers._spool import Batch, Spool
 
@@ -94,7 +91,8 @@ class BatchingDestination(LoggerDestination):
         self.close_timeout, self.backoff, self.max_backoff = options[3:]
         self._spool = Spool(spool_dir) if spool_dir is not None else None
         self._seq = itertools.count()
-        self._buffer: list[dict[str, Any]] = []
+        self._buffer: list[Any] = []
+        self._inbox = Inbox(self.batch_size)  # items from a lane thread
         self._outbox: deque[Batch] = deque()  # sealed, undelivered, oldest first
         self._to_spool: deque[Batch] = deque()  # sealed, not yet on disk (spool only)
         self._keys: set[str] = set()
@@ -114,11 +112,11 @@ class BatchingDestination(LoggerDestination):
 
     # -- what subclasses define ----------------------------------------------------------------
 
-    def _items(self, record: LogRecord) -> list[dict[str, Any]]:
+    def _items(self, record: LogRecord) -> list[Any]:
         """The items ``record`` adds to the buffer (count skipped values in ``_skipped``)."""
         raise NotImplementedError
 
-    def _cut(self, buffer: list[dict[str, Any]]) -> int:
+    def _cut(self, buffer: list[Any]) -> int:
         """How many items from the front of ``buffer`` form the next batch (at least 1)."""
         return min(len(buffer), self.batch_size)
 
@@ -138,14 +136,20 @@ class BatchingDestination(LoggerDestination):
 
     # -- what training calls -----------------------------------------------------------------
 
-    async def log_record(self, record: LogRecord) -> None:
-        """Buffer the record's items; seal a batch when a request's worth is buffered. No I/O."""
-        items = self._items(record)
+    def _add(self, items: list[Any], params: bool) -> None:
+        """Buffer ``items`` and seal full batches (loop only); ``params`` go in batches alone."""
         if not items:
             return
+        if params:
+            self._seal(partial=True)
         self._buffer.extend(items)
-        if len(self._buffer) >= self.batch_size or record.hyperparameters:
-            self._seal(partial=record.hyperparameters)
+        if params or len(self._buffer) >= self.batch_size:
+            self._seal(partial=params)
+
+    def _take(self) -> None:
+        """Buffer what a lane thread put in ``_inbox`` (event loop only)."""
+        for items, params in self._inbox.take():
+            self._add(items, params)
 
     async def fit_end(self, state: State, logger: Logger) -> None:
         """Note that the run completed (a ``close`` without it ends a failed run)."""
@@ -156,6 +160,7 @@ class BatchingDestination(LoggerDestination):
         httpx = require_httpx(type(self).__name__)
         self._completed = False
         signal = self._signal = Signal()
+        self._inbox.wake = loop_caller(self._take)
         try:
             if self._spool is not None:
                 await self._recover(self._spool)
@@ -168,7 +173,7 @@ class BatchingDestination(LoggerDestination):
                 fatal, self._fatal = self._fatal, None
                 raise fatal
         finally:
-            self._signal = self._client = None
+            self._signal = self._client = self._inbox.wake = None
             if self._close_done is not None:  # a close waiting for this task stops waiting
                 self._close_done.set()
                 self._close_done = None
@@ -183,6 +188,7 @@ class BatchingDestination(LoggerDestination):
         Emits a :class:`MetricsUploadWarning` when batches were refused, or when some
         are still undelivered (naming the spool that keeps them, or the points lost).
         """
+        self._take()
         self._seal(partial=True)
         signal, reason = self._signal, f"within close_timeout={self.close_timeout:g}s"
         deadline = anyio.current_time() + self.close_timeout
@@ -215,31 +221,24 @@ class BatchingDestination(LoggerDestination):
     def statistics(self) -> UploaderStatistics:
         """Counters of what was sent, retried, spooled and refused (safe from any thread)."""
         outbox = list(self._outbox)
+        pending = sum(len(b.points) for b in outbox) + len(self._buffer) + self._inbox.pending
         return UploaderStatistics(
             points_sent=self.points_sent,
             batches_sent=self.batches_sent,
             retries=self.retries,
             spooled_batches=self.spooled_batches,
             pending_batches=len(outbox),
-            pending_points=sum(len(b.points) for b in outbox) + len(self._buffer),
+            pending_points=pending,
             rejected_batches=self._rejected,
             recovered_batches=self._recovered,
             skipped_values=self._skipped,
-            last_error=self._last_error,
+            last_error=self._retry.last_error,
         )
 
     @property
     def retries(self) -> int:
         """Attempts after a failed one (all requests together)."""
         return self._retry.retries
-
-    @property
-    def _last_error(self) -> str | None:
-        return self._retry.last_error
-
-    @_last_error.setter
-    def _last_error(self, value: str | None) -> None:
-        self._retry.last_error = value
 
     @property
     def spool_dir(self) -> Path | None:
@@ -275,7 +274,7 @@ class BatchingDestination(LoggerDestination):
             run = await self._retry.until_done(lambda: self._open(client, state))
         except Exception as exc:
             self._fatal = exc
-            self._last_error = f"opening the run: {exc}"
+            self._retry.last_error = f"opening the run: {exc}"
             scope.cancel()
             return
         self._run = run
@@ -295,7 +294,7 @@ class BatchingDestination(LoggerDestination):
             batches, corrupt = await anyio.to_thread.run_sync(spool.load)
         except OSError as exc:  # an unreadable spool must not stop training either
             self._unreported.spool_failures += 1
-            self._last_error = f"reading the spool: {exc}"
+            self._retry.last_error = f"reading the spool: {exc}"
             return
         fresh = [b for b in batches if b.key not in self._keys]
         for batch in reversed(fresh):  # older than anything sealed by this run
@@ -304,7 +303,7 @@ class BatchingDestination(LoggerDestination):
         self._recovered += len(fresh)
         self.spooled_batches += len(fresh)
         if corrupt:
-            self._last_error = f"unreadable spool files renamed: {[str(p) for p in corrupt]}"
+            self._retry.last_error = f"unreadable spool files renamed: {[str(p) for p in corrupt]}"
 
     async def _stager(self, signal: Signal) -> None:
         """Seal the buffer every ``flush_interval``, spool sealed batches, time ``close``."""
@@ -312,6 +311,7 @@ class BatchingDestination(LoggerDestination):
         while True:
             now = anyio.current_time()
             if now >= next_flush:
+                self._take()
                 self._seal(partial=True)
                 next_flush = now + self.flush_interval
             batch = self._to_spool[0] if self._to_spool else None
@@ -321,7 +321,7 @@ class BatchingDestination(LoggerDestination):
                 except OSError as exc:  # a full disk must not stop training: send from memory
                     batch.unspoolable = True
                     self._unreported.spool_failures += 1
-                    self._last_error = f"writing the spool: {exc}"
+                    self._retry.last_error = f"writing the spool: {exc}"
                 else:
                     self.spooled_batches += 1
                 self._to_spool.popleft()  # only now: a cancelled write is redone next time
@@ -389,12 +389,12 @@ class BatchingDestination(LoggerDestination):
     # -- reporting -----------------------------------------------------------------------------
 
     def _report(self, reason: str) -> None:
-        label, spool = type(self).__name__, self.spool_dir
-        for message in self._unreported.messages(label, self._target, spool, self._last_error):
+        label, spool, error = type(self).__name__, self.spool_dir, self._retry.last_error
+        for message in self._unreported.messages(label, self._target, spool, error):
             warnings.warn(message, MetricsUploadWarning, stacklevel=3)
         if self._outbox:
             points = sum(len(b.points) for b in self._outbox)
             message = undelivered_message(
-                label, self._target, len(self._outbox), points, reason, spool, self._last_error
+                label, self._target, len(self._outbox), points, reason, spool, error
             )
             warnings.warn(message, MetricsUploadWarning, stacklevel=3)

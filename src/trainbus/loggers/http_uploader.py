@@ -180,6 +180,10 @@ class HTTPMetricsUploader(BatchingDestination):
             return self._journal.admit(items)
         return items
 
+    async def log_record(self, record: LogRecord) -> None:
+        """Buffer the record's points, on the event loop; seal a full batch. No I/O."""
+        self._add(self._items(record), record.hyperparameters)
+
     async def fit_start(self, state: State, logger: Logger) -> None:
         """Open the journal (reading what a killed run left) off the event loop."""
         if self._journal is not None:
