@@ -230,6 +230,9 @@ async def trainbus_run(variant: str, data: list[Any], url: str, hidden: int) -> 
         max_lag=max_lag,
         log_train_loss=False,
         warn_slow_callbacks=False,
+        # The thread reader is the only plain handler: keep it on its own thread whatever
+        # its checksum costs (a small model's is cheap enough for the inline fast path).
+        inline_max=0,
     )
     truth.engine = trainer.engine
     server0 = server_counts(url)
