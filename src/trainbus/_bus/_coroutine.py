@@ -11,10 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Protocol
 
+import anyio
+
+from trainbus._bus._items import CallItem, EventItem
+
 if TYPE_CHECKING:
+    from trainbus._bus._items import WorkItem
     from trainbus._bus._lane import Lane
 
-__all__ = ["FRESH", "Resume"]
+__all__ = ["FRESH", "DispatcherTask", "Resume", "item_label"]
 
 
 class Tracker(Protocol):
@@ -78,3 +83,24 @@ class Resume:
         finally:
             if tracker is not None:
                 tracker.running = None
+
+
+class DispatcherTask:
+    """What one dispatcher task is doing: its scope, and the lane item it owns."""
+
+    __slots__ = ("item", "lane", "scope", "t0")
+
+    def __init__(self) -> None:
+        self.scope = anyio.CancelScope()
+        self.lane: Lane | None = None
+        self.item: WorkItem | None = None
+        self.t0 = 0.0
+
+
+def item_label(lane: Lane, item: WorkItem) -> str | None:
+    """The handler an item runs, as ``"Class.method"`` (for messages), if it names one."""
+    if isinstance(item, EventItem):
+        return lane.slots[item.event].handler.qualname
+    if isinstance(item, CallItem):
+        return item.label or None
+    return None

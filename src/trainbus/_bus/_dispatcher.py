@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from trainbus._bus._coroutine import FRESH, Resume
+from trainbus._bus._coroutine import FRESH, DispatcherTask, Resume, item_label
+from trainbus._bus._inline import ban, learn
 from trainbus._bus._items import CallItem, EventItem, LogItem, WorkItem
-from trainbus._bus._lane import would_deadlock
+from trainbus._bus._lane import IDLE, would_deadlock
 from trainbus._bus._running import finish_event, skip_event
 from trainbus._scalars import all_ready
 
@@ -49,12 +50,13 @@ PAY_RECHECK = 0.05
 class Dispatcher:
     """Runs the items of loop lanes on the event loop (see the module docstring)."""
 
-    def __init__(
-        self, gate: Gate, counters: Counters, loop: LoopHandle, queue_size: int = 128
-    ) -> None:
+    def __init__(self, gate: Gate, counters: Counters, loop: LoopHandle,
+                 queue_size: int = 128, inline_max: float = 0.0) -> None:
         self.gate = gate
         self.counters = counters
         self.loop = loop
+        #: The inline fast path's limit: cheap coroutine handlers are deferred (``_inline.py``).
+        self.inline_max = inline_max
         #: The records' bound per destination (D12), which a lane that ``owes`` waits for.
         self.queue_size = queue_size
         #: The loop lane whose handler runs on the loop right now, if any.
@@ -79,6 +81,13 @@ class Dispatcher:
         self.ready.append(lane)
         self.kick()
 
+    def wake_lanes(self, lanes: list[Lane]) -> None:
+        """Wake idle loop lanes with one wake-up of the dispatcher (any thread)."""
+        for lane in lanes:
+            if lane.state == IDLE and lane.activate():
+                self.ready.append(lane)
+        self.kick()
+
     def kick(self) -> None:
         """Wake the dispatcher if it sleeps; call after one or more ``schedule``."""
         if self.asleep and not self.wake_scheduled:
@@ -87,6 +96,7 @@ class Dispatcher:
 
     def _on_wake(self) -> None:
         self.wake_scheduled = False
+        self.counters.loop_wakeups += 1
         event = self._event
         if event is not None:
             event.set()
@@ -112,7 +122,7 @@ class Dispatcher:
         # Each dispatcher task enters its cancel scope once, before running any handler:
         # handlers' own cancel scopes then nest inside it, also across the hand-over. The
         # bus cancels it (lane.scope) to cancel the handler this task owns.
-        task = _Task()
+        task = DispatcherTask()
         with anyio.CancelScope() as task.scope:
             await self._dispatch(task)
         lane = task.lane
@@ -124,7 +134,7 @@ class Dispatcher:
             self.schedule(lane)
             self.kick()
 
-    async def _dispatch(self, task: _Task) -> None:
+    async def _dispatch(self, task: DispatcherTask) -> None:
         ready = self.ready
         while True:
             try:
@@ -234,6 +244,8 @@ class Dispatcher:
                     if slot.is_async:
                         yielded = result.send(None)
                         self.running = None
+                        if not slot.inline_banned:
+                            ban(slot)  # it suspends: the loop is woken for it at once
                         return item, result, yielded, t0
                 except StopIteration:
                     pass
@@ -243,6 +255,8 @@ class Dispatcher:
                     continue
                 self.running = None
                 elapsed = _perf() - t0
+                if not slot.inline_ok or elapsed > self.inline_max or slot.inline_strike:
+                    learn(slot, elapsed, self.inline_max)
                 slot.calls += 1  # Slot.account, finish_event and Lane.count_done, inlined
                 slot.total_time += elapsed
                 if elapsed > slot.max_time:
@@ -274,7 +288,7 @@ class Dispatcher:
                 self.running = None
                 return item, coro, yielded, t0
 
-    async def _own(self, task: _Task, lane: Lane, item: WorkItem | None,
+    async def _own(self, task: DispatcherTask, lane: Lane, item: WorkItem | None,
                    coro: Coroutine[Any, Any, Any] | None, yielded: Any, t0: float) -> None:
         """Finish a suspended handler in this task, then drain its lane (no more eagerness).
 
@@ -295,7 +309,7 @@ class Dispatcher:
             # Event handlers and calls (close) can be cancelled (D11, close_timeout); a log
             # record in flight is delivered in full.
             lane.scope = None if isinstance(item, LogItem) else task.scope
-            lane.current = _label(lane, item)
+            lane.current = item_label(lane, item)
             error: BaseException | None = None
             try:
                 await awaitable
@@ -309,7 +323,7 @@ class Dispatcher:
         lane.current = None
 
     async def _next(
-        self, task: _Task, lane: Lane
+        self, task: DispatcherTask, lane: Lane
     ) -> tuple[WorkItem | None, Any, float]:
         """Run ``lane``'s synchronous items until one returns a coroutine (then return it
         with its item, wrapped to track ``running``) or the lane is empty (``None``s)."""
@@ -363,26 +377,6 @@ class Dispatcher:
                     dest.room_wakers.remove(waker)
         finally:
             lane.waiting_on = None
-
-
-class _Task:
-    """What one dispatcher task is doing: its scope, and the lane item it owns."""
-
-    __slots__ = ("item", "lane", "scope", "t0")
-
-    def __init__(self) -> None:
-        self.scope = anyio.CancelScope()
-        self.lane: Lane | None = None
-        self.item: WorkItem | None = None
-        self.t0 = 0.0
-
-
-def _label(lane: Lane, item: WorkItem) -> str | None:
-    if isinstance(item, EventItem):
-        return lane.slots[item.event].handler.qualname
-    if isinstance(item, CallItem):
-        return item.label or None
-    return None
 
 
 class _Skipped(Exception):

@@ -3,11 +3,14 @@
 Waking a lane's thread costs 10-20 us of GIL hand-offs, far more than a handler that
 appends to a list. So:
 
-- **Eligibility.** A plain, non-``@blocking`` handler is *cheap* (``slot.inline_ok``) once
+- **Eligibility.** A non-``@blocking`` handler is *cheap* (``slot.inline_ok``) once
   its calls, wherever they ran, took at most ``inline_max`` seconds; a call over
   ``STRIKE_OUT`` times the limit, or two calls in a row over it, ban it from the fast path
   for good (:func:`learn`): one call just over the limit is forgiven, since on a loaded
-  machine a no-op call can be preempted past 50 us. Async handlers never take it.
+  machine a no-op call can be preempted past 50 us. An ``async def`` handler is cheap when
+  its calls also finish without suspending; one that suspends (I/O) is banned at once
+  (:func:`ban`). Cheap async handlers are only ever deferred: they run on the loop, never
+  on the training thread, so at a barrier their lanes are woken, all with one wake-up.
 - **Non-barrier events: deferred.** A cheap handler's item is queued on its idle lane
   *without* waking the lane (:meth:`InlinePath.defer`); publishing never waits for it (D3).
 - **Barrier events: run here.** At a barrier that waits for the lane (every slot of the
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from trainbus._bus._items import EventItem
@@ -40,7 +44,7 @@ if TYPE_CHECKING:
     from trainbus._bus._slot import Slot
     from trainbus._bus._statistics import Counters
 
-__all__ = ["DEFER_MAX", "STRIKE_OUT", "InlinePath", "learn"]
+__all__ = ["DEFER_MAX", "STRIKE_OUT", "InlinePath", "ban", "learn"]
 
 _perf = time.perf_counter
 #: Seconds a deferred item may wait, unwoken, for the next barrier.
@@ -52,8 +56,9 @@ _TIMER_PERIOD = 2e-3
 
 
 def learn(slot: Slot, elapsed: float, inline_max: float) -> None:
-    """Update a plain handler's eligibility after a call that took ``elapsed`` seconds."""
-    if slot.inline_banned or not inline_max or slot.is_async or slot.is_blocking:
+    """Update a handler's eligibility after a call that took ``elapsed`` seconds (an
+    ``async def`` one: a call that finished without suspending)."""
+    if slot.inline_banned or not inline_max or slot.is_blocking:
         return
     if elapsed <= inline_max:
         slot.inline_ok = True
@@ -65,13 +70,29 @@ def learn(slot: Slot, elapsed: float, inline_max: float) -> None:
         slot.inline_strike = True
 
 
+def ban(slot: Slot) -> None:
+    """Take an ``async def`` handler that suspended (it does I/O) off the fast path for good:
+    the loop is woken for it at once, every time."""
+    slot.inline_ok = False
+    slot.inline_banned = True
+
+
 class InlinePath:
     """The fast path's per-session state: lanes holding deferred items, and the timer."""
 
-    def __init__(self, gate: Gate, counters: Counters, inline_max: float) -> None:
+    def __init__(
+        self,
+        gate: Gate,
+        counters: Counters,
+        inline_max: float,
+        wake_loop_lanes: Callable[[list[Lane]], None] | None = None,
+    ) -> None:
         self.gate = gate
         self.counters = counters
         self.inline_max = inline_max
+        #: Wakes loop lanes with one wake-up of the loop for them all (the dispatcher's
+        #: ``wake_lanes``): waking them one by one would hand the GIL to the loop at each.
+        self.wake_loop_lanes = wake_loop_lanes
         # Invariant: ``lanes`` and ``since`` change under ``_lock`` only. A lane is listed at
         # most once: its ``deferred`` flag is set before it is listed, cleared once unlisted.
         self.lanes: list[Lane] = []
@@ -111,13 +132,36 @@ class InlinePath:
         """
         with self._lock:
             lanes, self.lanes = self.lanes, []
-        cheap = run
-        for lane in lanes:
-            lane.deferred = False
-            if cheap and lane.uniform and lane.try_claim(allow_pending=True):
+        if not lanes:
+            return
+        here = self._wake(lanes, keep=run)  # loop lanes first: they run while these run here
+        cheap = True
+        for lane in here:
+            if cheap and lane.try_claim(allow_pending=True):
                 cheap = self._run_claimed(lane)
             else:
                 lane.wake()
+
+    def _wake(self, lanes: list[Lane], *, keep: bool = False) -> list[Lane]:
+        """Wake ``lanes`` (unlisted), the loop's with one wake-up; with ``keep``, return the
+        thread lanes in step instead of waking them (to run their items here)."""
+        kept: list[Lane] = []
+        loop_lanes: list[Lane] = []
+        for lane in lanes:
+            lane.deferred = False
+            if not lane.on_thread:
+                loop_lanes.append(lane)
+            elif keep and lane.uniform:
+                kept.append(lane)
+            else:
+                lane.wake()
+        if loop_lanes:
+            if self.wake_loop_lanes is not None:
+                self.wake_loop_lanes(loop_lanes)
+            else:
+                for lane in loop_lanes:
+                    lane.wake()
+        return kept
 
     def run_here(self, lane: Lane, slot: Slot, item: EventItem) -> bool | None:
         """Run a barrier event's cheap handler here if its lane is idle and in step.
@@ -215,9 +259,7 @@ class InlinePath:
                 if not self.lanes:
                     self._timer_on = False
                     self._armed.clear()
-            for lane in lanes:
-                lane.deferred = False
-                lane.wake()
+            self._wake(lanes)
 
     def close(self) -> None:
         """Wake every deferred lane and end the timer thread (session end)."""
@@ -225,8 +267,6 @@ class InlinePath:
             self._closed = True
             lanes, self.lanes = self.lanes, []
         self._armed.set()
-        for lane in lanes:
-            lane.deferred = False
-            lane.wake()
+        self._wake(lanes)
         if self._timer is not None:
             self._timer.join()

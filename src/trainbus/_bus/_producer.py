@@ -152,7 +152,7 @@ class Producer:
             when = slot.when
             if when is not None and not due(slot, when, item.view.timestamp):
                 continue
-            if slot.inline_ok:
+            if slot.inline_ok and not (barrier and slot.is_async):
                 if barrier:
                     if here is None:
                         here = []

@@ -69,9 +69,13 @@ class Session:
         self.gate.wait_warning = options.wait_warning
         self.gate.on_long_wait = self._warn_long_wait
         self.lanes = [Lane(member) for member in members]
-        self.dispatcher = Dispatcher(self.gate, counters, self.loop, options.queue_size)
+        self.dispatcher = Dispatcher(
+            self.gate, counters, self.loop, options.queue_size, options.inline_max
+        )
         self.spawner = Spawner(self.loop)
-        self.inline = InlinePath(self.gate, counters, options.inline_max)
+        self.inline = InlinePath(
+            self.gate, counters, options.inline_max, self.dispatcher.wake_lanes
+        )
         self.producer = Producer(
             state=state,
             logger=logger,

@@ -70,6 +70,9 @@ class BusStatistics:
         barrier_wait_time: Seconds the training thread spent waiting at barriers
             (including ``@blocking`` handlers' lanes).
         backpressure_wait_time: Seconds it spent waiting for a full queue (D12).
+        loop_wakeups: How often the event loop was woken to run handlers (each costs
+            thread hand-offs; the bus wakes it at most once per burst of events, and
+            cheap ``async def`` handlers of non-barrier events not at all).
     """
 
     callbacks: tuple[CallbackStatistics, ...]
@@ -82,6 +85,7 @@ class BusStatistics:
     barrier_waits: int
     barrier_wait_time: float
     backpressure_wait_time: float
+    loop_wakeups: int = 0
 
     @property
     def handler_time(self) -> float:
@@ -98,11 +102,12 @@ class Counters:
         barrier_waits: Waits at barriers (and for ``@blocking`` handlers' lanes).
         barrier_wait: Seconds spent in those.
         backpressure_wait: Seconds spent waiting for full queues (D12).
+        loop_wakeups: Wake-ups of the event loop's dispatcher (loop thread writes).
         trace: The timeline recorder, while one records.
     """
 
-    __slots__ = ("backpressure_wait", "barrier_wait", "barrier_waits", "batches", "published",
-                 "trace")
+    __slots__ = ("backpressure_wait", "barrier_wait", "barrier_waits", "batches",
+                 "loop_wakeups", "published", "trace")
 
     def __init__(self) -> None:
         self.published = 0
@@ -110,6 +115,7 @@ class Counters:
         self.barrier_waits = 0
         self.barrier_wait = 0.0
         self.backpressure_wait = 0.0
+        self.loop_wakeups = 0
         self.trace: TraceRecorder | None = None
 
     def waited(self, kind: str, start: float, elapsed: float) -> None:
@@ -173,4 +179,5 @@ def collect_statistics(
         barrier_waits=counters.barrier_waits,
         barrier_wait_time=counters.barrier_wait,
         backpressure_wait_time=counters.backpressure_wait,
+        loop_wakeups=counters.loop_wakeups,
     )

@@ -1,0 +1,148 @@
+"""Wake-ups of the event loop: cheap ``async def`` handlers ride along with the barrier.
+
+Waking the loop from the training thread costs thread hand-offs (SPEC section 7: "amortise:
+wake a lane once per burst ... keep cheap handlers off the thread-switch path"). An
+``async def`` handler that finishes without suspending, within ``inline_max``, is *cheap*:
+its items of non-barrier events are queued without waking the loop, and run on the loop
+when the next barrier wakes it (or within a few milliseconds, ``_inline.py``). A handler
+that suspends (it does I/O) is woken for at once, every time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+from tests.dispatch._probes import WATCHDOG
+from trainbus import Callback, Engine, Event, Logger, State
+
+pytestmark = pytest.mark.anyio
+
+E = Event
+BURSTS = (
+    (E.AFTER_DATALOADER, E.BATCH_START, E.BEFORE_TRAIN_BATCH, E.BEFORE_FORWARD),
+    (E.AFTER_FORWARD, E.BEFORE_LOSS),
+    (E.AFTER_LOSS, E.BEFORE_BACKWARD),
+    (E.AFTER_BACKWARD,),
+    (E.AFTER_TRAIN_BATCH, E.BATCH_END),
+    (E.BATCH_CHECKPOINT,),
+)
+PER_BATCH = [event for burst in BURSTS for event in burst]
+
+
+def counting_class() -> type[Callback]:
+    """A callback with a cheap ``async def`` handler on every per-batch event."""
+
+    def make(event: Event) -> Any:
+        async def handler(self: Any, state: Any, logger: Any) -> None:
+            self.seen.append(event)
+
+        return handler
+
+    methods: dict[str, Any] = {event.value: make(event) for event in PER_BATCH}
+    return type("CheapAsync", (Callback,), methods)
+
+
+def make_engine(callbacks: list[Callback]) -> Engine:
+    state = State(model=torch.nn.Linear(1, 1), max_duration="1ep")
+    return Engine(state, Logger(state), callbacks, warn_slow=False)
+
+
+def publish_batches(engine: Engine, batches: int, mark: int, wakes: list[int]) -> None:
+    """Publish ``batches`` batches of bursts, the GIL released between bursts (as compute
+    does); note the loop's wake-ups after batch ``mark`` and at the end."""
+    bus = engine._bus
+    timer = engine.state._timer
+    for b in range(batches):
+        if b == mark:
+            wakes.append(engine.statistics().loop_wakeups)
+        for burst in BURSTS:
+            if E.BATCH_END in burst:
+                timer.on_batch_complete(1)
+            bus.publish(*burst)
+            time.sleep(0)  # the loop thread may take the GIL here
+    wakes.append(engine.statistics().loop_wakeups)
+
+
+async def test_cheap_async_handlers_wake_the_loop_about_once_per_batch() -> None:
+    callbacks = [counting_class()() for _ in range(10)]
+    for cb in callbacks:
+        cb.seen = []  # type: ignore[attr-defined]
+    engine = make_engine(callbacks)
+    wakes: list[int] = []
+    await engine.run_cycle(lambda: publish_batches(engine, 60, 10, wakes))
+    per_batch = (wakes[1] - wakes[0]) / 50
+    # One wake per burst (6 per batch) before; one at BATCH_END now, plus rare timer wakes
+    # on a loaded machine.
+    assert per_batch <= 2.5, f"{per_batch:.2f} loop wake-ups per batch"
+    for cb in callbacks:  # every handler ran, in order (D1)
+        assert cb.seen == PER_BATCH * 60  # type: ignore[attr-defined]
+
+
+class Uploads(Callback):
+    """Suspends in ``batch_start`` (I/O); says when it has started."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.calls = 0
+
+    async def batch_start(self, state: Any, logger: Any) -> None:
+        self.calls += 1
+        self.started.set()
+        await anyio.sleep(0)
+
+
+async def test_a_handler_that_suspends_is_woken_for_at_once_every_time() -> None:
+    uploads = Uploads()
+    engine = make_engine([uploads])
+
+    def produce() -> None:
+        bus = engine._bus
+        timer = engine.state._timer
+        for _ in range(5):
+            uploads.started.clear()
+            bus.publish(E.BATCH_START)
+            # No barrier comes until it started: only a prompt wake-up starts it.
+            assert uploads.started.wait(WATCHDOG)
+            timer.on_batch_complete(1)
+            bus.publish(E.BATCH_END)
+
+    await engine.run_cycle(produce)
+    slot = engine._bus.members[0].slots[E.BATCH_START]
+    assert not slot.inline_ok  # never deferred: it suspends
+    assert uploads.calls == 5
+
+
+class Cheap(Callback):
+    def __init__(self) -> None:
+        self.ran = threading.Event()
+
+    async def batch_start(self, state: Any, logger: Any) -> None:
+        self.ran.set()
+
+    async def batch_end(self, state: Any, logger: Any) -> None:
+        return None
+
+
+async def test_a_deferred_cheap_handler_still_runs_when_no_barrier_comes() -> None:
+    cheap = Cheap()
+    engine = make_engine([cheap])
+
+    def produce() -> None:
+        bus = engine._bus
+        timer = engine.state._timer
+        for _ in range(3):  # it proves cheap
+            bus.publish(E.BATCH_START)
+            timer.on_batch_complete(1)
+            bus.publish(E.BATCH_END)
+        assert engine._bus.members[0].slots[E.BATCH_START].inline_ok
+        cheap.ran.clear()
+        bus.publish(E.BATCH_START)  # deferred, and no barrier follows for a while
+        assert cheap.ran.wait(WATCHDOG)  # the defer timer wakes the loop for it
+
+    await engine.run_cycle(produce)
