@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from tests.dispatch._probes import WATCHDOG
-from trainbus import Callback, Engine, Event, Logger, State
+from trainbus import Callback, Engine, Event, Logger, LoggerDestination, State
+from trainbus._bus import _session
 
 pytestmark = pytest.mark.anyio
 
@@ -146,3 +147,66 @@ async def test_a_deferred_cheap_handler_still_runs_when_no_barrier_comes() -> No
         assert cheap.ran.wait(WATCHDOG)  # the defer timer wakes the loop for it
 
     await engine.run_cycle(produce)
+
+
+# -- records ---------------------------------------------------------------------------------
+
+
+class Sink(LoggerDestination):
+    """A plain destination (a thread lane) that notes every record it receives."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.got = threading.Event()
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        self.steps.append(step)
+        self.got.set()
+
+
+def count_thread_wakes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Note the lane of every wake-up of a thread lane's driver."""
+    woken: list[str] = []
+    original = _session._put_token
+
+    def put_token(lane: Any) -> None:
+        woken.append(lane.name)
+        original(lane)
+
+    monkeypatch.setattr(_session, "_put_token", put_token)
+    return woken
+
+
+async def test_records_wake_their_destination_once_per_burst_not_once_per_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    woken = count_thread_wakes(monkeypatch)
+    sink = Sink()
+    engine = make_engine([sink])
+
+    def produce() -> None:
+        bus, timer, logger = engine._bus, engine.state._timer, engine.logger
+        for b in range(100):
+            bus.publish(E.BATCH_START)
+            logger.log_metrics({"x": float(b)}, step=b)
+            time.sleep(0)  # the destination's thread may take the GIL here
+            timer.on_batch_complete(1)
+            bus.publish(E.BATCH_END)
+
+    await engine.run_cycle(produce)
+    assert sink.steps == list(range(100))  # every record, in order, by the end of the run
+    # One wake-up per record before; now one per RECORD_BURST records or RECORD_DEFER_MAX.
+    assert woken.count("Sink") <= 25, f"{woken.count('Sink')} wake-ups for 100 records"
+
+
+async def test_a_deferred_record_is_delivered_without_anything_else_happening() -> None:
+    sink = Sink()
+    engine = make_engine([sink])
+
+    def produce() -> None:
+        engine.logger.log_metrics({"x": 1.0}, step=7)
+        # Nothing else is published or logged: the defer timer wakes the destination.
+        assert sink.got.wait(WATCHDOG)
+
+    await engine.run_cycle(produce)
+    assert sink.steps == [7]

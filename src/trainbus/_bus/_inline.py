@@ -29,6 +29,7 @@ runs a lane's items only while it holds the lane ``CLAIMED`` (``_lane.py``).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -44,13 +45,18 @@ if TYPE_CHECKING:
     from trainbus._bus._slot import Slot
     from trainbus._bus._statistics import Counters
 
-__all__ = ["DEFER_MAX", "STRIKE_OUT", "InlinePath", "ban", "learn"]
+__all__ = ["DEFER_MAX", "RECORD_DEFER_MAX", "STRIKE_OUT", "InlinePath", "ban", "learn"]
 
 _perf = time.perf_counter
 #: Seconds a deferred item may wait, unwoken, for the next barrier.
 DEFER_MAX = 1e-3
 #: A call this many times over ``inline_max`` bans its handler from the fast path at once.
 STRIKE_OUT = 10
+#: Seconds a logged record may wait, unwoken, in its destination's lane. Barriers never
+#: wait for records, so a destination is woken once per burst of records instead of once
+#: per record (a thread hand-off each): at ``RECORD_BURST`` records, after this long, or
+#: when somebody waits for them (``_records.py``).
+RECORD_DEFER_MAX = 10e-3
 #: How often the timer thread looks at deferred items while there are any.
 _TIMER_PERIOD = 2e-3
 
@@ -97,6 +103,9 @@ class InlinePath:
         # most once: its ``deferred`` flag is set before it is listed, cleared once unlisted.
         self.lanes: list[Lane] = []
         self.since = 0.0
+        # Likewise for destinations holding records queued unwoken (``records_deferred``).
+        self.record_lanes: list[Lane] = []
+        self.records_since = 0.0
         self._lock = threading.Lock()
         self._armed = threading.Event()
         self._timer_on = False
@@ -112,18 +121,60 @@ class InlinePath:
             if not self.lanes:
                 self.since = _perf()
             self.lanes.append(lane)
-            if not self._timer_on and not self._closed:
-                self._timer_on = True
-                if self._timer is None:
-                    self._timer = threading.Thread(
-                        target=self._timer_main, name="trainbus-defer-timer", daemon=True
-                    )
-                    self._timer.start()
-                self._armed.set()
+            self._arm()
+
+    def defer_records(self, lane: Lane) -> bool:
+        """List ``lane``, a destination now holding records queued without a wake-up
+        (any thread). Returns false, listing nothing, once the session ends (wake it)."""
+        with self._lock:
+            if self._closed:
+                return False
+            if not lane.records_deferred:
+                lane.records_deferred = True
+                if not self.record_lanes:
+                    self.records_since = _perf()
+                self.record_lanes.append(lane)
+                self._arm()
+        return True
+
+    def _arm(self) -> None:
+        """Make sure the timer thread watches the lists (under ``_lock``)."""
+        if not self._timer_on and not self._closed:
+            self._timer_on = True
+            if self._timer is None:
+                self._timer = threading.Thread(
+                    target=self._timer_main, name="trainbus-defer-timer", daemon=True
+                )
+                self._timer.start()
+            self._armed.set()
 
     def overdue(self) -> bool:
-        """Whether deferred items have waited longer than ``DEFER_MAX``."""
-        return bool(self.lanes) and _perf() - self.since > DEFER_MAX
+        """Whether deferred items have waited longer than ``DEFER_MAX``, or deferred
+        records longer than ``RECORD_DEFER_MAX``."""
+        now = _perf()
+        return (bool(self.lanes) and now - self.since > DEFER_MAX) or (
+            bool(self.record_lanes) and now - self.records_since > RECORD_DEFER_MAX
+        )
+
+    def flush_overdue(self) -> None:
+        """Wake the lanes of whichever list has waited too long (see :meth:`overdue`)."""
+        self._wake(self._take_overdue(_perf()))
+
+    def flush_records(self) -> None:
+        """Wake every destination holding deferred records (somebody waits for them)."""
+        with self._lock:
+            lanes, self.record_lanes = self.record_lanes, []
+        self._wake(lanes)
+
+    def _take_overdue(self, now: float) -> list[Lane]:
+        with self._lock:
+            lanes: list[Lane] = []
+            if self.lanes and now - self.since >= DEFER_MAX:
+                lanes, self.lanes = self.lanes, []
+            if self.record_lanes and now - self.records_since >= RECORD_DEFER_MAX:
+                lanes += self.record_lanes
+                self.record_lanes = []
+            return lanes
 
     def flush(self, *, run: bool) -> None:
         """Run (at a barrier that waits for them) or wake the lanes holding deferred items.
@@ -148,7 +199,7 @@ class InlinePath:
         kept: list[Lane] = []
         loop_lanes: list[Lane] = []
         for lane in lanes:
-            lane.deferred = False
+            lane.deferred = lane.records_deferred = False
             if not lane.on_thread:
                 loop_lanes.append(lane)
             elif keep and lane.uniform:
@@ -249,14 +300,17 @@ class InlinePath:
             self._armed.wait()
             if self._closed:
                 return
-            time.sleep(_TIMER_PERIOD)
+            with self._lock:  # sleep until the first list is due, at least a period
+                due = min(
+                    self.since + DEFER_MAX if self.lanes else math.inf,
+                    self.records_since + RECORD_DEFER_MAX if self.record_lanes else math.inf,
+                )
+            time.sleep(_TIMER_PERIOD if due == math.inf else max(due - _perf(), _TIMER_PERIOD))
+            lanes = self._take_overdue(_perf())
             with self._lock:
                 if self._closed:
                     return
-                lanes: list[Lane] = []
-                if self.lanes and _perf() - self.since >= DEFER_MAX:
-                    lanes, self.lanes = self.lanes, []
-                if not self.lanes:
+                if not self.lanes and not self.record_lanes:
                     self._timer_on = False
                     self._armed.clear()
             self._wake(lanes)
@@ -265,7 +319,8 @@ class InlinePath:
         """Wake every deferred lane and end the timer thread (session end)."""
         with self._lock:
             self._closed = True
-            lanes, self.lanes = self.lanes, []
+            lanes, self.lanes = self.lanes + self.record_lanes, []
+            self.record_lanes = []
         self._armed.set()
         self._wake(lanes)
         if self._timer is not None:

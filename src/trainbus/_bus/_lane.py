@@ -65,6 +65,7 @@ class Lane:
         "on_thread",
         "owes",
         "pending",
+        "records_deferred",
         "room",
         "room_waiters",
         "room_wakers",
@@ -120,6 +121,8 @@ class Lane:
         self.wait_log: int | None = None
         #: Holds items queued without a wake-up (run at the next barrier; ``_inline.py``).
         self.deferred = False
+        #: Holds records queued without a wake-up (``InlinePath.defer_records``).
+        self.records_deferred = False
         # Invariant: while the producer publishes, only the producer moves an ``exclusive``
         # lane out of IDLE: every event handler is a plain ``@blocking`` one with no filter
         # (the producer runs them itself and never queues them) and records never reach it
@@ -274,12 +277,17 @@ class Lane:
             for waker in tuple(self.room_wakers):
                 waker()
 
-    def add_record(self, item: WorkItem) -> None:
-        """Queue a record (any thread) and wake the lane."""
+    def add_record(self, item: WorkItem, defer: Callable[[Lane], bool] | None = None,
+                   burst: int = 1) -> None:
+        """Queue a record (any thread) and wake the lane, or, with ``defer``, leave an idle
+        lane asleep while fewer than ``burst`` records wait and ``defer(lane)`` lists it."""
         with self.lock:
             self.log_enq += 1
         self.pending.append(item)
-        self.wake()
+        if self.state == IDLE and not (
+            defer is not None and self.log_enq - self.log_done < burst and defer(self)
+        ):
+            self.wake()
 
     def wait_for_room(self, bound: int, give_up: Callable[[], bool]) -> None:
         """Block this (non-producer, non-loop) thread until fewer than ``bound`` records

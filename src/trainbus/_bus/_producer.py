@@ -85,16 +85,14 @@ class Producer:
             self.plan[event] = plan
         #: The thread that may publish now (the training thread, or a plain-code caller).
         self.ident: int | None = None
-        # Lanes this burst moved to ACTIVE whose drivers are not woken yet (woken once per
-        # burst, and before any wait).
+        # Lanes this burst moved to ACTIVE, not woken yet (once per burst, before any wait).
         self._to_kick: list[Lane] = []
         self._view_key: tuple[Any, Any] = (None, None)
         self._view: tuple[State, Logger] | None = None
         self._trace_mark = 0.0
         #: While set, every event is published as a barrier (``run_now``).
         self._barrier_all = False
-        #: The barrier event being waited at (for warnings).
-        self._event: Event | None = None
+        self._event: Event | None = None  # the barrier event waited at (for warnings)
         self.slow = SlowCallbacks()
 
     def is_producer(self) -> bool:
@@ -116,8 +114,8 @@ class Producer:
         if gate.stopping:
             raise Stopped
         inline = self.inline
-        if inline.lanes and inline.overdue():
-            inline.flush(run=False)
+        if (inline.lanes or inline.record_lanes) and inline.overdue():
+            inline.flush_overdue()
         try:  # lanes made ACTIVE must be woken even when Stopped unwinds the burst
             for event in events:
                 self.counters.published += 1
@@ -397,4 +395,6 @@ class Producer:
         self._kick()
         if self.inline.lanes:  # what the wait is for may sit unwoken in a lane
             self.inline.flush(run=False)
+        if kind == "records" and self.inline.record_lanes:
+            self.inline.flush_records()
         self.gate.wait(targets, kind, event)

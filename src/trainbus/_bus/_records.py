@@ -32,7 +32,11 @@ if TYPE_CHECKING:
     from trainbus._bus._lane import Lane
     from trainbus._logger import LogRecord
 
-__all__ = ["Records"]
+__all__ = ["RECORD_BURST", "Records"]
+
+#: At most this many records wait in a destination's lane without waking it; they wait at
+#: most ``RECORD_DEFER_MAX`` (``_inline.py``), and a wait for them wakes them at once.
+RECORD_BURST = 32
 
 
 class Records:
@@ -46,6 +50,7 @@ class Records:
         dispatcher: Dispatcher,
         producer_ident: Callable[[], int | None],
         producer_wait: Callable[[list[tuple[Lane, int]], str], None],
+        defer: Callable[[Lane], bool] | None = None,
     ) -> None:
         self.lanes = lanes
         self.destinations = [lane for lane in lanes if lane.log_slot is not None]
@@ -54,16 +59,22 @@ class Records:
         self.dispatcher = dispatcher
         self._producer_ident = producer_ident
         self._producer_wait = producer_wait
+        #: Lists a destination whose records wait unwoken (``InlinePath.defer_records``).
+        self.defer = defer
+        #: Records that may wait unwoken per destination: a destination is woken at this
+        #: many (well below the bound, so nobody waits for room in a sleeping lane).
+        self.burst = max(1, min(RECORD_BURST, bound // 2))
 
     def submit(self, record: LogRecord) -> None:
         """Queue ``record`` on every destination's lane, within each one's bound."""
         item = LogItem(record)
         bound = self.bound
         ident = threading.get_ident()
+        defer, burst = self.defer, self.burst
         for lane in self.destinations:
             if lane.log_enq - lane.log_done >= bound and not (lane.failed or lane.abandoned):
                 self._wait_for_room(lane, ident)
-            lane.add_record(item)
+            lane.add_record(item, defer, burst)
             depth = lane.log_enq - lane.log_done
             member = lane.member
             if depth > member.peak_records:
