@@ -70,7 +70,11 @@ class _Handler(BaseHTTPRequestHandler):
     server: _HTTPServer
 
     def do_POST(self) -> None:
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        if len(raw) < length:  # the client went away mid-body (a killed process): as a real
+            self.close_connection = True  # server does, record nothing and answer nothing
+            return
         headers = {k.lower(): v for k, v in self.headers.items()}
         reply = self.server.owner.receive(headers, json.loads(raw or b"null"))
         if reply.drop:
