@@ -13,7 +13,7 @@ from trainbus import Callback, SlowCallbackWarning
 
 class Sluggish(Callback):
     def batch_end(self, state: Any, logger: Any) -> None:
-        time.sleep(0.1)  # far longer than a batch of TinyModel, even on a loaded machine
+        time.sleep(0.25)  # far longer than a batch of TinyModel, even on a loaded machine
 
 
 def test_slow_callback_warning_names_the_callback_and_event_once() -> None:
