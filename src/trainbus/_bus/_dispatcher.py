@@ -224,6 +224,8 @@ class Dispatcher:
         pending = lane.pending
         gate = self.gate
         slots = lane.slots
+        counters = self.counters
+        inline_max = self.inline_max
         while True:
             if lane.owes is not None:  # pause the lane: the caller owns it, then pays
                 return None, None, None, 0.0
@@ -255,14 +257,14 @@ class Dispatcher:
                     continue
                 self.running = None
                 elapsed = _perf() - t0
-                if not slot.inline_ok or elapsed > self.inline_max or slot.inline_strike:
-                    learn(slot, elapsed, self.inline_max)
+                if not slot.inline_ok or elapsed > inline_max or slot.inline_strike:
+                    learn(slot, elapsed, inline_max)
                 slot.calls += 1  # Slot.account, finish_event and Lane.count_done, inlined
                 slot.total_time += elapsed
                 if elapsed > slot.max_time:
                     slot.max_time = elapsed
                 lane.last_batch = item.batch
-                trace = self.counters.trace
+                trace = counters.trace
                 if trace is not None:
                     trace.handler(lane.name, slot.event, t0, elapsed)
                 lane.done += 1
