@@ -7,32 +7,22 @@ in a fresh working folder. Fence an example as ```text when it is not meant to r
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
 import trainbus.callbacks
+from tests.docs_pages import Page
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "callbacks.md"
-BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+PAGE = Page.read("callbacks.md")
+DOC = PAGE.path
 DOCUMENTED = {
     "EarlyStopper", "GradMonitor", "LRMonitor", "MemoryMonitor", "ProgressBar",
     "SpeedMonitor", "ThresholdStopper",
 }  # fmt: skip
 
 
-def _sections() -> tuple[list[str], dict[str, list[str]]]:
-    parts = re.split(r"^## (.+)$", DOC.read_text(encoding="utf-8"), flags=re.MULTILINE)
-    setup = BLOCK.findall(parts[0])
-    sections = {
-        title.strip(): BLOCK.findall(body)
-        for title, body in zip(parts[1::2], parts[2::2], strict=True)
-    }
-    return setup, sections
-
-
-SETUP, SECTIONS = _sections()
+SETUP, SECTIONS = PAGE.setup, PAGE.sections
 
 
 def test_every_callback_has_a_section_with_an_example() -> None:
@@ -47,7 +37,6 @@ def test_section_examples_run(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": f"docs_callbacks_{title}"}
-    for i, code in enumerate([*SETUP, *SECTIONS[title]]):
-        exec(compile(code, f"{DOC.name}[{title} #{i}]", "exec"), namespace)
+    PAGE.run(title, namespace)
     out = capsys.readouterr().out
     assert out  # every section prints what it shows

@@ -6,26 +6,15 @@ the setup and then its own blocks, in order, in one namespace, in a fresh workin
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "checkpoints.md"
-BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+from tests.docs_pages import Page
 
-
-def _sections() -> tuple[list[str], dict[str, list[str]]]:
-    parts = re.split(r"^## (.+)$", DOC.read_text(encoding="utf-8"), flags=re.MULTILINE)
-    setup = BLOCK.findall(parts[0])
-    sections = {
-        title.strip(): BLOCK.findall(body)
-        for title, body in zip(parts[1::2], parts[2::2], strict=True)
-    }
-    return setup, sections
-
-
-SETUP, SECTIONS = _sections()
+PAGE = Page.read("checkpoints.md")
+DOC = PAGE.path
+SETUP, SECTIONS = PAGE.setup, PAGE.sections
 EXPECTED = {
     "Saving": ["4 ['ep1-ba4.pt']", "6 ['ep1-ba6.pt']"],
     "Resuming": [
@@ -57,8 +46,7 @@ def test_section_examples_run_and_print_what_the_page_says(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": f"docs_checkpoints_{title}"}
-    for i, code in enumerate([*SETUP, *SECTIONS[title]]):
-        exec(compile(code, f"{DOC.name}[{title} #{i}]", "exec"), namespace)
+    PAGE.run(title, namespace)
     out = capsys.readouterr().out
     for expected in EXPECTED[title]:
         assert expected in out

@@ -6,28 +6,20 @@ examples runs the setup and then its own blocks, in one namespace, in a fresh fo
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "crash-consistency.md"
-BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+from tests.docs_pages import Page
+
+PAGE = Page.read("crash-consistency.md")
+DOC = PAGE.path
 EXPECTED = {
     "The JSON-lines file": ["steps: [1, 2, 3, 4, 5, 6]"],
 }
 
 
-def _sections() -> tuple[list[str], dict[str, list[str]]]:
-    parts = re.split(r"^## (.+)$", DOC.read_text(encoding="utf-8"), flags=re.MULTILINE)
-    sections = {
-        title.strip(): BLOCK.findall(body)
-        for title, body in zip(parts[1::2], parts[2::2], strict=True)
-    }
-    return BLOCK.findall(parts[0]), sections
-
-
-SETUP, SECTIONS = _sections()
+SETUP, SECTIONS = PAGE.setup, PAGE.sections
 
 
 def test_sections_with_examples() -> None:
@@ -41,8 +33,7 @@ def test_section_examples_run_and_print_what_the_page_says(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": f"docs_crash_{title}"}
-    for i, code in enumerate([*SETUP, *SECTIONS[title]]):
-        exec(compile(code, f"{DOC.name}[{title} #{i}]", "exec"), namespace)
+    PAGE.run(title, namespace)
     out = capsys.readouterr().out
     for expected in EXPECTED[title]:
         assert expected in out

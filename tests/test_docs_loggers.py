@@ -8,26 +8,15 @@ it is not meant to run.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "loggers.md"
-BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+from tests.docs_pages import Page
 
-
-def _sections() -> tuple[list[str], dict[str, list[str]]]:
-    parts = re.split(r"^## (.+)$", DOC.read_text(encoding="utf-8"), flags=re.MULTILINE)
-    setup = BLOCK.findall(parts[0])
-    sections = {
-        title.strip(): BLOCK.findall(body)
-        for title, body in zip(parts[1::2], parts[2::2], strict=True)
-    }
-    return setup, {title: blocks for title, blocks in sections.items() if blocks}
-
-
-SETUP, SECTIONS = _sections()
+PAGE = Page.read("loggers.md")
+DOC = PAGE.path
+SETUP, SECTIONS = PAGE.setup, PAGE.sections
 
 
 def test_the_page_has_examples() -> None:
@@ -47,8 +36,7 @@ def test_section_examples_run(
         server = request.getfixturevalue("mlflow_server")
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
     namespace: dict[str, object] = {"__name__": f"docs_loggers_{title}"}
-    for i, code in enumerate([*SETUP, *SECTIONS[title]]):
-        exec(compile(code, f"{DOC.name}[{title} #{i}]", "exec"), namespace)
+    PAGE.run(title, namespace)
     if title == "ConsoleLogger":
         lines = capsys.readouterr().out.splitlines()
         assert [line.split("]")[0] for line in lines] == ["[epoch 1 batch 2", "[epoch 1 batch 4"]

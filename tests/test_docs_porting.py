@@ -8,40 +8,28 @@ example posts to a local ``http.server`` on 127.0.0.1 (port 0) named by ``UPLOAD
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.docs_pages import Page
 from trainbus import Callback, Event, Logger, State, blocking
 from trainbus._callback import resolve_callback
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "porting-from-composer.md"
-BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+PAGE = Page.read("porting-from-composer.md")
+DOC = PAGE.path
 UPLOAD_SECTION = "Making an upload overlap with training"
 
 
-def _sections() -> tuple[list[str], dict[str, list[str]]]:
-    parts = re.split(r"^## (.+)$", DOC.read_text(encoding="utf-8"), flags=re.MULTILINE)
-    setup = BLOCK.findall(parts[0])
-    sections = {
-        title.strip(): BLOCK.findall(body)
-        for title, body in zip(parts[1::2], parts[2::2], strict=True)
-    }
-    return setup, {title: blocks for title, blocks in sections.items() if blocks}
-
-
-SETUP, SECTIONS = _sections()
+SETUP, SECTIONS = PAGE.setup, PAGE.sections
 
 
 def run_section(title: str) -> dict[str, Any]:
     namespace: dict[str, Any] = {"__name__": f"docs_porting_{title}"}
-    for i, code in enumerate([*SETUP, *SECTIONS[title]]):
-        exec(compile(code, f"{DOC.name}[{title} #{i}]", "exec"), namespace)
+    PAGE.run(title, namespace)
     return namespace
 
 
