@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import socket
@@ -332,7 +333,7 @@ def test_no_dashboard_work_is_queued_per_batch_beyond_the_records() -> None:
     assert batches <= stats["Dashboard"].handled <= batches + 8
     assert [int(e.timestamp.batch) for e in ends] == list(range(1, batches + 1))
     assert all(int(e.timestamp.epoch) == 0 for e in ends)
-    assert all(b.wall_time >= a.wall_time for a, b in zip(ends, ends[1:], strict=False))
+    assert all(b.wall_time >= a.wall_time for a, b in itertools.pairwise(ends))
 
 
 def test_batch_end_items_follow_the_runs_own_batch_records_without_loss_logging() -> None:
