@@ -128,11 +128,25 @@ def available(arm: str) -> str | None:
     return None
 
 
+def train_loader() -> Any:
+    """The demo's training loader; without scikit-learn, random data of its shape (1,347
+    rows of 64 features, 10 classes, batches of 32: 43 batches an epoch)."""
+    try:
+        return load_digits_loaders(seed=0)[0]
+    except ImportError:
+        from torch.utils.data import DataLoader, TensorDataset
+
+        gen = torch.Generator().manual_seed(0)
+        data = TensorDataset(torch.rand(1347, 64, generator=gen),
+                             torch.randint(0, 10, (1347,), generator=gen))
+        return DataLoader(data, batch_size=32, shuffle=True, generator=gen)
+
+
 def train_once(arm: str, epochs: int, count_calls: bool = False) -> dict[str, Any]:
     """Train ``epochs`` epochs in ``arm``; the run's figures per batch."""
     from trainbus.callbacks import Dashboard
 
-    train, _ = load_digits_loaders(seed=0)
+    train = train_loader()
     torch.manual_seed(0)
     model = DigitsMLP()
     board = Dashboard() if arm in ("closed", "reader") else None
@@ -210,7 +224,7 @@ def callgrind(arm: str, epochs: int) -> float:
             match = re.search(r"^totals: (\d+)", dump.read_text(errors="replace"), re.M)
             if match:
                 totals.append(int(match.group(1)))
-    train, _ = load_digits_loaders(seed=0)
+    train = train_loader()
     # The training thread runs the model: by far the largest of the threads' totals.
     return max(totals) / (len(train) * epochs)
 
@@ -235,6 +249,10 @@ def main() -> None:
             print(f"arm {arm} skipped: {why}")
         else:
             arms.append(arm)
+    try:
+        import sklearn  # noqa: F401
+    except ImportError:
+        print("scikit-learn missing: random data of the digits' shape")
     print(f"python {platform.python_version()}, torch {torch.__version__}, {os.cpu_count()} "
           f"CPUs, load average {os.getloadavg()[0]:.2f}; {args.epochs} epochs (one = 43 "
           "batches) per run, torch threads 1", flush=True)
