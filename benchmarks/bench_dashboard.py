@@ -65,6 +65,11 @@ from trainbus.callbacks import Dashboard
 CHROMIUM = os.environ.get("TRAINBUS_CHROMIUM", "/usr/bin/chromium")
 ARMS = ("closed", "open", "none", "closed@pin", "open@pin", "none@pin")
 SETTLE_S = 0.5
+#: A tab has settled once its Chromium processes use less than this (CPU s per s) ...
+QUIET = 0.05
+#: ... over a window this long (checked for at most SETTLE_MAX_S seconds).
+QUIET_WINDOW_S = 0.25
+SETTLE_MAX_S = 5.0
 #: The paired ratios reported, each ``(numerator arm, denominator arm)``.
 PAIRS = (("open", "closed"), ("open@pin", "closed@pin"), ("closed", "none"),
          ("closed@pin", "none@pin"))
@@ -140,6 +145,18 @@ def thread_cpu(thread: threading.Thread | None) -> float:
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
+def settle() -> float:
+    """Wait until Chromium is quiet (the page booted, drew, and only follows the stream);
+    returns the seconds waited (``SETTLE_MAX_S``: it never was)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < SETTLE_MAX_S:
+        before = sum(chromium_cpu().values())
+        time.sleep(QUIET_WINDOW_S)
+        if (sum(chromium_cpu().values()) - before) / QUIET_WINDOW_S < QUIET:
+            break
+    return time.perf_counter() - t0
+
+
 def in_thread(fn: Any) -> None:
     """Run ``fn`` on another thread (Playwright's sync API owns this one's loop)."""
     errors: list[BaseException] = []
@@ -183,6 +200,7 @@ def train_once(arm: str, epochs: int, browser: Any) -> dict[str, Any]:
         # a run), and what the previous arm left (threads ending, a closed page) is done.
         gc.collect()
         time.sleep(SETTLE_S)
+        settled_after = settle() if page is not None else 0.0
         server = board._thread if board is not None else None
         marks: dict[str, Any] = {}
 
@@ -210,6 +228,7 @@ def train_once(arm: str, epochs: int, browser: Any) -> dict[str, Any]:
             "train_cpu": (probe.end - probe.start) * 1e3 / batches,
             "proc_cpu": marks["proc"] * 1e3 / batches,
             "server": marks["server"] * 1e6 / batches,
+            "settle": settled_after,
             "vcsw": probe.switches[0] / batches,
             "ivcsw": probe.switches[1] / batches,
             "chromium": sum(marks["chromium"].values()) / wall,
@@ -298,6 +317,10 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
     for arm in ("open", "open@pin"):
         if arm not in arms:
             continue
+        waits = col(arm, "settle")
+        print(f"\n{arm}: the tab settled (Chromium under {QUIET} CPU s/s) after a median "
+              f"{statistics.median(waits):.2f} s more (max {max(waits):.2f} s; "
+              f"{SETTLE_MAX_S:.0f} s: never)")
         kinds = sorted({k for r in results[arm] for k in r["chromium_by"]})
         print(f"\nChromium CPU s/s in {arm}, by process type (median): " + ", ".join(
             f"{k} {statistics.median([r['chromium_by'].get(k, 0.0) for r in results[arm]]):.3f}"
