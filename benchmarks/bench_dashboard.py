@@ -20,6 +20,8 @@ Per run it measures, between ``FIT_START`` and the return of ``fit()``:
 - ``train cpu``: the training thread's CPU ms per batch (its thread CPU clock, read by a
                 ``@blocking`` handler at ``FIT_START``/``FIT_END``, which runs on that thread);
                 on a shared VM it moves with the load too (caches, the host);
+- ``wait for a core``: ms per batch the training thread was runnable but had no core
+                (``/proc/thread-self/schedstat``): the machine's load, from that thread;
 - ``switches``: the training thread's voluntary and involuntary context switches per batch
                 (``getrusage(RUSAGE_THREAD)``): its waits and its preemptions;
 - ``proc cpu``:  CPU ms per batch of the whole training process (every thread);
@@ -76,11 +78,21 @@ PAIRS = (("open", "closed"), ("open@pin", "closed@pin"), ("closed", "none"),
 TARGET = 1.02
 
 
+def runq_wait() -> float:
+    """Seconds the calling thread has waited for a core while runnable (``schedstat``; 0
+    where the kernel does not say)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 class CpuProbe(Callback):
     """Reads the training thread's CPU clock at ``FIT_START`` and ``FIT_END``."""
 
     def __init__(self) -> None:
-        self.start = self.end = 0.0
+        self.start = self.end = self.runq = 0.0
         self.switches = (0, 0)
         self.thread = ""
 
@@ -89,11 +101,13 @@ class CpuProbe(Callback):
         self.thread = threading.current_thread().name
         usage = resource.getrusage(resource.RUSAGE_THREAD)
         self.switches = (usage.ru_nvcsw, usage.ru_nivcsw)
+        self.runq = runq_wait()
         self.start = time.thread_time()
 
     @blocking
     def fit_end(self, state: Any, logger: Any) -> None:
         self.end = time.thread_time()
+        self.runq = runq_wait() - self.runq
         usage = resource.getrusage(resource.RUSAGE_THREAD)
         self.switches = (usage.ru_nvcsw - self.switches[0], usage.ru_nivcsw - self.switches[1])
 
@@ -229,6 +243,7 @@ def train_once(arm: str, epochs: int, browser: Any) -> dict[str, Any]:
             "proc_cpu": marks["proc"] * 1e3 / batches,
             "server": marks["server"] * 1e6 / batches,
             "settle": settled_after,
+            "runq": probe.runq * 1e3 / batches,
             "vcsw": probe.switches[0] / batches,
             "ivcsw": probe.switches[1] / batches,
             "chromium": sum(marks["chromium"].values()) / wall,
@@ -293,13 +308,15 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
           f"{os.getloadavg()[0]:.2f} (at the start: {args.load_at_start:.2f}); @pin: training "
           f"process on CPU {CPUS[0]}, Chromium and Playwright's driver on CPU {CPUS[-1]}\n")
     print("| per arm (median over rounds) | wall ms/batch | train-thread CPU ms/batch | "
+          "train-thread wait for a core ms/batch | "
           "train-thread switches/batch (vol. / invol.) | process CPU ms/batch | "
           "server CPU µs/batch | Chromium CPU s/s |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for arm in arms:
         med = {k: statistics.median(col(arm, k)) for k in
-               ("wall", "train_cpu", "vcsw", "ivcsw", "proc_cpu", "server", "chromium")}
-        print(f"| {arm} | {med['wall']:.3f} | {med['train_cpu']:.3f} | {med['vcsw']:.2f} / "
+               ("wall", "train_cpu", "runq", "vcsw", "ivcsw", "proc_cpu", "server", "chromium")}
+        print(f"| {arm} | {med['wall']:.3f} | {med['train_cpu']:.3f} | {med['runq']:.3f} | "
+              f"{med['vcsw']:.2f} / "
               f"{med['ivcsw']:.2f} | {med['proc_cpu']:.3f} | {med['server']:.1f} | "
               f"{med['chromium']:.3f} |")
     print("\n| paired ratio per round | min | p25 | median | p75 | max | 95% CI of the median "

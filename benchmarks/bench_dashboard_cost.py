@@ -18,6 +18,8 @@ the training thread):
 - ``wall``: ms per batch (moves with the machine's load);
 - ``cpu``:  the training thread's CPU ms per batch (``time.thread_time()``; on a shared VM it
             moves with the load too: caches, the host);
+- ``runq``: ms per batch the training thread waited for a core while runnable
+            (``/proc/thread-self/schedstat``): the machine's load, seen from that thread;
 - ``vcsw`` / ``ivcsw``: the training thread's voluntary / involuntary context switches per
             batch (``getrusage(RUSAGE_THREAD)``): its waits (for the GIL, a barrier) and its
             preemptions (a woken thread taking its core), counts that depend little on load;
@@ -67,19 +69,29 @@ with httpx.stream("GET", sys.argv[1], timeout=None) as response:
 """
 
 
+def runq_wait() -> float:
+    """Seconds the calling thread has waited for a core while runnable (``schedstat``; 0
+    where the kernel does not say)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 class Probe(Callback):
     """The training thread's clocks at ``FIT_START`` and ``FIT_END`` (optionally its calls)."""
 
     def __init__(self, count_calls: bool = False) -> None:
         self.count_calls = count_calls
         self.calls: Counter[str] = Counter()
-        self.before: tuple[float, int, int] = (0.0, 0, 0)
-        self.delta: tuple[float, int, int] = (0.0, 0, 0)
+        self.before: tuple[float, int, int, float] = (0.0, 0, 0, 0.0)
+        self.delta: tuple[float, int, int, float] = (0.0, 0, 0, 0.0)
 
     @staticmethod
-    def _clocks() -> tuple[float, int, int]:
+    def _clocks() -> tuple[float, int, int, float]:
         usage = resource.getrusage(resource.RUSAGE_THREAD)
-        return time.thread_time(), usage.ru_nvcsw, usage.ru_nivcsw
+        return time.thread_time(), usage.ru_nvcsw, usage.ru_nivcsw, runq_wait()
 
     @blocking
     def fit_start(self, state: Any, logger: Any) -> None:
@@ -105,7 +117,7 @@ class Probe(Callback):
         after = self._clocks()
         sys.setprofile(None)
         self.delta = (after[0] - self.before[0], after[1] - self.before[1],
-                      after[2] - self.before[2])
+                      after[2] - self.before[2], after[3] - self.before[3])
 
 
 class NullDestination(LoggerDestination):
@@ -180,8 +192,8 @@ def train_once(arm: str, epochs: int, count_calls: bool = False) -> dict[str, An
         if board is not None:
             board.stop()
     n = len(train) * epochs
-    cpu, vcsw, ivcsw = probe.delta
-    return {"wall": wall * 1e3 / n, "cpu": cpu * 1e3 / n, "vcsw": vcsw / n,
+    cpu, vcsw, ivcsw, runq = probe.delta
+    return {"wall": wall * 1e3 / n, "cpu": cpu * 1e3 / n, "runq": runq * 1e3 / n, "vcsw": vcsw / n,
             "ivcsw": ivcsw / n, "calls": sum(probe.calls.values()) / n,
             "by_name": {k: v / n for k, v in probe.calls.items()}}
 
@@ -278,6 +290,7 @@ def main() -> None:
         print("| arm | figure | min | p25 | median | p75 | max |\n|---|---|---|---|---|---|---|")
         for arm in arms:
             for key, label in (("wall", "wall ms/batch"), ("cpu", "train-thread CPU ms/batch"),
+                               ("runq", "train-thread wait for a core ms/batch"),
                                ("vcsw", "voluntary switches/batch"),
                                ("ivcsw", "involuntary switches/batch")):
                 print(f"| {arm} | {label} | {spread([x[key] for x in rows[arm]])} |")
