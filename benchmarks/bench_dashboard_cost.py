@@ -285,6 +285,9 @@ def main() -> None:
         for r in range(args.rounds):
             for arm in arms[r % len(arms):] + arms[: r % len(arms)]:
                 rows[arm].append(train_once(arm, args.epochs))
+            print(f"round {r + 1}: " + "  ".join(
+                f"{a} {rows[a][-1]['wall']:.3f} ms ({rows[a][-1]['cpu']:.3f} cpu, "
+                f"{rows[a][-1]['ivcsw']:.2f} ivcsw)" for a in arms), flush=True)
         print(f"\n{args.rounds} interleaved rounds; per arm: min | p25 | median | p75 | max "
               f"(load average now {os.getloadavg()[0]:.2f})\n")
         print("| arm | figure | min | p25 | median | p75 | max |\n|---|---|---|---|---|---|---|")
