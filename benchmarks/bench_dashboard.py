@@ -22,6 +22,9 @@ Per run it measures, between ``FIT_START`` and the return of ``fit()``:
                 on a shared VM it moves with the load too (caches, the host);
 - ``wait for a core``: ms per batch the training thread was runnable but had no core
                 (``/proc/thread-self/schedstat``): the machine's load, from that thread;
+- ``wall less the waits for a core``: wall-clock less that wait: the time the training
+                thread ran or waited for something of the process's own (the GIL, a barrier);
+                less load-dependent than wall (other programs still share caches and cores);
 - ``switches``: the training thread's voluntary and involuntary context switches per batch
                 (``getrusage(RUSAGE_THREAD)``): its waits and its preemptions;
 - ``proc cpu``:  CPU ms per batch of the whole training process (every thread);
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import math
 import os
 import platform
@@ -244,6 +248,7 @@ def train_once(arm: str, epochs: int, browser: Any) -> dict[str, Any]:
             "server": marks["server"] * 1e6 / batches,
             "settle": settled_after,
             "runq": probe.runq * 1e3 / batches,
+            "own": (wall - probe.runq) * 1e3 / batches,
             "vcsw": probe.switches[0] / batches,
             "ivcsw": probe.switches[1] / batches,
             "chromium": sum(marks["chromium"].values()) / wall,
@@ -308,14 +313,15 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
           f"{os.getloadavg()[0]:.2f} (at the start: {args.load_at_start:.2f}); @pin: training "
           f"process on CPU {CPUS[0]}, Chromium and Playwright's driver on CPU {CPUS[-1]}\n")
     print("| per arm (median over rounds) | wall ms/batch | train-thread CPU ms/batch | "
-          "train-thread wait for a core ms/batch | "
+          "train-thread wait for a core ms/batch | wall less those waits | "
           "train-thread switches/batch (vol. / invol.) | process CPU ms/batch | "
           "server CPU µs/batch | Chromium CPU s/s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for arm in arms:
-        med = {k: statistics.median(col(arm, k)) for k in
-               ("wall", "train_cpu", "runq", "vcsw", "ivcsw", "proc_cpu", "server", "chromium")}
+        med = {k: statistics.median(col(arm, k)) for k in ("wall", "train_cpu", "runq", "own",
+               "vcsw", "ivcsw", "proc_cpu", "server", "chromium")}
         print(f"| {arm} | {med['wall']:.3f} | {med['train_cpu']:.3f} | {med['runq']:.3f} | "
+              f"{med['own']:.3f} | "
               f"{med['vcsw']:.2f} / "
               f"{med['ivcsw']:.2f} | {med['proc_cpu']:.3f} | {med['server']:.1f} | "
               f"{med['chromium']:.3f} |")
@@ -324,8 +330,8 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
     for a, b in PAIRS:
         if a not in arms or b not in arms:
             continue
-        for key, label in (("wall", "wall"), ("train_cpu", "train-thread CPU"),
-                           ("proc_cpu", "process CPU")):
+        for key, label in (("wall", "wall"), ("own", "wall less the waits for a core"),
+                           ("train_cpu", "train-thread CPU"), ("proc_cpu", "process CPU")):
             ratios = [x / y for x, y in zip(col(a, key), col(b, key), strict=True)]
             interval = median_interval(ratios)
             judged = verdict(interval) if a.startswith("open") else ""
@@ -350,6 +356,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--arms", default=",".join(ARMS), help="a subset of " + ",".join(ARMS))
     parser.add_argument("--screenshot", default=None)
+    parser.add_argument("--json", default=None, help="also write every run's figures there")
     args = parser.parse_args()
     args.load_at_start = os.getloadavg()[0]
     arms = tuple(args.arms.split(","))
@@ -378,6 +385,9 @@ def main() -> None:
                 for a in arms), flush=True)
         pin(False)
         browser.close()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f)
     report(results, args)
 
 
