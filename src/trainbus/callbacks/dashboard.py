@@ -300,9 +300,8 @@ class Dashboard(LoggerDestination):
                 self.stream.publish(item)
 
     # The handlers are plain and cheap (an append, at most one wake-up of the server's
-    # loop): the bus may run them inline on the training thread, which costs far less
-    # than a hop to the event loop at every batch. Snapshots are taken on the server's
-    # thread.
+    # loop), for the run's and the epochs' events only: no BATCH_END (see _EVENTS and
+    # log_record). Snapshots are taken on the server's thread.
 
     def _forwarder(self, event: Event) -> Any:
         def handler(state: State, logger: Logger) -> None:
