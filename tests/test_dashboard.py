@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import socket
@@ -315,3 +316,41 @@ def test_the_dashboard_trails_training_instead_of_holding_its_barrier() -> None:
         trainer.fit_sync()
     assert dashboard.released is True  # a lockstep handler would have held batch 1's barrier
     assert Stalled.trailing == 4
+
+
+def test_no_dashboard_work_is_queued_per_batch_beyond_the_records() -> None:
+    """The training thread queues nothing per batch for the Dashboard but the loss record
+    (no ``BATCH_END`` snapshot, no second wake-up of its lane); the page still gets one
+    ``batch_end`` per batch, in order, with the batch's counters."""
+    batches = 40
+    with Dashboard() as dashboard:
+        trainer = trainer_with(dashboard, batches=batches)
+        trainer.fit_sync()
+        stats = {c.name: c for c in trainer.engine.statistics().callbacks}
+        ends = [i for i in dashboard.stream._history
+                if isinstance(i, StreamEvent) and i.event.value == "batch_end"]
+    # Its calls: one record per batch, plus a handful of run and epoch events.
+    assert batches <= stats["Dashboard"].handled <= batches + 8
+    assert [int(e.timestamp.batch) for e in ends] == list(range(1, batches + 1))
+    assert all(int(e.timestamp.epoch) == 0 for e in ends)
+    assert all(b.wall_time >= a.wall_time for a, b in itertools.pairwise(ends))
+
+
+def test_batch_end_items_follow_the_runs_own_batch_records_without_loss_logging() -> None:
+    """With ``log_train_loss=False`` the page's batch counter follows what the run logs."""
+
+    class Accuracy(Callback):
+        def batch_end(self, state: Any, logger: Any) -> None:
+            if int(state.timer.batch) % 5 == 0:
+                logger.log_metrics({"acc": 0.5})
+
+    model = TinyModel()
+    with Dashboard() as dashboard:
+        trainer = Trainer(model, make_loader(20), "1ep",
+                          optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                          callbacks=[Accuracy()], loggers=[dashboard], log_train_loss=False,
+                          warn_slow_callbacks=False)
+        trainer.fit_sync()
+        ends = [int(i.timestamp.batch) for i in dashboard.stream._history
+                if isinstance(i, StreamEvent) and i.event.value == "batch_end"]
+    assert ends == [5, 10, 15, 20]

@@ -39,6 +39,10 @@ __all__ = ["Dashboard"]
 
 _END = object()  # the outbox's marker: the run closed
 _SEND_BUFFER = 64 * 1024
+#: The events it handles: the stream's defaults but ``BATCH_END``, whose snapshot the
+#: training thread would queue (and whose lane it would wake) at every batch; the page's
+#: batch counter and throughput follow the batch-level records instead (:meth:`log_record`).
+_EVENTS = DEFAULT_STREAM_EVENTS - {Event.BATCH_END}
 #: How often the server's loop takes what the run sent (the page asks for 4 messages/s).
 _FLUSH_S = 0.25
 
@@ -102,7 +106,8 @@ class Dashboard(LoggerDestination):
         self._started = threading.Event()
         self._delivered = threading.Event()
         self._status = "running"
-        for event in DEFAULT_STREAM_EVENTS:
+        self._last_batch = -1  # the batch of the last batch_end sent to the page
+        for event in _EVENTS:
             setattr(self, event.value, self._forwarder(event))
 
     # -- the server -------------------------------------------------------------------------
@@ -295,14 +300,14 @@ class Dashboard(LoggerDestination):
                 self.stream.publish(item)
 
     # The handlers are plain and cheap (an append, at most one wake-up of the server's
-    # loop): the bus may run them inline on the training thread, which costs far less
-    # than a hop to the event loop at every batch. Snapshots are taken on the server's
-    # thread.
+    # loop), for the run's and the epochs' events only: no BATCH_END (see _EVENTS and
+    # log_record). Snapshots are taken on the server's thread.
 
     def _forwarder(self, event: Event) -> Any:
         def handler(state: State, logger: Logger) -> None:
             if event is Event.INIT or event is Event.FIT_START:
                 self._status = "running"
+                self._last_batch = -1
             if event is Event.FIT_START and (self._thread is None or not self._thread.is_alive()):
                 self.start()
             if event is Event.FIT_END:
@@ -313,9 +318,20 @@ class Dashboard(LoggerDestination):
         return handler
 
     def log_record(self, record: LogRecord) -> None:
-        """Forward a logged record to the page."""
+        """Forward a logged record to the page, and the end of a batch it is the first of.
+
+        The page's ``batch_end`` items (its batch counter and throughput) come from here:
+        the first record logged with a new batch count marks that batch's end (the trainer
+        logs ``loss/train`` at every batch; with ``log_train_loss=False`` it is whatever
+        the run logs). So the Dashboard has no ``BATCH_END`` handler, and the training
+        thread queues nothing for it per batch beyond the records themselves.
+        """
         values = {k: json_ready(v) for k, v in record.metrics.items()}
         self._send(StreamMetrics(values, record.step, record.wall_time, 0, record.hyperparameters))
+        ts = record.timestamp
+        if ts is not None and not record.hyperparameters and int(ts.batch) > self._last_batch:
+            self._last_batch = int(ts.batch)
+            self._send(StreamEvent(Event.BATCH_END, ts, record.wall_time))
 
     def close(self, state: State, logger: Logger) -> None:
         """The run is over: a last snapshot, then the page's stream ends (``end``)."""
