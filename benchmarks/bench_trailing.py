@@ -62,7 +62,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import anyio.abc
@@ -77,16 +77,36 @@ from trainbus._demo import exposure
 
 BATCH = 128
 LATENCY_MS = 5.0
-#: variant: (client, lag of the upload handler, the trainer's max_lag); ``None``: no trainbus.
-VARIANTS: dict[str, tuple[str | None, int, int] | None] = {
+BASE, READER_BASE = "no upload", "no upload + thread reader"
+
+
+class Variant(NamedTuple):
+    """One row: the upload's client (``None``: no upload), its lag, the trainer's
+    ``max_lag``, whether the plain thread reader runs too, and the row it is paired with."""
+
+    client: str | None
+    lag: int = 0
+    max_lag: int = 0
+    reader: bool = False
+    base: str = BASE
+
+
+#: The issue's scenario first (the ``@blocking`` weight reader only), then the same with a
+#: plain lockstep reader on its own thread. ``None``: the plain loop, no trainbus.
+VARIANTS: dict[str, Variant | None] = {
     "plain loop": None,
-    "no upload": (None, 0, 0),
-    "sleep, trailing(2)": ("sleep", 2, 0),
-    "lockstep": ("httpx", 0, 0),
-    "trailing(2)": ("httpx", 2, 0),
-    "raw client, trailing(2)": ("raw", 2, 0),
-    "max_lag=2": ("httpx", 0, 2),
+    BASE: Variant(None),
+    "sleep, trailing(2)": Variant("sleep", 2),
+    "lockstep": Variant("httpx", 0),
+    "trailing(2)": Variant("httpx", 2),
+    "tuned httpx, trailing(2)": Variant("tuned", 2),
+    "raw client, trailing(2)": Variant("raw", 2),
+    "max_lag=2": Variant("httpx", 0, 2),
+    READER_BASE: Variant(None, reader=True, base=READER_BASE),
+    "trailing(2) + thread reader": Variant("httpx", 2, reader=True, base=READER_BASE),
+    "max_lag=2 + thread reader": Variant("httpx", 0, 2, reader=True, base=READER_BASE),
 }
+HEADLINE = [name for name, v in VARIANTS.items() if v is None or not v.reader]
 
 
 def make_model(hidden: int) -> torch.nn.Module:
@@ -160,20 +180,32 @@ class ThreadReader(trainbus.Callback):
 class Upload(trainbus.Callback):
     """Awaits one POST per batch (the README's handler) on one kept-alive connection.
 
-    ``client``: ``"httpx"`` (``httpx.AsyncClient``), ``"raw"`` (:class:`RawClient`) or
+    ``client``: ``"httpx"`` (``httpx.AsyncClient``, ``client.post(url, json=...)``),
+    ``"tuned"`` (the same client with ``trust_env=False``, and a new ``httpx.Request`` per
+    POST from a pre-parsed URL, fixed headers and the client's timeout, sent with
+    ``client.send``: see ``bench_http_client.py``), ``"raw"`` (:class:`RawClient`) or
     ``"sleep"`` (builds the payload, then ``await anyio.sleep(5 ms)``: the same wait,
     no client at all)."""
 
     def __init__(self, url: str, client: str = "httpx") -> None:
         self.url = url
         self.client = client
-        self.httpx = httpx.AsyncClient() if client == "httpx" else None
+        self.httpx = (httpx.AsyncClient(trust_env=client != "tuned")
+                      if client in ("httpx", "tuned") else None)
         self.raw = RawClient(url) if client == "raw" else None
+        self.target = httpx.URL(url)
+        self.headers = {"Content-Type": "application/json"}
+        self.extensions = {"timeout": httpx.Timeout(5.0).as_dict()}
         self.sent = 0
 
     async def batch_end(self, state: Any, logger: Any) -> None:
         payload = {"batch": int(state.timer.batch)}
-        if self.httpx is not None:
+        if self.client == "tuned":
+            assert self.httpx is not None
+            request = httpx.Request("POST", self.target, content=json.dumps(payload).encode(),
+                                    headers=self.headers, extensions=self.extensions)
+            (await self.httpx.send(request)).raise_for_status()
+        elif self.httpx is not None:
             (await self.httpx.post(self.url, json=payload)).raise_for_status()
         elif self.raw is not None:
             await self.raw.post(json.dumps(payload).encode())
@@ -195,14 +227,29 @@ class TrailingUpload(Upload):
         await super().batch_end(state, logger)
 
 
+def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: Any, y: Any) -> None:
+    opt.zero_grad(set_to_none=True)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def reference(data: list[Any], hidden: int) -> dict[int, float]:
+    """The weights' checksum after each batch (1-based), from the plain loop (untimed)."""
+    model = make_model(hidden)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    out = {}
+    for batch, (x, y) in enumerate(data, 1):
+        _step(model, opt, x, y)
+        out[batch] = checksum(model)
+    return out
+
+
 def plain_loop(data: list[Any], hidden: int) -> dict[str, float]:
     model = make_model(hidden)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     before, process = sample(), time.process_time()
     for x, y in data:
-        opt.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+        _step(model, opt, x, y)
     d, n = delta(before, sample()), len(data)
     return {"ms": d["wall"] * 1e3 / n, "train_cpu": d["cpu"] * 1e3 / n,
             "train_runq": d["runq"] * 1e3 / n, "train_other": 0.0,
@@ -210,13 +257,17 @@ def plain_loop(data: list[Any], hidden: int) -> dict[str, float]:
             "process_cpu": (time.process_time() - process) * 1e3 / n}
 
 
-async def trainbus_run(variant: str, data: list[Any], url: str, hidden: int) -> dict[str, Any]:
-    client, lag, max_lag = VARIANTS[variant] or (None, 0, 0)
-    truth, reader = TruthReader(), ThreadReader()
-    callbacks: list[trainbus.Callback] = [truth, reader]
+async def trainbus_run(
+    variant: str, data: list[Any], url: str, hidden: int, truth_ref: dict[int, float]
+) -> dict[str, Any]:
+    config = VARIANTS[variant]
+    assert config is not None
+    truth = TruthReader()
+    reader = ThreadReader() if config.reader else None
+    callbacks: list[trainbus.Callback] = [truth] if reader is None else [truth, reader]
     upload: Upload | None = None
-    if client is not None:
-        upload = (TrailingUpload if lag else Upload)(url, client)
+    if config.client is not None:
+        upload = (TrailingUpload if config.lag else Upload)(url, config.client)
         callbacks.append(upload)
     model = make_model(hidden)
     trainer = trainbus.Trainer(
@@ -227,7 +278,7 @@ async def trainbus_run(variant: str, data: list[Any], url: str, hidden: int) -> 
         optimizers=torch.optim.SGD(model.parameters(), lr=0.01),
         callbacks=callbacks,
         device="cpu",
-        max_lag=max_lag,
+        max_lag=config.max_lag,
         log_train_loss=False,
         warn_slow_callbacks=False,
         # The thread reader is the only plain handler: keep it on its own thread whatever
@@ -244,10 +295,9 @@ async def trainbus_run(variant: str, data: list[Any], url: str, hidden: int) -> 
     stats = trainer.engine.statistics()
     work, _, hidden_s = exposure(stats, loop0["wall"] + loop["wall"] - truth.end["wall"])
     train = delta(truth.start, truth.end)
-    reader_cpu = (reader.last - reader.first) / (n - 1)
     assert upload is None or upload.sent == n
     ms = 1e3 / n
-    return {
+    out = {
         "ms": loop["wall"] * ms,
         "train_cpu": train["cpu"] * ms,
         "train_runq": train["runq"] * ms,
@@ -256,18 +306,24 @@ async def trainbus_run(variant: str, data: list[Any], url: str, hidden: int) -> 
         "train_waits": train["waits"] / n,
         "train_vcsw": train["vcsw"] / n,
         "loop_cpu": loop["cpu"] * ms,
-        "reader_cpu": reader_cpu * 1e3,
         "rest_cpu": (process - train["cpu"] - loop["cpu"]) * ms,
         "process_cpu": process * ms,
         "server_cpu": server["cpu_s"] * ms,
         "requests": server["requests"],
         "connections": server["connections"] - 1,  # less the GET after the run
         "torch_threads": truth.torch_threads,
-        "reader_threads": len(reader.idents),
-        "reader_on_training_thread": truth.ident in reader.idents,
         "hidden": hidden_s / work if work > 0 else 0.0,
-        "thread_reader_mismatches": sum(reader.seen[b] != truth.seen[b] for b in truth.seen),
+        # The @blocking reader against the plain loop's weights: the lockstep guarantee.
+        "truth_mismatches": sum(truth.seen.get(b) != w for b, w in truth_ref.items()),
     }
+    if reader is not None:
+        out.update(
+            reader_cpu=(reader.last - reader.first) / (n - 1) * 1e3,
+            reader_threads=len(reader.idents),
+            reader_on_training_thread=truth.ident in reader.idents,
+            thread_reader_mismatches=sum(reader.seen[b] != truth.seen[b] for b in truth.seen),
+        )
+    return out
 
 
 def calibrate(batch_ms: float) -> int:
@@ -282,26 +338,26 @@ def calibrate(batch_ms: float) -> int:
 
 
 async def bench(
-    rounds: int, batches: int, hidden: int, budget_s: float | None
+    variants: list[str], rounds: int, batches: int, hidden: int, budget_s: float | None
 ) -> dict[str, list[dict[str, Any]]]:
     """Interleaved rounds; with ``budget_s``, no round starts that would end after it (at
     least two rounds are kept)."""
     data = make_data(batches)
-    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+    truth_ref = reference(data, hidden)
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     started = time.perf_counter()
     with latency_server(LATENCY_MS) as url:
         for r in range(rounds + 1):  # round 0: warm-up, not kept
             elapsed = time.perf_counter() - started
             if budget_s is not None and r > 2 and elapsed * (r + 1) / r > budget_s:
                 break
-            names = list(VARIANTS)
-            order = names[r % len(names) :] + names[: r % len(names)]
+            order = variants[r % len(variants) :] + variants[: r % len(variants)]
             for variant in order:
                 gc.collect()
                 if variant == "plain loop":
                     run = plain_loop(data, hidden)
                 else:
-                    run = await trainbus_run(variant, data, url, hidden)
+                    run = await trainbus_run(variant, data, url, hidden, truth_ref)
                 if r:
                     runs[variant].append(run)
     return runs
@@ -309,8 +365,22 @@ async def bench(
 
 async def one(variant: str, batches: int, hidden: int) -> dict[str, Any]:
     """One run of ``variant``, no warm-up (``--one``)."""
+    data = make_data(batches)
     with latency_server(LATENCY_MS) as url:
-        return await trainbus_run(variant, make_data(batches), url, hidden)
+        return await trainbus_run(variant, data, url, hidden, reference(data, hidden))
+
+
+def choose(spec: str) -> list[str]:
+    """``--variants``: ``all``, ``headline`` or a comma-separated list; each row's baseline
+    is added when missing, and the order is :data:`VARIANTS`'s."""
+    if spec in ("all", "headline"):
+        chosen = set(VARIANTS if spec == "all" else HEADLINE)
+    else:
+        chosen = {name.strip() for name in spec.split(",")}
+        if unknown := sorted(chosen - set(VARIANTS)):
+            raise ValueError(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
+    chosen |= {config.base for name in chosen if (config := VARIANTS[name]) is not None}
+    return [name for name in VARIANTS if name in chosen]
 
 
 def main() -> None:
@@ -325,12 +395,19 @@ def main() -> None:
                         help="sys.setswitchinterval for the whole run (CPython's is 5 ms)")
     parser.add_argument("--budget-s", type=float,
                         help="start no round that would end after this many seconds")
+    parser.add_argument("--variants", default="all",
+                        help="'all' (default), 'headline' (no thread reader) or a "
+                             "comma-separated list of rows")
     parser.add_argument("--one", choices=[v for v, c in VARIANTS.items() if c is not None],
                         help="run this variant once and print its figures (for valgrind)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.rounds < 1 or args.batches < 3:
         parser.error("--rounds must be >= 1 and --batches >= 3")
+    try:
+        variants = choose(args.variants)
+    except ValueError as exc:
+        parser.error(str(exc))
     torch.set_num_threads(args.threads)
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
@@ -339,35 +416,43 @@ def main() -> None:
         print(json.dumps(anyio.run(one, args.one, args.batches, hidden), indent=1))
         return
     started = time.perf_counter()
-    runs = anyio.run(bench, args.rounds, args.batches, hidden, args.budget_s)
-    rounds = len(runs["no upload"])
-    summary = summarize(runs)
-    for variant, config in VARIANTS.items():
-        if config is not None and not config[2]:  # the thread reader is lockstep
-            assert summary[variant]["thread_reader_mismatches"] == 0, (variant, summary[variant])
-    extra = summary["trailing(2)"]["diff_median"]
-    verdict = "met" if extra <= 0.5 else "**missed**"
-    runq = summary["no upload"]["train_runq"]
-    if runq > 0.5:  # NaN (no schedstat) compares False: the verdict stands
-        verdict = (f"not measurable here: the training thread waited {runq:.1f} ms/batch "
-                   "for a free core")
+    runs = anyio.run(bench, variants, args.rounds, args.batches, hidden, args.budget_s)
+    rounds = len(runs[BASE])
+    bases = {name: config.base if config else BASE for name, config in VARIANTS.items()}
+    summary = summarize(runs, bases)
+    for variant, row in summary.items():
+        config = VARIANTS[variant]
+        if config is not None:  # the @blocking reader saw its batch's weights, every run
+            assert row["truth_mismatches"] == 0, (variant, row)
+        if config is not None and config.reader and not config.max_lag:  # lockstep reader
+            assert row["thread_reader_mismatches"] == 0, (variant, row)
     text = table(summary, args.batches)
     cpu = cpu_table(summary)
-    first = runs["trailing(2)"][0]
+    first = runs[BASE][0]
     conditions = (
         f"MLP 512-{hidden}-10, batch {BATCH}, {args.batches} batches x {rounds} rounds, "
         f"torch {torch.__version__} with {first['torch_threads']} intra-op thread(s) on the "
         f"training thread, switch interval {sys.getswitchinterval() * 1e3:g} ms, "
-        f"{first['connections']:g} connection(s) for {first['requests']:g} POSTs per run, "
-        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs, "
-        f"{time.perf_counter() - started:.0f} s"
+        f"load average {os.getloadavg()[0]:.2f} on {len(os.sched_getaffinity(0))} of "
+        f"{os.cpu_count()} CPUs, {time.perf_counter() - started:.0f} s"
     )
     print(text, "", cpu, "", conditions, sep="\n")
-    print(
-        f"trailing(2) over no upload: {extra:+.2f} ms/batch wall (target <= +0.5 ms: "
-        f"{verdict}), {summary['trailing(2)']['cpu_diff_median']:+.2f} ms/batch training-thread "
-        f"CPU; upload {LATENCY_MS:g} ms/batch at the server"
-    )
+    verdict = "not run"
+    if "trailing(2)" in summary:
+        post = runs["trailing(2)"][0]
+        print(f"{post['connections']:g} connection(s) for {post['requests']:g} POSTs per run")
+        extra = summary["trailing(2)"]["diff_median"]
+        verdict = "met" if extra <= 0.5 else "**missed**"
+        runq = summary[BASE]["train_runq"]
+        if runq > 0.5:  # NaN (no schedstat) compares False: the verdict stands
+            verdict = (f"not measurable here: the training thread waited {runq:.1f} ms/batch "
+                       "for a free core")
+        print(
+            f"trailing(2) over no upload: {extra:+.2f} ms/batch wall (target <= +0.5 ms: "
+            f"{verdict}), {summary['trailing(2)']['cpu_diff_median']:+.2f} ms/batch "
+            f"training-thread CPU; upload {LATENCY_MS:g} ms/batch at the server; the "
+            "@blocking reader saw its batch's weights in every run"
+        )
     if args.json:
         args.json.write_text(json.dumps({
             "summary": summary, "runs": runs, "table": text, "cpu_table": cpu,
