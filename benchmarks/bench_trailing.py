@@ -2,27 +2,36 @@
 
 Workload: MLP 512-H-10, batch 128, SGD, CPU, ``--threads`` torch threads (1) in every row;
 the hidden width H is calibrated so a plain-loop batch costs ``--batch-ms`` (10) ms of CPU
-time, so the scenario means the same on any machine (``--hidden`` fixes it instead). Every
-trainbus run has two weight readers: a ``@blocking`` ``batch_end`` (on the training thread:
-the weights of its batch, by construction) and a plain ``def batch_end`` on its own thread,
-which sees the weights of its batch only if the ``BATCH_END`` barrier still waits for it.
-Variants:
+time, so the scenario means the same on any machine (``--hidden`` fixes it instead).
+
+The headline rows are the issue's scenario: every trainbus run has a ``@blocking``
+``batch_end`` weight reader (on the training thread), and the script asserts that it saw
+the weights of its batch in every run, against the plain loop's weights after each batch:
 
 - ``plain loop``: a hand-written torch loop, no trainbus, for reference;
-- ``no upload``: the readers only (the baseline the others are compared with);
+- ``no upload``: the weight reader only (the baseline the headline rows are paired with);
 - ``sleep, trailing(2)``: plus a ``@trainbus.trailing(2)`` ``async def batch_end`` that
   builds the payload and awaits ``anyio.sleep(5 ms)``: the upload's wait without a client
   (what the bus itself costs to hide 5 ms);
 - ``lockstep``: plus an ``async def batch_end`` that awaits one POST (``httpx.AsyncClient``,
   one kept-alive connection) to ``latency_server.py`` (its own process) answering after 5 ms;
 - ``trailing(2)``: the same handler declared ``@trainbus.trailing(2)`` (the target's row);
+- ``tuned httpx, trailing(2)``: the same with the httpx choices ``bench_http_client.py``
+  measures (``trust_env=False``, a new ``httpx.Request`` per POST sent with ``client.send``);
 - ``raw client, trailing(2)``: the same with a hand-written HTTP/1.1 client on one anyio
   stream (:class:`RawClient`): the same request for a fraction of httpx's CPU time;
 - ``max_lag=2``: the httpx handler undecorated, with ``Trainer(max_lag=2)`` (every callback
-  trails, the thread reader too: its barrier wait is gone from this row, not only the upload).
+  trails but ``@blocking`` ones, which run on the training thread at their event).
+
+Then the same with a plain lockstep ``def batch_end`` weight reader on its own thread
+(``... + thread reader``, paired with ``no upload + thread reader``): a real cost for users
+with plain lockstep handlers, since the barrier waits for that thread, and that thread
+competes for the GIL with the client's work on the loop. Its last column counts the batches
+whose weights it saw late (asserted 0 but under ``max_lag=2``, where it trails too).
+``--variants headline`` runs the headline rows only.
 
 Rounds are interleaved (each round runs every variant once, in a rotated order) after one
-untimed warm-up round. Wall clock (load-dependent): ms/batch min / median / spread and the
+short untimed warm-up round. Wall clock (load-dependent): ms/batch min / median / spread and the
 median of per-round paired differences and ratios against ``no upload``. CPU accounting
 (does not depend on load), per batch, median over rounds: the training thread between
 ``FIT_START`` and ``FIT_END`` split into CPU time (``time.thread_time``), run-queue wait
@@ -35,8 +44,7 @@ thread, of the thread reader's thread, of the whole process and of the server pr
 demo's figure (``trainbus demo``): ``1 - (waited at barriers and queues + drain after
 FIT_END) / handler time``. The verdict on the target (``trailing(2)`` at most +0.5 ms/batch
 over ``no upload``) is withheld when the training thread waited more than 0.5 ms/batch for a
-free core in the ``no upload`` row: the machine is too busy to judge it. The script asserts that the thread reader saw the weights of its
-batch in every run but ``max_lag=2``. ``--one VARIANT`` runs one variant once, for instruction
+free core in the ``no upload`` row: the machine is too busy to judge it. ``--one VARIANT`` runs one variant once, for instruction
 counts that do not depend on load either::
 
     valgrind --tool=callgrind --separate-threads=yes python benchmarks/bench_trailing.py \
@@ -47,7 +55,9 @@ counts that do not depend on load either::
 ``sys.setswitchinterval`` (how long a thread may hold the GIL while another waits).
 
 Run:  PYTHONPATH=src python benchmarks/bench_trailing.py [--rounds 7] [--batches 100]
-      [--batch-ms 10] [--threads 1] [--switch-interval-ms 5] [--budget-s 90] [--json out.json]
+      [--batch-ms 10] [--threads 1] [--switch-interval-ms 5] [--budget-s 90]
+      [--variants 'all|headline|ROW;ROW'] [--compact] [--json out.json]
+On a quiet machine, pinned to two cores and not: ``bash scripts/device_trailing.sh``.
 """
 
 from __future__ import annotations
@@ -69,7 +79,7 @@ import anyio.abc
 import httpx
 import torch
 from thread_clock import delta, sample
-from trailing_report import cpu_table, summarize, table
+from trailing_report import compact_table, cpu_table, summarize, table
 from upload_server import RawClient, latency_server, server_counts
 
 import trainbus
@@ -340,26 +350,30 @@ def calibrate(batch_ms: float) -> int:
 async def bench(
     variants: list[str], rounds: int, batches: int, hidden: int, budget_s: float | None
 ) -> dict[str, list[dict[str, Any]]]:
-    """Interleaved rounds; with ``budget_s``, no round starts that would end after it (at
-    least two rounds are kept)."""
+    """Interleaved rounds after a short warm-up round (a fifth of the batches, not kept);
+    with ``budget_s``, no round starts that would end after it if it took as long as the
+    last one (at least two rounds are kept)."""
     data = make_data(batches)
     truth_ref = reference(data, hidden)
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     started = time.perf_counter()
+    last = 0.0
     with latency_server(LATENCY_MS) as url:
         for r in range(rounds + 1):  # round 0: warm-up, not kept
-            elapsed = time.perf_counter() - started
-            if budget_s is not None and r > 2 and elapsed * (r + 1) / r > budget_s:
+            begun = time.perf_counter()
+            if budget_s is not None and r > 2 and begun - started + last > budget_s:
                 break
             order = variants[r % len(variants) :] + variants[: r % len(variants)]
+            chunk = data if r else data[: max(3, batches // 5)]
             for variant in order:
                 gc.collect()
                 if variant == "plain loop":
-                    run = plain_loop(data, hidden)
+                    run = plain_loop(chunk, hidden)
                 else:
-                    run = await trainbus_run(variant, data, url, hidden, truth_ref)
+                    run = await trainbus_run(variant, chunk, url, hidden, truth_ref)
                 if r:
                     runs[variant].append(run)
+            last = time.perf_counter() - begun
     return runs
 
 
@@ -371,12 +385,13 @@ async def one(variant: str, batches: int, hidden: int) -> dict[str, Any]:
 
 
 def choose(spec: str) -> list[str]:
-    """``--variants``: ``all``, ``headline`` or a comma-separated list; each row's baseline
+    """``--variants``: ``all``, ``headline`` or a ``;``-separated list (row names hold commas);
+    each row's baseline
     is added when missing, and the order is :data:`VARIANTS`'s."""
     if spec in ("all", "headline"):
         chosen = set(VARIANTS if spec == "all" else HEADLINE)
     else:
-        chosen = {name.strip() for name in spec.split(",")}
+        chosen = {name.strip() for name in spec.split(";")}
         if unknown := sorted(chosen - set(VARIANTS)):
             raise ValueError(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
     chosen |= {config.base for name in chosen if (config := VARIANTS[name]) is not None}
@@ -397,9 +412,11 @@ def main() -> None:
                         help="start no round that would end after this many seconds")
     parser.add_argument("--variants", default="all",
                         help="'all' (default), 'headline' (no thread reader) or a "
-                             "comma-separated list of rows")
+                             "';'-separated list of rows")
     parser.add_argument("--one", choices=[v for v, c in VARIANTS.items() if c is not None],
                         help="run this variant once and print its figures (for valgrind)")
+    parser.add_argument("--compact", action="store_true",
+                        help="print one short line per variant instead of the two tables")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.rounds < 1 or args.batches < 3:
@@ -436,7 +453,10 @@ def main() -> None:
         f"load average {os.getloadavg()[0]:.2f} on {len(os.sched_getaffinity(0))} of "
         f"{os.cpu_count()} CPUs, {time.perf_counter() - started:.0f} s"
     )
-    print(text, "", cpu, "", conditions, sep="\n")
+    if args.compact:
+        print(compact_table(summary), "", conditions, sep="\n")
+    else:
+        print(text, "", cpu, "", conditions, sep="\n")
     verdict = "not run"
     if "trailing(2)" in summary:
         post = runs["trailing(2)"][0]

@@ -8,7 +8,7 @@ import math
 import statistics
 from typing import Any
 
-__all__ = ["CPU_COLUMNS", "cpu_table", "summarize", "table"]
+__all__ = ["CPU_COLUMNS", "compact_table", "cpu_table", "summarize", "table"]
 
 CPU_COLUMNS = {
     "train_cpu": "training thread CPU",
@@ -88,4 +88,21 @@ def cpu_table(summary: dict[str, Any]) -> str:
             for key in CPU_COLUMNS
         ]
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def compact_table(summary: dict[str, Any]) -> str:
+    """One short line per variant (``--compact``): wall clock paired with its baseline, the
+    training thread's CPU, barrier and other off-CPU waits, the loop's CPU, hidden share and
+    whether the ``@blocking`` reader saw its batch's weights in every run."""
+    lines = ["variant                      ms/b   paired  train_cpu  barrier  other  loop_cpu"
+             "  hidden  blocking_ok"]
+    for variant, row in summary.items():
+        paired = f"{row['diff_median']:+.2f}" if variant != row["base"] else "-"
+        hidden = f"{row['hidden_median']:.0%}" if "hidden_median" in row else "-"
+        ok = "-" if "truth_mismatches" not in row else str(row["truth_mismatches"] == 0)
+        cells = ["-" if math.isnan(value := row.get(key, math.nan)) else f"{value:.2f}"
+                 for key in ("train_cpu", "train_wait", "train_other", "loop_cpu")]
+        lines.append(f"{variant:<28} {row['median']:5.2f}  {paired:>6}  {cells[0]:>9}  "
+                     f"{cells[1]:>7}  {cells[2]:>5}  {cells[3]:>8}  {hidden:>6}  {ok}")
     return "\n".join(lines)
