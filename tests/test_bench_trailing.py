@@ -92,3 +92,15 @@ def test_unknown_variants_are_refused_by_name() -> None:
     )
     assert done.returncode == 2
     assert "--variants: unknown ['trailing(3)']" in done.stderr
+
+
+def test_variant_names_hold_commas_and_bring_their_baselines() -> None:
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import bench_trailing
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    chosen = bench_trailing.choose("tuned httpx, trailing(2); trailing(2) + thread reader")
+    assert chosen == ["no upload", "tuned httpx, trailing(2)", "no upload + thread reader",
+                      "trailing(2) + thread reader"]
+    assert bench_trailing.choose("headline") == bench_trailing.HEADLINE
