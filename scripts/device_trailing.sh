@@ -13,7 +13,7 @@ OUT="${OUT:-device-out}"; mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 t0=$SECONDS
 echo "$(nproc) CPUs; $(uptime)"
-python -c "import sys, torch, httpx; print(sys.version.split()[0], 'torch', torch.__version__, 'httpx', httpx.__version__)"
+python -c "import sys, httpx; print('Python', sys.version.split()[0], 'httpx', httpx.__version__)"
 echo "=== pinned to CPUs 0,1, headline rows"
 timeout 34 taskset -c 0,1 python benchmarks/bench_trailing.py --variants headline \
   --batches 50 --rounds 9 --budget-s 26 --compact --json "$OUT/g-pinned.json" 2>&1 | tail -n 16

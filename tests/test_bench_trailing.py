@@ -104,3 +104,21 @@ def test_variant_names_hold_commas_and_bring_their_baselines() -> None:
     assert chosen == ["no upload", "tuned httpx, trailing(2)", "no upload + thread reader",
                       "trailing(2) + thread reader"]
     assert bench_trailing.choose("headline") == bench_trailing.HEADLINE
+
+
+def test_the_device_script_names_rows_that_exist() -> None:
+    """``scripts/device_trailing.sh`` runs on a lent machine, once: a wrong row name there
+    would waste the run, so its rows are checked here."""
+    script = ROOT / "scripts" / "device_trailing.sh"
+    rows = subprocess.run(
+        ["bash", "-c", f'eval "$(grep ^rows= {script})"; printf %s "$rows"'],
+        capture_output=True, text=True, check=True, timeout=30,
+    ).stdout
+    assert "thread reader" in rows
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import bench_trailing
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    assert "trailing(2) + thread reader" in bench_trailing.choose(rows)
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
