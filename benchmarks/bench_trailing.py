@@ -32,7 +32,7 @@ whose weights it saw late (asserted 0 but under ``max_lag=2``, where it trails t
 
 Rounds are interleaved (each round runs every variant once, in a rotated order) after one
 short untimed warm-up round. Wall clock (load-dependent): ms/batch min / median / spread and the
-median of per-round paired differences and ratios against ``no upload``. CPU accounting
+median of per-round paired differences and ratios against its baseline. CPU accounting
 (does not depend on load), per batch, median over rounds: the training thread between
 ``FIT_START`` and ``FIT_END`` split into CPU time (``time.thread_time``), run-queue wait
 (``/proc/thread-self/schedstat``: runnable, no core free), barrier waits
@@ -65,28 +65,32 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import anyio
 import anyio.abc
-import httpx
 import torch
 from thread_clock import delta, sample
+from trailing_callbacks import (
+    LATENCY_MS,
+    ThreadReader,
+    TrailingUpload,
+    TruthReader,
+    Upload,
+    checksum,
+)
 from trailing_report import compact_table, cpu_table, summarize, table
-from upload_server import RawClient, latency_server, server_counts
+from upload_server import latency_server, server_counts
 
 import trainbus
 from trainbus._demo import exposure
 
 BATCH = 128
-LATENCY_MS = 5.0
 BASE, READER_BASE = "no upload", "no upload + thread reader"
 
 
@@ -132,109 +136,6 @@ def make_data(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         (torch.randn(BATCH, 512, generator=g), torch.randint(0, 10, (BATCH,), generator=g))
         for _ in range(n)
     ]
-
-
-def checksum(model: torch.nn.Module) -> float:
-    return float(model[0].weight.detach().sum())
-
-
-class TruthReader(trainbus.Callback):
-    """``@blocking``: on the training thread, the weights right after this batch's step.
-
-    Also samples the training thread's clocks at ``FIT_START`` and ``FIT_END``."""
-
-    def __init__(self) -> None:
-        self.seen: dict[int, float] = {}
-        self.start: dict[str, float] = {}
-        self.end: dict[str, float] = {}
-        self.torch_threads = 0
-        self.ident = 0
-        self.engine: Any = None
-
-    def _sample(self) -> dict[str, float]:
-        stats = self.engine.statistics()
-        return {**sample(), "waits": stats.barrier_waits,
-                "waited": stats.barrier_wait_time + stats.backpressure_wait_time}
-
-    @trainbus.blocking
-    def fit_start(self, state: Any, logger: Any) -> None:
-        self.torch_threads = torch.get_num_threads()
-        self.ident = threading.get_ident()
-        self.start = self._sample()
-
-    @trainbus.blocking
-    def batch_end(self, state: Any, logger: Any) -> None:
-        self.seen[int(state.timer.batch)] = checksum(state.model)
-
-    @trainbus.blocking
-    def fit_end(self, state: Any, logger: Any) -> None:
-        self.end = self._sample()
-
-
-class ThreadReader(trainbus.Callback):
-    """A plain handler on its own thread: lockstep only while the barrier waits for it."""
-
-    def __init__(self) -> None:
-        self.seen: dict[int, float] = {}
-        self.first = self.last = math.nan
-        self.idents: set[int] = set()
-
-    def batch_end(self, state: Any, logger: Any) -> None:
-        self.seen[int(state.timer.batch)] = checksum(state.model)
-        self.idents.add(threading.get_ident())
-        self.last = time.thread_time()
-        if math.isnan(self.first):
-            self.first = self.last
-
-
-class Upload(trainbus.Callback):
-    """Awaits one POST per batch (the README's handler) on one kept-alive connection.
-
-    ``client``: ``"httpx"`` (``httpx.AsyncClient``, ``client.post(url, json=...)``),
-    ``"tuned"`` (the same client with ``trust_env=False``, and a new ``httpx.Request`` per
-    POST from a pre-parsed URL, fixed headers and the client's timeout, sent with
-    ``client.send``: see ``bench_http_client.py``), ``"raw"`` (:class:`RawClient`) or
-    ``"sleep"`` (builds the payload, then ``await anyio.sleep(5 ms)``: the same wait,
-    no client at all)."""
-
-    def __init__(self, url: str, client: str = "httpx") -> None:
-        self.url = url
-        self.client = client
-        self.httpx = (httpx.AsyncClient(trust_env=client != "tuned")
-                      if client in ("httpx", "tuned") else None)
-        self.raw = RawClient(url) if client == "raw" else None
-        self.target = httpx.URL(url)
-        self.headers = {"Content-Type": "application/json"}
-        self.extensions = {"timeout": httpx.Timeout(5.0).as_dict()}
-        self.sent = 0
-
-    async def batch_end(self, state: Any, logger: Any) -> None:
-        payload = {"batch": int(state.timer.batch)}
-        if self.client == "tuned":
-            assert self.httpx is not None
-            request = httpx.Request("POST", self.target, content=json.dumps(payload).encode(),
-                                    headers=self.headers, extensions=self.extensions)
-            (await self.httpx.send(request)).raise_for_status()
-        elif self.httpx is not None:
-            (await self.httpx.post(self.url, json=payload)).raise_for_status()
-        elif self.raw is not None:
-            await self.raw.post(json.dumps(payload).encode())
-        else:
-            json.dumps(payload).encode()
-            await anyio.sleep(LATENCY_MS / 1e3)
-        self.sent += 1
-
-    async def close(self, state: Any, logger: Any) -> None:
-        if self.httpx is not None:
-            await self.httpx.aclose()
-        if self.raw is not None:
-            await self.raw.aclose()
-
-
-class TrailingUpload(Upload):
-    @trainbus.trailing(2)
-    async def batch_end(self, state: Any, logger: Any) -> None:
-        await super().batch_end(state, logger)
 
 
 def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: Any, y: Any) -> None:
