@@ -374,6 +374,14 @@ def main() -> None:
             f"training-thread CPU; upload {LATENCY_MS:g} ms/batch at the server; the "
             "@blocking reader saw its batch's weights in every run"
         )
+        if "plain loop" in runs:  # SPEC's row says "over the plain loop": that too, paired
+            over_plain = statistics.median(
+                t["ms"] - p["ms"] for t, p in zip(runs["trailing(2)"], runs["plain loop"],
+                                                  strict=True)
+            )
+            summary["trailing(2)"]["over_plain_median"] = over_plain
+            print(f"trailing(2) over the plain loop (no trainbus): {over_plain:+.2f} ms/batch "
+                  "wall, paired median")
     if args.json:
         args.json.write_text(json.dumps({
             "summary": summary, "runs": runs, "table": text, "cpu_table": cpu,
