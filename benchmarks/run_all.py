@@ -253,10 +253,12 @@ A 1 ms heartbeat task on the loop that awaits `trainer.fit()` (10 async no-op ca
 MLP 512-H-10 (H calibrated to 10 ms of CPU per plain-loop batch), batch 128, one torch thread
 in every row; an `async def batch_end` awaiting one POST on one kept-alive connection to a
 local server (its own process) answering after 5 ms; lockstep (default), declared
-`@trainbus.trailing(2)`, the same with a hand-written client, a 5 ms `anyio.sleep` instead of
-the POST, or undecorated under `Trainer(max_lag=2)`. Every trainbus run also has a
-`@blocking` weight reader and a plain one on its own thread; the last column counts the
-batches whose weights the thread reader saw late. "hidden" is the figure `trainbus demo`
+`@trainbus.trailing(2)`, the same with tuned httpx or a hand-written client, a 5 ms
+`anyio.sleep` instead of the POST, or undecorated under `Trainer(max_lag=2)`. The headline
+rows are the issue's scenario: every trainbus run has a `@blocking` weight reader, checked
+against the plain loop's weights after every batch. The `... + thread reader` rows add a
+plain lockstep reader on its own thread (paired with `no upload + thread reader`); their last
+column counts the batches whose weights it saw late. "hidden" is the figure `trainbus demo`
 prints (handler time the training thread did not wait for, from `engine.statistics()`).
 {trailing['conditions']}.
 

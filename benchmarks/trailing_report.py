@@ -8,7 +8,7 @@ import math
 import statistics
 from typing import Any
 
-__all__ = ["CPU_COLUMNS", "cpu_table", "summarize", "table"]
+__all__ = ["CPU_COLUMNS", "compact_table", "cpu_table", "summarize", "table"]
 
 CPU_COLUMNS = {
     "train_cpu": "training thread CPU",
@@ -24,14 +24,17 @@ CPU_COLUMNS = {
 }
 
 
-def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Per variant: wall-clock figures, paired against ``no upload``, and CPU medians."""
-    base = [run["ms"] for run in runs["no upload"]]
-    base_cpu = [run["train_cpu"] for run in runs["no upload"]]
+def summarize(runs: dict[str, list[dict[str, Any]]], bases: dict[str, str]) -> dict[str, Any]:
+    """Per variant: wall-clock figures, paired against its baseline (``bases[variant]``;
+    a baseline itself is paired with ``no upload``), and CPU medians."""
     out: dict[str, Any] = {}
     for variant, rs in runs.items():
+        base_name = bases[variant] if bases[variant] != variant else "no upload"
+        base = [run["ms"] for run in runs[base_name]]
+        base_cpu = [run["train_cpu"] for run in runs[base_name]]
         ms = [run["ms"] for run in rs]
         row: dict[str, Any] = {
+            "base": base_name,
             "min": min(ms),
             "median": statistics.median(ms),
             "spread": max(ms) - min(ms),
@@ -44,10 +47,11 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         for key in CPU_COLUMNS:
             if key in rs[0]:
                 row[key] = statistics.median(run[key] for run in rs)
-        if "hidden" in rs[0] and variant != "no upload":
+        if "hidden" in rs[0] and variant not in bases.values():  # a baseline hides nothing
             row["hidden_median"] = statistics.median(run["hidden"] for run in rs)
-        if "thread_reader_mismatches" in rs[0]:
-            row["thread_reader_mismatches"] = max(run["thread_reader_mismatches"] for run in rs)
+        for key in ("truth_mismatches", "thread_reader_mismatches"):
+            if key in rs[0]:
+                row[key] = max(run[key] for run in rs)
         out[variant] = row
     return out
 
@@ -55,18 +59,19 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 def table(summary: dict[str, Any], batches: int) -> str:
     """The wall-clock table (markdown)."""
     lines = [
-        "| variant | ms/batch min / median (spread) | vs no upload, paired median | "
-        "hidden (as `trainbus demo`) | thread reader saw a later batch's weights |",
-        "|---|---|---|---|---|",
+        "| variant | ms/batch min / median (spread) | paired median vs | "
+        "hidden (as `trainbus demo`) | `@blocking` reader saw another batch's weights | "
+        "thread reader saw a later batch's weights |",
+        "|---|---|---|---|---|---|",
     ]
     for variant, row in summary.items():
-        paired = (f"{row['diff_median']:+.2f} ms ({row['ratio_median']:.2f}x)"
-                  if variant != "no upload" else "-")
+        paired = (f"{row['diff_median']:+.2f} ms ({row['ratio_median']:.2f}x) "
+                  f"vs {row['base']}" if variant != row["base"] else "-")
         hidden = f"{row['hidden_median']:.0%}" if "hidden_median" in row else "-"
-        lag = (f"{row['thread_reader_mismatches']} of {batches} batches"
-               if "thread_reader_mismatches" in row else "-")
+        truth, lag = (f"{row[key]} of {batches}" if key in row else "-"
+                      for key in ("truth_mismatches", "thread_reader_mismatches"))
         lines.append(f"| {variant} | {row['min']:.2f} / {row['median']:.2f} "
-                     f"({row['spread']:.2f}) | {paired} | {hidden} | {lag} |")
+                     f"({row['spread']:.2f}) | {paired} | {hidden} | {truth} | {lag} |")
     return "\n".join(lines)
 
 
@@ -83,4 +88,21 @@ def cpu_table(summary: dict[str, Any]) -> str:
             for key in CPU_COLUMNS
         ]
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def compact_table(summary: dict[str, Any]) -> str:
+    """One short line per variant (``--compact``): wall clock paired with its baseline, the
+    training thread's CPU, barrier and other off-CPU waits, the loop's CPU, hidden share and
+    whether the ``@blocking`` reader saw its batch's weights in every run."""
+    lines = ["variant                      ms/b   paired  train_cpu  barrier  other  loop_cpu"
+             "  hidden  blocking_ok"]
+    for variant, row in summary.items():
+        paired = f"{row['diff_median']:+.2f}" if variant != row["base"] else "-"
+        hidden = f"{row['hidden_median']:.0%}" if "hidden_median" in row else "-"
+        ok = "-" if "truth_mismatches" not in row else str(row["truth_mismatches"] == 0)
+        cells = ["-" if math.isnan(value := row.get(key, math.nan)) else f"{value:.2f}"
+                 for key in ("train_cpu", "train_wait", "train_other", "loop_cpu")]
+        lines.append(f"{variant:<28} {row['median']:5.2f}  {paired:>6}  {cells[0]:>9}  "
+                     f"{cells[1]:>7}  {cells[2]:>5}  {cells[3]:>8}  {hidden:>6}  {ok}")
     return "\n".join(lines)
