@@ -6,6 +6,7 @@
 #   cores 0,1  compare_bus.py: the bus alone, this tree against .devcarry/base/src
 #   cores 2,3  compare_handler_calls.py: cost per no-op handler call vs Ignite (wheel in .whl)
 #   cores 4,5  bench_mlflow.py --stub-only --before: MLflowLogger's cost per batch, both trees
+#   cores 6-15 device_trailing.sh: scenario (g) pinned to 6,7, then on 8-15 ("unpinned")
 #
 # Needs (both in .git/info/exclude, passed with carry): .devcarry/base/src (the old tree's
 # src/) and .whl (pytorch_ignite wheel). Run from the repo root; figures go to $OUT.
@@ -18,11 +19,12 @@ job() { local name=$1 cores=$2 limit=$3; shift 3
   ( t0=$SECONDS; timeout "$limit" taskset -c "$cores" "$@" > "$OUT/$name.txt" 2>&1
     echo "=== $name: rc=$? in $((SECONDS - t0)) s (cores $cores)" >> "$OUT/$name.txt" ) & }
 uptime
-job compare_bus 0,1 100 python benchmarks/compare_bus.py --before .devcarry/base/src --rounds 2
-job handler_calls 2,3 110 python benchmarks/peers/compare_handler_calls.py --rounds 3 --reps 2 \
+job compare_bus 0,1 95 python benchmarks/compare_bus.py --before .devcarry/base/src --rounds 2
+job handler_calls 2,3 95 python benchmarks/peers/compare_handler_calls.py --rounds 3 --reps 2 \
   --ignite-python "$(command -v python)"
-job mlflow 4,5 110 python benchmarks/bench_mlflow.py --stub-only --before .devcarry/base/src \
-  --rounds 3 --reps 1 --repeat 1
+job mlflow 4,5 95 python benchmarks/bench_mlflow.py --stub-only --before .devcarry/base/src \
+  --rounds 2 --reps 1 --repeat 1
+( PIN=6,7 FREE=8-15 OUT="$OUT" bash scripts/device_trailing.sh > "$OUT/trailing.txt" 2>&1 ) &
 wait
 uptime
-for f in compare_bus handler_calls mlflow; do echo "##### $f"; tail -n 30 "$OUT/$f.txt"; done
+for f in compare_bus handler_calls mlflow trailing; do echo "##### $f"; tail -n 30 "$OUT/$f.txt"; done
