@@ -210,3 +210,43 @@ async def test_a_deferred_record_is_delivered_without_anything_else_happening() 
 
     await engine.run_cycle(produce)
     assert sink.steps == [7]
+
+
+class CheapPlain(Callback):
+    """Cheap plain handlers at a non-barrier event and at the barrier."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def batch_start(self, state: Any, logger: Any) -> None:
+        self.calls += 1
+
+    def batch_end(self, state: Any, logger: Any) -> None:
+        self.calls += 1
+
+
+async def test_cheap_handlers_ride_along_with_a_barrier_a_few_milliseconds_away(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch of a few milliseconds (compute between the events) must not send cheap plain
+    handlers to their threads: they wait for the barrier (one thread hand-off each, per batch,
+    when the bound was 1 ms: a 256-512-10 MLP batch takes longer on a slow machine)."""
+    woken = count_thread_wakes(monkeypatch)
+    callbacks = [CheapPlain() for _ in range(10)]
+    engine = make_engine(list(callbacks))
+
+    def produce() -> None:
+        bus, timer = engine._bus, engine.state._timer
+        for b in range(25):
+            if b == 5:
+                woken.clear()  # after the handlers proved cheap
+            bus.publish(E.BATCH_START)
+            time.sleep(0.003)  # the batch's compute
+            timer.on_batch_complete(1)
+            bus.publish(E.BATCH_END)
+
+    await engine.run_cycle(produce)
+    assert all(cb.calls == 50 for cb in callbacks)
+    # 10 lanes x 20 batches = 200 hand-offs with a 1 ms bound; a loaded machine may
+    # stretch a batch past the bound now and then.
+    assert len(woken) <= 40, f"{len(woken)} thread wake-ups in 20 batches"

@@ -21,7 +21,9 @@ appends to a list. So:
   never runs that lane's handlers on the training thread: it wakes the lane instead.
 - **Nobody waits long.** Deferred items go to their lane's thread once a wait needs them, a
   publication finds them older than ``DEFER_MAX``, or the timer thread finds them older than
-  that (events may stop coming): a deferred handler runs within a few milliseconds.
+  that (events may stop coming): a deferred handler runs within about ``DEFER_MAX``
+  (10 ms). The bound is wide enough for a typical batch: at 1 ms, a batch that took a little
+  longer (a small MLP on a slow machine) sent every cheap lane to its thread every batch.
 
 A lane runs its items one at a time, in order (D1), whoever runs them: the training thread
 runs a lane's items only while it holds the lane ``CLAIMED`` (``_lane.py``).
@@ -48,8 +50,8 @@ if TYPE_CHECKING:
 __all__ = ["DEFER_MAX", "RECORD_DEFER_MAX", "STRIKE_OUT", "InlinePath", "ban", "learn"]
 
 _perf = time.perf_counter
-#: Seconds a deferred item may wait, unwoken, for the next barrier.
-DEFER_MAX = 1e-3
+#: Seconds a deferred item may wait, unwoken, for the next barrier (or other wake-up).
+DEFER_MAX = 10e-3
 #: A call this many times over ``inline_max`` bans its handler from the fast path at once.
 STRIKE_OUT = 10
 #: Seconds a logged record may wait, unwoken, in its destination's lane. Barriers never
