@@ -63,6 +63,7 @@ from typing import Any
 
 import psutil
 import torch
+from thread_clock import runq_wait
 
 from trainbus import Callback, Trainer, blocking
 from trainbus._demo import DigitsMLP, load_digits_loaders, run_demo
@@ -80,16 +81,6 @@ SETTLE_MAX_S = 5.0
 PAIRS = (("open", "closed"), ("open@pin", "closed@pin"), ("closed", "none"),
          ("closed@pin", "none@pin"))
 TARGET = 1.02
-
-
-def runq_wait() -> float:
-    """Seconds the calling thread has waited for a core while runnable (``schedstat``; 0
-    where the kernel does not say)."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 class CpuProbe(Callback):

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from thread_clock import runq_wait
 
 from trainbus import Callback, LoggerDestination, Trainer, blocking
 from trainbus._demo import DigitsMLP, load_digits_loaders
@@ -67,16 +68,6 @@ with httpx.stream("GET", sys.argv[1], timeout=None) as response:
     for _ in response.iter_lines():
         pass
 """
-
-
-def runq_wait() -> float:
-    """Seconds the calling thread has waited for a core while runnable (``schedstat``; 0
-    where the kernel does not say)."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 class Probe(Callback):

@@ -12,7 +12,16 @@ import math
 import time
 from pathlib import Path
 
-__all__ = ["delta", "sample"]
+__all__ = ["delta", "runq_wait", "sample"]
+
+
+def runq_wait() -> float:
+    """Seconds the calling thread has waited for a core while runnable (``schedstat``; 0
+    where the kernel does not say)."""
+    try:
+        return int(Path("/proc/thread-self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def sample() -> dict[str, float]:
