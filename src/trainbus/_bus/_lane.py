@@ -254,6 +254,21 @@ class Lane:
         if self.pending:
             self.wake()
 
+    # -- lags (producer; ``@trailing`` slots) ---------------------------------------------
+
+    def mark_batch_end(self, batches: int) -> None:
+        """Note, per lag k, the ``enq`` count a barrier must wait for k batches later."""
+        for lag, marks in self.due.items():
+            marks.append((batches + lag, self.last_by_lag[lag]))
+
+    def barrier_target(self, batches: int) -> int:
+        """The ``done`` count the barrier of batch ``batches`` waits for (lag-0 items, and
+        each lagging slot's items whose k batches have passed)."""
+        target = self.last_by_lag.get(0, 0)
+        for marks in self.due.values():
+            while marks and marks[0][0] <= batches:
+                target = max(target, marks.popleft()[1])
+        return target
 
     # -- counting (whoever runs the lane) --------------------------------------------------
 

@@ -156,7 +156,13 @@ class Producer:
                         here = []
                     here.append((lane, slot))
                 elif lane.state == IDLE and lane.enq - lane.done < queue_size:
-                    self._append(lane, slot, item)  # D3: queued unwoken (``_inline.py``)
+                    lane.pending.append(item)  # D3: queued unwoken (``_inline.py``);
+                    lane.enq += 1  # ``_append``, written out
+                    if not lane.uniform:
+                        lane.last_by_lag[slot.lag] = lane.enq
+                    depth = lane.enq - lane.done
+                    if depth > lane.member.peak:
+                        lane.member.peak = depth
                     if not lane.deferred:
                         self.inline.defer(lane)
                 else:
@@ -338,8 +344,7 @@ class Producer:
             mark = self._trace_mark or trace.origin
             trace.producer_span(f"batch {batches}", mark, now - mark)
         for lane in self.lagged:
-            for lag, marks in lane.due.items():
-                marks.append((batches + lag, lane.last_by_lag[lag]))
+            lane.mark_batch_end(batches)
         if self.warn_slow and self.slow.checking:
             self.slow.at_batch_end(self.members, counters, self.warn)
 
@@ -348,13 +353,7 @@ class Producer:
         batches = self.counters.batches
         targets = []
         for lane in self.lanes:
-            if lane.uniform:
-                target = lane.enq
-            else:
-                target = lane.last_by_lag.get(0, 0)
-                for marks in lane.due.values():
-                    while marks and marks[0][0] <= batches:
-                        target = max(target, marks.popleft()[1])
+            target = lane.enq if lane.uniform else lane.barrier_target(batches)
             if lane.done < target:
                 targets.append((lane, target))
         if targets:
