@@ -285,7 +285,7 @@ class InlinePath:
                 item = pending[0]
                 if item.__class__ is not EventItem:
                     break
-                slot = slots[item.event]  # type: ignore[index]
+                slot = slots[item.event]
                 if not slot.inline_ok:
                     break
                 pending.popleft()
