@@ -8,6 +8,7 @@ instead of as a rare hang there.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Coroutine, Generator
 from typing import Any
 
@@ -15,10 +16,10 @@ import anyio
 import pytest
 import torch
 
-from trainbus import Callback, Event, Logger, State
+from trainbus import Callback, Engine, Event, Logger, State
 from trainbus._bus._coroutine import Resume as _Resume
 from trainbus._bus._gate import Gate
-from trainbus._bus._inline import STRIKE_OUT, learn
+from trainbus._bus._inline import RETRY_AFTER, RETRY_MAX, STRIKE_OUT, ban, learn
 from trainbus._bus._items import STOP, CallItem, EventItem, LogItem
 from trainbus._bus._lane import ACTIVE, CLAIMED, IDLE, Lane
 from trainbus._bus._slot import Member
@@ -371,7 +372,7 @@ def test_learn_bans_two_calls_in_a_row_over_the_limit() -> None:
     learn(slot, 2 * LIMIT, LIMIT)
     assert not slot.inline_ok and slot.inline_banned
     learn(slot, LIMIT / 10, LIMIT)
-    assert not slot.inline_ok  # for good
+    assert not slot.inline_ok  # it sits out RETRY_AFTER calls first
 
 
 def test_learn_bans_one_call_far_over_the_limit_at_once() -> None:
@@ -379,3 +380,76 @@ def test_learn_bans_one_call_far_over_the_limit_at_once() -> None:
     learn(slot, LIMIT / 2, LIMIT)
     learn(slot, (STRIKE_OUT + 1) * LIMIT, LIMIT)
     assert not slot.inline_ok and slot.inline_banned
+
+
+def _ban_for_slowness(slot: Any) -> None:
+    learn(slot, (STRIKE_OUT + 1) * LIMIT, LIMIT)
+    assert slot.inline_banned
+
+
+def test_a_banned_handler_sits_out_its_wait_then_a_fast_call_takes_it_back() -> None:
+    slot = _batch_end_slot()
+    learn(slot, LIMIT / 2, LIMIT)
+    _ban_for_slowness(slot)
+    for _ in range(RETRY_AFTER):  # fast calls on its thread: still sitting out
+        learn(slot, LIMIT / 10, LIMIT)
+        assert not slot.inline_ok
+    learn(slot, LIMIT / 10, LIMIT)  # judged afresh: cheap again
+    assert slot.inline_ok and not slot.inline_banned
+
+
+def test_each_new_ban_doubles_the_wait_up_to_the_cap() -> None:
+    slot = _batch_end_slot()
+    waits = []
+    for _ in range(14):
+        _ban_for_slowness(slot)
+        waits.append(slot.inline_wait)
+        while slot.inline_wait:
+            learn(slot, LIMIT / 10, LIMIT)
+    assert waits[:3] == [RETRY_AFTER, 2 * RETRY_AFTER, 4 * RETRY_AFTER]
+    assert waits[-1] == RETRY_MAX
+
+
+def test_a_slow_handler_judged_again_is_banned_again_without_running_fast() -> None:
+    slot = _batch_end_slot()
+    _ban_for_slowness(slot)
+    for _ in range(RETRY_AFTER):
+        learn(slot, (STRIKE_OUT + 1) * LIMIT, LIMIT)
+    learn(slot, (STRIKE_OUT + 1) * LIMIT, LIMIT)  # judged: still slow
+    assert not slot.inline_ok and slot.inline_banned
+    assert slot.inline_wait == 2 * RETRY_AFTER
+
+
+def test_an_async_handler_that_suspends_is_banned_for_good() -> None:
+    slot = _batch_end_slot()
+    ban(slot)
+    for _ in range(RETRY_MAX + 1):
+        learn(slot, LIMIT / 10, LIMIT)
+    assert not slot.inline_ok and slot.inline_banned
+
+
+class SlowAtFirst(Callback):
+    """Its first two calls are slow (a preempted thread on a loaded machine, say)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def batch_end(self, state: Any, logger: Any) -> None:
+        self.calls += 1
+        if self.calls <= 2:
+            time.sleep(20 * LIMIT)  # the slow calls' work
+
+
+def test_a_handler_banned_for_slow_first_calls_runs_inline_again_once_fast() -> None:
+    """It was banned for good before: every later call paid a thread hand-off."""
+    handler = SlowAtFirst()
+    state = State(model=torch.nn.Linear(1, 1), max_duration="1ep")
+    engine = Engine(state, Logger(state), [handler], warn_slow=False, inline_max=LIMIT)
+    try:
+        for _ in range(3 * RETRY_AFTER):
+            engine.run_event(Event.BATCH_END)
+    finally:
+        engine.close()
+    (stats,) = engine.statistics().callbacks
+    assert handler.calls == 3 * RETRY_AFTER
+    assert stats.inline >= RETRY_AFTER, stats

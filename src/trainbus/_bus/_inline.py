@@ -6,11 +6,13 @@ appends to a list. So:
 - **Eligibility.** A non-``@blocking`` handler is *cheap* (``slot.inline_ok``) once
   its calls, wherever they ran, took at most ``inline_max`` seconds; a call over
   ``STRIKE_OUT`` times the limit, or two calls in a row over it, ban it from the fast path
-  for good (:func:`learn`): one call just over the limit is forgiven, since on a loaded
-  machine a no-op call can be preempted past 50 us. An ``async def`` handler is cheap when
-  its calls also finish without suspending; one that suspends (I/O) is banned at once
-  (:func:`ban`). Cheap async handlers are only ever deferred: they run on the loop, never
-  on the training thread, so at a barrier their lanes are woken, all with one wake-up.
+  (:func:`learn`): one call just over the limit is forgiven, since on a loaded machine a
+  no-op call can be preempted past 50 us, and a ban lasts ``RETRY_AFTER`` calls, doubled
+  at each new ban, after which a fast call takes the handler back. An ``async def``
+  handler is cheap when its calls also finish without suspending; one that suspends (I/O)
+  is banned at once, for good (:func:`ban`). Cheap async handlers are only ever deferred:
+  they run on the loop, never on the training thread, so at a barrier their lanes are
+  woken, all with one wake-up.
 - **Non-barrier events: deferred.** A cheap handler's item is queued on its idle lane
   *without* waking the lane (:meth:`InlinePath.defer`); publishing never waits for it (D3).
 - **Barrier events: run here.** At a barrier that waits for the lane (every slot of the
@@ -47,13 +49,20 @@ if TYPE_CHECKING:
     from trainbus._bus._slot import Slot
     from trainbus._bus._statistics import Counters
 
-__all__ = ["DEFER_MAX", "RECORD_DEFER_MAX", "STRIKE_OUT", "InlinePath", "ban", "learn"]
+__all__ = [
+    "DEFER_MAX", "RECORD_DEFER_MAX", "RETRY_AFTER", "RETRY_MAX", "STRIKE_OUT", "InlinePath", "ban",
+    "learn",
+]
 
 _perf = time.perf_counter
 #: Seconds a deferred item may wait, unwoken, for the next barrier (or other wake-up).
 DEFER_MAX = 10e-3
 #: A call this many times over ``inline_max`` bans its handler from the fast path at once.
 STRIKE_OUT = 10
+#: Calls a handler banned for slowness sits out before a call judges it again; doubled at
+#: each further ban, up to ``RETRY_MAX``.
+RETRY_AFTER = 64
+RETRY_MAX = 1 << 16
 #: Seconds a logged record may wait, unwoken, in its destination's lane. Barriers never
 #: wait for records, so a destination is woken once per burst of records instead of once
 #: per record (a thread hand-off each): at ``RECORD_BURST`` records, after this long, or
@@ -65,15 +74,30 @@ _TIMER_PERIOD = 2e-3
 
 def learn(slot: Slot, elapsed: float, inline_max: float) -> None:
     """Update a handler's eligibility after a call that took ``elapsed`` seconds (an
-    ``async def`` one: a call that finished without suspending)."""
-    if slot.inline_banned or not inline_max or slot.is_blocking:
+    ``async def`` one: a call that finished without suspending).
+
+    A handler banned for slow calls sits out ``RETRY_AFTER`` calls, then the next call
+    judges it afresh; each new ban doubles the wait (at most ``RETRY_MAX`` calls). A
+    preempted cheap handler (a loaded machine) so comes back, and a slow one costs
+    nothing: it runs where it did, and only a fast call takes it back.
+    """
+    if not inline_max or slot.is_blocking:
         return
+    if slot.inline_banned:
+        if slot.inline_wait:  # sitting out (or, below zero, for good: it suspends)
+            if slot.inline_wait > 0:
+                slot.inline_wait -= 1
+            return
+        slot.inline_banned = False  # judged again from this call on
     if elapsed <= inline_max:
         slot.inline_ok = True
         slot.inline_strike = False
     elif slot.inline_strike or elapsed > STRIKE_OUT * inline_max:
         slot.inline_ok = False
         slot.inline_banned = True
+        slot.inline_strike = False
+        slot.inline_wait = min(RETRY_AFTER << slot.inline_bans, RETRY_MAX)
+        slot.inline_bans += 1
     else:  # once just over the limit: a preempted thread, or the handler's first slow call
         slot.inline_strike = True
 
@@ -83,6 +107,7 @@ def ban(slot: Slot) -> None:
     the loop is woken for it at once, every time."""
     slot.inline_ok = False
     slot.inline_banned = True
+    slot.inline_wait = -1
 
 
 class InlinePath:

@@ -28,9 +28,11 @@ class Slot:
         "fn",
         "handler",
         "inline_banned",
+        "inline_bans",
         "inline_calls",
         "inline_ok",
         "inline_strike",
+        "inline_wait",
         "is_async",
         "is_blocking",
         "lag",
@@ -58,6 +60,10 @@ class Slot:
         self.inline_ok = False
         self.inline_banned = False
         self.inline_strike = False
+        #: While banned: calls left to sit out (``_inline.learn``); -1: for good.
+        self.inline_wait = 0
+        #: How often it was banned for slowness (each ban waits twice as long).
+        self.inline_bans = 0
 
     def account(self, elapsed: float) -> None:
         """Count one finished call that took ``elapsed`` seconds."""
