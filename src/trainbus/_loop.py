@@ -48,6 +48,8 @@ def batch_size_of(batch: Any) -> int:
     """The number of samples in ``batch`` (the first tensor's leading dimension)."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, tuple | list):  # the common case, before the ABC checks
+        return batch_size_of(batch[0]) if batch else 1
     if isinstance(batch, Mapping):
         for value in batch.values():
             return batch_size_of(value)
@@ -59,11 +61,12 @@ def batch_size_of(batch: Any) -> int:
 def to_device(batch: Any, device: torch.device) -> Any:
     """Move every tensor in ``batch`` to ``device`` without blocking the host."""
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, Mapping):
-        return type(batch)({k: to_device(v, device) for k, v in batch.items()})  # type: ignore[call-arg]
+        # Already there (CPU training): ``to`` would return it too, at a dispatch's cost.
+        return batch if batch.device == device else batch.to(device, non_blocking=True)
     if isinstance(batch, tuple | list):
         return type(batch)(to_device(v, device) for v in batch)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: to_device(v, device) for k, v in batch.items()})  # type: ignore[call-arg]
     return batch
 
 
