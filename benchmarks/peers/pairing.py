@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FRAMEWORKS", "Paired", "base_scenario", "diff", "key", "paired", "per_call",
-           "per_call_table", "ratio", "scenario_table"]
+__all__ = ["FRAMEWORKS", "Paired", "base_scenario", "diff", "key", "over_rounds", "paired",
+           "per_call", "per_call_table", "ratio", "scenario_table"]
 
 #: Table order.
 FRAMEWORKS = ("plain", "trainbus", "ignite", "lightning", "composer")
@@ -78,12 +78,18 @@ class Paired:
                 f"{self.spread:.{digits}f}, {self.n} rounds)")
 
 
+def over_rounds(rounds: Rounds, keys: Sequence[str],
+                fn: Callable[..., float]) -> Paired | None:
+    """``fn(ms[k] for k in keys)`` per round that has every run; None if no round has them."""
+    values = tuple(fn(*(r["ms"][k] for k in keys)) for r in rounds
+                   if all(k in r["ms"] for k in keys))
+    return Paired(values) if values else None
+
+
 def paired(rounds: Rounds, a: str, b: str,
            op: Callable[[float, float], float]) -> Paired | None:
     """``op(ms[a], ms[b])`` per round that has both runs; None if no round has them."""
-    values = tuple(op(r["ms"][a], r["ms"][b]) for r in rounds
-                   if a in r["ms"] and b in r["ms"])
-    return Paired(values) if values else None
+    return over_rounds(rounds, (a, b), op)
 
 
 def diff(rounds: Rounds, a: str, b: str) -> Paired | None:

@@ -16,7 +16,7 @@ after at least 2 rounds. Defaults: 6 rounds, large in rounds 1, 3, 5, budget 108
 18 min with the workers' start and warm-ups). Results: benchmarks/.out/peers.json.
 
     python benchmarks/peers/run_all_peers.py                 # full run, about 18 min
-    python benchmarks/peers/run_all_peers.py --quick         # smoke run: 2 rounds of a, b (MLP)
+    python benchmarks/peers/run_all_peers.py --quick         # smoke run: 2 rounds of a, b (+ b-blocking), MLP
     python benchmarks/peers/run_all_peers.py --peers plain,ignite --workloads mlp --rounds 4
 """
 
@@ -57,7 +57,7 @@ FULL = {
             ("d1", 1), ("d", 1), ("d-async", 1), ("d-lag1", 1), ("e", 1), ("e-async", 1)],
     "large": [("a", 1), ("d1", 1), ("d", 1), ("d-async", 1), ("d-lag1", 1), ("e", 1)],
 }
-QUICK = {"mlp": [("a", 2), ("b", 2)]}
+QUICK = {"mlp": [("a", 2), ("b", 2), ("b-blocking", 2)]}
 READY_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 1800
 
@@ -131,16 +131,25 @@ class Worker:
                                f"(exit {self.proc.poll()}): {tail}")
         return json.loads(line)  # type: ignore[no-any-return]
 
-    def close(self) -> None:
-        """Ask the worker to stop; kill it if it does not within 10 s."""
-        try:
-            if self.proc.stdin:
+    def stop(self) -> None:
+        """Ask the worker to stop (it exits once its current command is done)."""
+        if self.proc.stdin and not self.proc.stdin.closed:
+            try:
                 self.proc.stdin.write('{"cmd": "quit"}\n')
                 self.proc.stdin.close()
+            except OSError:  # it died already
+                pass
+
+    def close(self) -> None:
+        """Stop the worker; kill it if it has not exited within 10 s."""
+        self.stop()
+        try:
             self.proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
+        except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
         self.log.close()
 
 
@@ -182,7 +191,7 @@ def tables(results: list[dict[str, Any]], rounds: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="2 rounds of QUICK (a, b on MLP)")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of QUICK (a, b and b-blocking on MLP)")
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--workloads", default="mlp,large")
     parser.add_argument("--scenarios", help="comma-separated; default: all of the plan")
@@ -255,6 +264,8 @@ def main() -> None:
             last_wall[kind] = rnd["wall_s"]
             rounds.append(rnd)
     finally:
+        for worker in workers.values():
+            worker.stop()  # all at once: each takes about a second to exit
         for worker in workers.values():
             worker.close()
         server.terminate()
