@@ -75,7 +75,7 @@ class Paired:
         """``+0.120 ms (min +0.050, spread 0.300, 6 rounds)``."""
         f = f"{sign}.{digits}f"
         return (f"{self.median:{f}} {unit} (min {self.min:{f}}, spread "
-                f"{self.spread:.{digits}f}, {self.n} rounds)")
+                f"{self.spread:.{digits}f}, {self.n} round{'s' if self.n != 1 else ''})")
 
 
 def over_rounds(rounds: Rounds, keys: Sequence[str],
