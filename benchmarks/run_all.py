@@ -17,7 +17,7 @@ medians with min-max over repetitions, and differences and ratios against the pl
 paired round by round (median, min and spread over the rounds: benchmarks/peers/pairing.py),
 with the SPEC section 7 targets marked met or missed on those paired medians.
 
-Run:  python benchmarks/run_all.py            (about 25 minutes on 2 cores: the peers 18)
+Run:  python benchmarks/run_all.py            (about 21 minutes on 2 cores: the peers 18)
       python benchmarks/run_all.py --quick    (a smoke run, about 3 minutes)
       python benchmarks/run_all.py --rounds 4 --budget-s 900   (fewer peer rounds)
 """
@@ -291,7 +291,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, help="epochs per run in a round (default 3/1)")
     parser.add_argument("--rounds", type=int, help="peer rounds at most (default 6)")
     parser.add_argument("--budget-s", type=float, help="time for the peer rounds (default "
-                        "1080 s: no round starts that would end later)")
+                        "1200 s: no round starts that would end later)")
     args = parser.parse_args()
     OUT.mkdir(exist_ok=True)
     py = sys.executable
