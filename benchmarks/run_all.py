@@ -205,14 +205,15 @@ metrics upload per batch to a local server with 20 ms latency; d1 is the honest 
 from the first batch fetch to `fit()` returning, / 200.
 
 Rounds (SPEC section 7): one long-lived worker process per framework; each round runs every
-framework once per scenario ({epochs}; the round's figure is their median), in an order
-that rotates from round to round. This run: {n_rounds} rounds ({large_rounds} with the large
-model), {round_s} s each{budget_note}. Every difference,
+framework once per scenario, in an order that rotates from round to round ({epochs}; the
+round's figure is their median). This run: {n_rounds} rounds, {large_rounds} of them with the
+large model; {round_s} s each{budget_note}. Every difference,
 ratio and per-call cost below pairs two runs of the same round and is given as the median
 over rounds, the smallest, and the spread (max - min over rounds): the targets' row for (a)
-is the median over rounds of trainbus(a) - plain(a) of the same round, the rows for (b) and
-(c) of trainbus(b) - trainbus(a), the row for (d) of trainbus(d) - plain(d1), a per-call
-cost of (that framework's (b) - its (a)) / calls per batch; a target is met when the
+is the median over rounds of trainbus(a) - plain(a) of the same round, the row for (b) of
+trainbus(b) - trainbus(a), (c) of trainbus(c) - trainbus(a), (d) of trainbus(d) - plain(d1),
+a per-call cost of (that framework's (b) - its own (a)) / calls per batch, the `@blocking`
+row of trainbus's per-call cost minus Ignite's; a target is met when the
 median is within it. The ms/batch columns are over all repetitions of all rounds.
 
 ## Targets (SPEC section 7)

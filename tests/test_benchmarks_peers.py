@@ -142,7 +142,7 @@ def test_the_targets_table_takes_trainbus_figures_from_the_paired_rounds(
     assert "0.92 us vs Ignite 1.65 us" in blocking and blocking.endswith(": met |")
     assert "median over rounds of trainbus(a) - plain(a) of the same round" in " ".join(
         text.split())
-    assert "3 rounds (0 with the large model)" in " ".join(text.split())
+    assert "3 rounds, 0 of them with the large model" in " ".join(text.split())
     assert "### A note by hand\n\nkept." in text and "## By hand\n\nalso kept." in text
     mlp = text.split("## MLP")[1]
     assert "| a | trainbus 1 | 1.210 (1.100-1.650) | +0.110 ms (min +0.100" in mlp
