@@ -98,10 +98,14 @@ class Worker:
         self.peer = peer
         self.log_path = log_dir / f"worker-{peer}.log"
         self.log = self.log_path.open("w")
-        self.proc = subprocess.Popen(
-            [str(PEERS[peer]), str(BENCH / "peers" / f"run_{peer}.py"), "--serve"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-            bufsize=1, cwd=BENCH.parent)
+        try:
+            self.proc = subprocess.Popen(
+                [str(PEERS[peer]), str(BENCH / "peers" / f"run_{peer}.py"), "--serve"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                bufsize=1, cwd=BENCH.parent)
+        except OSError:
+            self.log.close()
+            raise
         self.hello: dict[str, Any] | None = None
 
     def ready(self) -> dict[str, Any]:
@@ -218,9 +222,15 @@ def main() -> None:
     t0, load0 = time.monotonic(), os.getloadavg()
     server = subprocess.Popen([sys.executable, str(BENCH / "latency_server.py"), "--port", "0",
                                "--latency-ms", "20"], stdout=subprocess.PIPE, text=True)
-    workers = {peer: Worker(peer, args.out.parent) for peer in peers}
     rounds: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []
+    workers: dict[str, Worker] = {}
+    for peer in peers:
+        try:
+            workers[peer] = Worker(peer, args.out.parent)
+        except OSError as exc:  # no venv: bash benchmarks/setup_peers.sh
+            print(f"  FAILED: {peer}: {exc}", flush=True)
+            failures.append({"peer": peer, "error": str(exc)})
     stopped_by_budget = False
     try:
         url = (server.stdout.readline() if server.stdout else "").strip()
@@ -248,13 +258,17 @@ def main() -> None:
                                    "ms": {}, "runs": {}}
             for wk in kind:
                 for peer, sc, reps in round_order(plans[wk], list(workers), i):
-                    k = pairing.key(peer, wk, sc)
+                    k, worker = pairing.key(peer, wk, sc), workers.get(peer)
+                    if worker is None:  # it died or hung earlier in this round
+                        continue
                     try:
-                        r = workers[peer].run(wk, sc, reps, url)
+                        r = worker.run(wk, sc, reps, url)
                     except Exception as exc:  # keep going: one broken run must not stop it
                         print(f"  FAILED {k}: {exc}", flush=True)
                         failures.append({"peer": peer, "workload": wk, "scenario": sc,
                                          "round": i, "error": str(exc)})
+                        if worker.proc.poll() is not None or "timed out" in str(exc):
+                            workers.pop(peer).close()  # its next answer would be out of step
                         continue
                     rnd["order"].append(k)
                     rnd["runs"][k] = r
