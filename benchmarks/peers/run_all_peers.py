@@ -14,7 +14,7 @@ round about 85 s, the large workload 170 s more; the large workload runs every
 ``--large-every`` rounds. A new round starts only if it should end within ``--budget-s``
 (its duration guessed from the last round of its kind), after at least 2 rounds. Defaults:
 6 rounds, the large workload in rounds 1, 3 and 5, budget 1200 s; on that machine they come
-to about 18 minutes (1,030 s of rounds, 45 s of warm-ups, 15 s to start the workers), so
+to about 18 minutes (1,030 s of rounds, 45 s of warm-ups, 15-25 s to start the workers), so
 the budget only cuts rounds when the machine is slower. Results: benchmarks/.out/peers.json.
 
     python benchmarks/peers/run_all_peers.py                 # full run, about 18 min
