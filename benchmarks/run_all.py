@@ -4,7 +4,9 @@ Steps, each in its own process so nothing leaks between frameworks:
 
 1. ``setup_peers.sh`` makes the peers' virtual environments if they are missing.
 2. ``peers/run_all_peers.py``: plain torch loop, trainbus, Lightning, Ignite, Composer on
-   scenarios (a)-(e) (+ trainbus's own variants), MLP and the ~20 ms/batch model.
+   scenarios (a)-(e) (+ trainbus's own variants), MLP and the ~20 ms/batch model, in rounds
+   interleaved across frameworks (one long-lived worker per framework, the order rotating
+   round to round; up to ``--rounds``, within ``--budget-s``).
 3. ``bench_lateness.py``: scenario (f), loop lateness while trainbus trains;
    ``bench_trailing.py``: scenario (g), a 5 ms upload at ``BATCH_END`` with ``@trailing(2)``.
 4. ``bench_bus.py``: the bus alone (producer cost per event/barrier/batch, calls/s).
@@ -12,10 +14,12 @@ Steps, each in its own process so nothing leaks between frameworks:
 
 Then it writes benchmarks/README.md: machine and versions, the command, tables of
 medians with min-max over repetitions, and differences and ratios against the plain loop
-measured in the same run, with the SPEC section 7 targets marked met or missed.
+paired round by round (median, min and spread over the rounds: benchmarks/peers/pairing.py),
+with the SPEC section 7 targets marked met or missed on those paired medians.
 
-Run:  python benchmarks/run_all.py            (about 25 minutes on 2 cores)
-      python benchmarks/run_all.py --quick    (a smoke run, a few minutes)
+Run:  python benchmarks/run_all.py            (about 21 minutes on 2 cores: the peers 18)
+      python benchmarks/run_all.py --quick    (a smoke run, about 3 minutes)
+      python benchmarks/run_all.py --rounds 4 --budget-s 900   (fewer peer rounds)
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ import json
 import os
 import platform
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -34,6 +37,9 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 OUT = BENCH / ".out"
+sys.path.insert(0, str(BENCH / "peers"))
+
+import pairing  # noqa: E402
 
 
 def sh(cmd: list[str], log: Path | None = None) -> str:
@@ -47,65 +53,33 @@ def sh(cmd: list[str], log: Path | None = None) -> str:
     return proc.stdout
 
 
-def med(r: dict[str, Any]) -> float:
-    return statistics.median(r["ms_per_batch"])
-
-
-def results_table(results: list[dict[str, Any]], workload: str) -> tuple[str, dict[str, Any]]:
-    by = {(r["framework"], r["scenario"]): r for r in results if r["workload"] == workload}
-    scenarios: list[str] = []
-    for _, sc in by:
-        if sc not in scenarios:
-            scenarios.append(sc)
-    lines = ["| scenario | framework | median ms/batch (min-max) | vs plain loop | ratio |",
-             "|---|---|---|---|---|"]
-    figures: dict[str, Any] = {}
-    for sc in scenarios:
-        base_sc = "d1" if sc.startswith("d") else sc.split("-")[0]
-        plain = by.get(("plain", base_sc))
-        for fw in ("plain", "trainbus", "ignite", "lightning", "composer"):
-            r = by.get((fw, sc))
-            if r is None:
-                continue
-            m, lo, hi = med(r), min(r["ms_per_batch"]), max(r["ms_per_batch"])
-            diff = ratio = ""
-            if plain is not None and not (fw == "plain" and sc == base_sc):
-                pm = med(plain)
-                diff = f"{m - pm:+.3f} ms (vs plain {base_sc})"
-                ratio = f"{m / pm:.2f}x"
-                figures[f"{fw}/{sc}"] = m - pm
-            lines.append(f"| {sc} | {fw} {r['version']} | {m:.3f} ({lo:.3f}-{hi:.3f}) "
-                         f"| {diff} | {ratio} |")
-    return "\n".join(lines), figures
-
-
-def per_call(results: list[dict[str, Any]]) -> list[str]:
-    by = {(r["framework"], r["scenario"]): r for r in results if r["workload"] == "mlp"}
-    rows = []
-    for fw in ("trainbus", "ignite", "lightning", "composer", "plain"):
-        for sc in ("b", "b-async", "b-blocking", "c", "c-async"):
-            r, a = by.get((fw, sc)), by.get((fw, "a"))
-            if r is None or a is None or not r["handler_calls_per_batch"]:
-                continue
-            us = (med(r) - med(a)) * 1e3 / r["handler_calls_per_batch"]
-            rows.append(f"| {fw} | {sc} | {r['handler_calls_per_batch']} | {us:.2f} |")
-    return ["| framework | scenario | handler calls/batch | us per call over its own (a) |",
-            "|---|---|---|---|", *rows]
-
-
-def verdict(value: float | None, target: float, unit: str = "ms", sign: str = "+") -> str:
+def verdict(value: pairing.Paired | None, target: float, unit: str = "ms",
+            sign: str = "+") -> str:
+    """A paired figure against its target: met when the median over rounds is within it."""
     if value is None:
         return "not measured"
-    return f"{value:{sign}.3f} {unit}: {'met' if value <= target else '**missed**'}"
+    digits = 3 if unit == "ms" else 2
+    return (f"{value.cell(unit, sign, digits)}: "
+            f"{'met' if value.median <= target else '**missed**'}")
 
 
-def call_us(results: list[dict[str, Any]], fw: str, sc: str) -> float | None:
-    """Microseconds per no-op handler call of ``fw`` in ``sc`` over its own (a), MLP."""
-    by = {(r["framework"], r["scenario"]): r for r in results if r["workload"] == "mlp"}
-    r, a = by.get((fw, sc)), by.get((fw, "a"))
-    if r is None or a is None or not r["handler_calls_per_batch"]:
+def trainbus_extra(rounds: pairing.Rounds, sc: str, base: str) -> pairing.Paired | None:
+    """trainbus(``sc``) minus ``base`` (``"t:a"``: trainbus's own (a); else the plain loop's),
+    MLP, round by round."""
+    fw = "trainbus" if base.startswith("t:") else "plain"
+    return pairing.diff(rounds, pairing.key("trainbus", "mlp", sc),
+                        pairing.key(fw, "mlp", base.removeprefix("t:")))
+
+
+def call_us(results: list[dict[str, Any]], rounds: pairing.Rounds, fw: str,
+            sc: str) -> pairing.Paired | None:
+    """Microseconds per no-op handler call of ``fw`` in ``sc`` over its own (a), MLP, paired."""
+    r = next((r for r in results if (r["framework"], r["workload"], r["scenario"]) ==
+              (fw, "mlp", sc)), None)
+    if r is None:
         return None
-    return (med(r) - med(a)) * 1e3 / r["handler_calls_per_batch"]
+    return pairing.per_call(rounds, pairing.key(fw, "mlp", sc), pairing.key(fw, "mlp", "a"),
+                            r["handler_calls_per_batch"])
 
 
 def bus_figure(bus: str, pattern: str) -> float | None:
@@ -114,19 +88,31 @@ def bus_figure(bus: str, pattern: str) -> float | None:
     return float(match.group(1).replace(",", "")) if match else None
 
 
-def bus_targets(results: list[dict[str, Any]], bus: str) -> str:
+def bus_targets(results: list[dict[str, Any]], rounds: pairing.Rounds, bus: str) -> str:
     """The SPEC section 7 rows about handler calls and the bus alone."""
-    plain, async_, blocking = (call_us(results, "trainbus", sc)
+    plain, async_, blocking = (call_us(results, rounds, "trainbus", sc)
                                for sc in ("b", "b-async", "b-blocking"))
-    ignite = call_us(results, "ignite", "b")
+    ignite = call_us(results, rounds, "ignite", "b")
     rate = bus_figure(bus, r"calls/s with 10 callbacks: ([\d,]+)")
     run_event = bus_figure(bus, r"plain code,\s+10 no-op callbacks: ([\d.]+)")
     blocking_cell = "not measured"
     if blocking is not None and ignite is not None:
-        blocking_cell = (f"{blocking:.2f} us vs Ignite {ignite:.2f} us: "
-                         f"{'met' if blocking <= ignite else '**missed**'}")
+        # per round: trainbus's @blocking call minus Ignite's call, both over their own (a)
+        calls = {(r["framework"], r["scenario"]): r["handler_calls_per_batch"]
+                 for r in results if r["workload"] == "mlp"}
+        tb_calls, ig_calls = calls["trainbus", "b-blocking"], calls["ignite", "b"]
+        keys = [pairing.key(fw, "mlp", sc) for fw, sc in (
+            ("trainbus", "b-blocking"), ("trainbus", "a"), ("ignite", "b"), ("ignite", "a"))]
+        gap = pairing.over_rounds(rounds, keys, lambda tb, ta, ib, ia: (
+            (tb - ta) * 1e3 / tb_calls - (ib - ia) * 1e3 / ig_calls))
+        assert gap is not None
+        blocking_cell = (f"{blocking.median:.2f} us vs Ignite {ignite.median:.2f} us; "
+                         f"paired difference {gap.cell('us', '+', 2)}: "
+                         f"{'met' if gap.median <= 0 else '**missed**'}")
     rate_cell = "not measured" if rate is None else (
         f"{rate:,.0f} calls/s: {'met' if rate >= 300_000 else '**missed**'}")
+    run_event_cell = "not measured" if run_event is None else (
+        f"{run_event:.2f} us: {'met' if run_event <= 20 else '**missed**'}")
     rows = [
         "| no-op handler call, 10 plain callbacks (b) | <= 5 us (stretch 2.5) | "
         f"{verdict(plain, 5.0, 'us', '')} |",
@@ -137,7 +123,7 @@ def bus_targets(results: list[dict[str, Any]], bus: str) -> str:
         f"| bus throughput, async no-op handlers (bench_bus, 10 callbacks) | >= 300k calls/s | "
         f"{rate_cell} |",
         "| `engine.run_event()` from plain code, 10 no-op callbacks (bench_bus) | <= 20 us | "
-        f"{verdict(run_event, 20.0, 'us', '')} |",
+        f"{run_event_cell} |",
     ]
     return "\n".join(rows)
 
@@ -181,17 +167,20 @@ def keep_notes(new: str, old: str) -> str:
 
 
 def write_readme(peers: dict[str, Any], lateness: dict[str, Any], bus: str, cmd: str,
-                 trailing: dict[str, Any]) -> None:
-    results = peers["results"]
+                 trailing: dict[str, Any], readme: Path = BENCH / "README.md") -> None:
+    results, rounds = peers["results"], peers["rounds"]
     versions = sorted({f"{r['framework']} {r['version']}" for r in results})
-    mlp, _ = results_table(results, "mlp")
-    large, _ = results_table(results, "large")
-    by = {(r["framework"], r["scenario"]): r for r in results if r["workload"] == "mlp"}
+    tables = {wk: pairing.scenario_table(results, rounds, wk) for wk in ("mlp", "large")}
 
-    def extra(sc: str, base: str) -> float | None:
-        r, b = by.get(("trainbus", sc)), by.get((("trainbus" if base.startswith("t:") else
-                                                   "plain"), base.removeprefix("t:")))
-        return None if r is None or b is None else med(r) - med(b)
+    def extra(sc: str, base: str) -> pairing.Paired | None:
+        return trainbus_extra(rounds, sc, base)
+
+    n_rounds = len(rounds)
+    large_rounds = sum("large" in r["workloads"] for r in rounds)
+    round_s = ", ".join(f"{r['wall_s']:.0f}" for r in rounds)
+    epochs = ("a smoke run: 2 epochs per run" if peers["machine"]["quick"] else
+              "3 epochs for the cheap MLP scenarios a, b, c and their variants, 1 for the others")
+    budget_note = ", stopped by the time budget" if peers.get("stopped_by_budget") else ""
 
     lat = lateness["training"]
     text = f"""# Benchmarks
@@ -215,6 +204,18 @@ metrics upload per batch to a local server with 20 ms latency; d1 is the honest 
 `HTTPMetricsUploader`, `e-async` one awaited httpx POST per batch. Per repetition: wall time
 from the first batch fetch to `fit()` returning, / 200.
 
+Rounds (SPEC section 7): one long-lived worker process per framework; each round runs every
+framework once per scenario, in an order that rotates from round to round ({epochs}; the
+round's figure is their median). This run: {n_rounds} rounds, {large_rounds} of them with the
+large model; {round_s} s each{budget_note}. Every difference,
+ratio and per-call cost below pairs two runs of the same round and is given as the median
+over rounds, the smallest, and the spread (max - min over rounds): the targets' row for (a)
+is the median over rounds of trainbus(a) - plain(a) of the same round, the row for (b) of
+trainbus(b) - trainbus(a), (c) of trainbus(c) - trainbus(a), (d) of trainbus(d) - plain(d1),
+a per-call cost of (that framework's (b) - its own (a)) / calls per batch, the `@blocking`
+row of trainbus's per-call cost minus Ignite's; a target is met when the
+median is within it. The ms/batch columns are over all repetitions of all rounds.
+
 ## Targets (SPEC section 7)
 
 | figure | target | trainbus here |
@@ -225,19 +226,19 @@ from the first batch fetch to `fit()` returning, / 200.
 | 4 x 5 ms callbacks vs plain loop sleeping 5 ms (d1) | <= +0.5 ms | {verdict(extra('d', 'd1'), 0.5)} |
 | event-loop lateness p99 while training (f) | <= 2 ms | {lat['p99_ms']:.2f} ms: {'met' if lat['p99_ms'] <= 2 else '**missed**'} |
 | 5 ms upload per batch, `@trailing(2)`, over no upload (g) | <= +0.5 ms | {trailing['summary']['trailing(2)']['diff_median']:+.2f} ms: {trailing['verdict']} |
-{bus_targets(results, bus)}
+{bus_targets(results, rounds, bus)}
 
 ## MLP
 
-{mlp}
+{tables["mlp"]}
 
-Cost per no-op handler call, over the framework's own no-callback run (a):
+Cost per no-op handler call, over the framework's own no-callback run (a) of the same round:
 
-{chr(10).join(per_call(results))}
+{pairing.per_call_table(results, rounds)}
 
 ## Large model (~20 ms/batch)
 
-{large}
+{tables["large"]}
 
 ## (f) Event-loop lateness
 
@@ -281,15 +282,17 @@ wait is the time the training thread was runnable with no core free):
 
 `docs/timeline-d.json` is the Chrome trace (open it in Perfetto).
 """
-    readme = BENCH / "README.md"
     readme.write_text(keep_notes(text, readme.read_text() if readme.exists() else ""))
-    print(f"wrote {BENCH / 'README.md'}")
+    print(f"wrote {readme}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--reps", type=int, help="repetitions per scenario (default 15/5)")
+    parser.add_argument("--reps", type=int, help="epochs per run in a round (default 3/1)")
+    parser.add_argument("--rounds", type=int, help="peer rounds at most (default 6)")
+    parser.add_argument("--budget-s", type=float, help="time for the peer rounds (default "
+                        "1200 s: no round starts that would end later)")
     args = parser.parse_args()
     OUT.mkdir(exist_ok=True)
     py = sys.executable
@@ -299,8 +302,10 @@ def main() -> None:
     peer_cmd = [py, str(BENCH / "peers" / "run_all_peers.py"), "--out", str(OUT / "peers.json")]
     if args.quick:
         peer_cmd.append("--quick")
-    if args.reps:
-        peer_cmd += ["--reps", str(args.reps)]
+    for flag, value in (("--reps", args.reps), ("--rounds", args.rounds),
+                        ("--budget-s", args.budget_s)):
+        if value:
+            peer_cmd += [flag, str(value)]
     subprocess.run(peer_cmd, cwd=BENCH.parent, check=False)
     peers = json.loads((OUT / "peers.json").read_text())
     sh([py, str(BENCH / "bench_lateness.py"), "--json", str(OUT / "lateness.json")])
@@ -310,8 +315,7 @@ def main() -> None:
     trailing = json.loads((OUT / "trailing.json").read_text())
     bus = sh([py, str(BENCH / "bench_bus.py"), "--reps", "3"])
     sh([py, str(BENCH / "timeline.py")])
-    cmd = "python benchmarks/run_all.py" + (" --quick" if args.quick else "") + (
-        f" --reps {args.reps}" if args.reps else "")
+    cmd = "python " + " ".join(["benchmarks/run_all.py", *sys.argv[1:]])
     write_readme(peers, lateness, bus, cmd, trailing)
 
 

@@ -19,7 +19,9 @@ upload per batch, a synchronous HTTP POST to a server with 20 ms latency.
 The plain loop also runs d1, the honest baseline for d (SPEC section 7): one
 5 ms sleep per batch, since a loop that idles computes slower after each gap.
 
-Timing: one untimed warm-up epoch, then per repetition the wall time from the
+Timing: one untimed warm-up epoch (in a ``--serve`` worker: a full epoch the first time a
+workload runs, 20 batches for each further new scenario, nothing for a scenario it ran
+before), then per repetition the wall time from the
 first batch fetch to ``fit()`` returning, divided by 200 (so the trainer's
 construction and fit start are left out, reported apart as ``setup_ms``; its
 end-of-fit work is included).
@@ -32,9 +34,11 @@ import contextlib
 import gc
 import itertools
 import json
+import os
 import statistics
 import sys
 import time
+import traceback
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -187,17 +191,18 @@ class TimedBatches:
 
 
 def measure(fit_epoch: Callable[[TimedBatches], Any], w: Workload, reps: int,
-            setup_ms: list[float] | None = None) -> list[float]:
-    """Warm up once, then ms per batch of ``fit_epoch(data)`` (one epoch over data) per rep.
+            setup_ms: list[float] | None = None, warmup_batches: int = N_BATCHES) -> list[float]:
+    """Warm up, then ms per batch of ``fit_epoch(data)`` (one epoch over data) per rep.
 
-    The clock runs from the first batch fetch to ``fit_epoch`` returning; the time
-    before the first fetch (trainer construction, fit start) is appended to
+    The warm-up is one untimed epoch over the first ``warmup_batches`` batches (none
+    when 0). The clock runs from the first batch fetch to ``fit_epoch`` returning; the
+    time before the first fetch (trainer construction, fit start) is appended to
     ``setup_ms`` when given. ``fit_epoch`` may return a callable: untimed clean-up,
     run after the clock stops.
     """
     results = []
-    for rep in range(reps + 1):
-        data = TimedBatches(w.batches)
+    for rep in range(-1 if warmup_batches else 0, reps):
+        data = TimedBatches(w.batches if rep >= 0 else w.batches[:warmup_batches])
         gc.collect()
         start = time.perf_counter()
         cleanup = fit_epoch(data)
@@ -205,7 +210,7 @@ def measure(fit_epoch: Callable[[TimedBatches], Any], w: Workload, reps: int,
         if callable(cleanup):
             cleanup()
         assert data.t_first is not None, "the runner never iterated the data"
-        if rep:
+        if rep >= 0:
             results.append((end - data.t_first) * 1e3 / len(data))
             if setup_ms is not None:
                 setup_ms.append((data.t_first - start) * 1e3)
@@ -219,16 +224,18 @@ def parse_args(doc: str, scenarios: dict[str, Scenario] = SCENARIOS) -> argparse
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--json", type=Path, help="write the result to this file")
     parser.add_argument("--upload-url", help="server for scenario e (default: start one here)")
+    parser.add_argument("--serve", action="store_true",
+                        help="be a worker: one JSON command per stdin line (see serve())")
     args = parser.parse_args()
     args.spec = scenarios[args.scenario]
     return args
 
 
 @contextlib.contextmanager
-def upload_url(args: argparse.Namespace) -> Iterator[str | None]:
-    """The URL scenario e posts to: --upload-url, or an in-process LatencyServer."""
-    if args.scenario != "e" or args.upload_url:
-        yield args.upload_url
+def upload_url(spec: Scenario, url: str | None) -> Iterator[str | None]:
+    """The URL the upload scenarios post to: ``url``, or an in-process 20 ms LatencyServer."""
+    if not spec.action.startswith("upload") or url:
+        yield url
         return
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from latency_server import LatencyServer
@@ -237,19 +244,88 @@ def upload_url(args: argparse.Namespace) -> Iterator[str | None]:
         yield server.url
 
 
-def report(args: argparse.Namespace, framework: str, version: str, ms: list[float],
+def result(framework: str, version: str, workload: str, scenario: str, ms: list[float],
            calls_per_batch: int, setup_ms: list[float] | None = None) -> dict[str, Any]:
-    """Print a one-line summary and write the JSON result if --json was given."""
-    result = {
-        "framework": framework, "version": version, "scenario": args.scenario,
-        "workload": args.workload, "ms_per_batch": [round(m, 5) for m in ms],
+    """One runner's result in the format every benchmark script reads."""
+    return {
+        "framework": framework, "version": version, "scenario": scenario,
+        "workload": workload, "ms_per_batch": [round(m, 5) for m in ms],
         "setup_ms": [round(m, 3) for m in setup_ms or []],
         "handler_calls_per_batch": calls_per_batch, "torch": torch.__version__,
     }
+
+
+def report(args: argparse.Namespace, framework: str, version: str, ms: list[float],
+           calls_per_batch: int, setup_ms: list[float] | None = None) -> dict[str, Any]:
+    """Print a one-line summary and write the JSON result if --json was given."""
+    out = result(framework, version, args.workload, args.scenario, ms, calls_per_batch,
+                 setup_ms)
     print(f"{framework} {version} {args.workload}/{args.scenario}: median "
           f"{statistics.median(ms):.3f} ms/batch (min {min(ms):.3f}, max {max(ms):.3f}, "
           f"{len(ms)} reps, {calls_per_batch} handler calls/batch)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-    return result
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+#: A runner's measurement: ``bench(workload, scenario, upload_url, reps, warmup_batches)``
+#: -> (ms per batch per rep, setup ms per rep, handler calls per batch).
+Bench = Callable[[Workload, Scenario, str | None, int, int],
+                 tuple[list[float], list[float], int]]
+
+#: Warm-up of a scenario a worker has not run yet, once its workload is warm (a full epoch
+#: the first time a workload runs in the worker; nothing for a scenario it ran before).
+SCENARIO_WARMUP_BATCHES = 20
+
+
+def run_main(doc: str, framework: str, version: str, bench: Bench,
+             scenarios: dict[str, Scenario] = SCENARIOS) -> None:
+    """A runner's command line: one scenario standalone, or ``--serve`` (a worker)."""
+    args = parse_args(doc, scenarios)
+    if args.serve:
+        serve(framework, version, bench, scenarios)
+        return
+    w = make_workload(args.workload)
+    with upload_url(args.spec, args.upload_url) as url:
+        ms, setup_ms, calls = bench(w, args.spec, url, args.reps, N_BATCHES)
+    report(args, framework, version, ms, calls, setup_ms)
+
+
+def serve(framework: str, version: str, bench: Bench, scenarios: dict[str, Scenario]) -> None:
+    """A long-lived worker: the framework is imported once, the coordinator drives it.
+
+    Protocol (one JSON object per line): on start the worker writes ``{"ready": true,
+    "framework", "version", "torch", "pid"}``; then for each command line on stdin
+    ``{"workload": "mlp", "scenario": "b", "reps": 3, "upload_url": "http://..."}`` it runs
+    the scenario and writes ``{"ok": true, **result(...), "warmup_batches": n}`` or ``{"ok":
+    false, "error": traceback}``. It stops at end of input or ``{"cmd": "quit"}``. The
+    protocol has the real stdout to itself: whatever else prints goes to stderr.
+    """
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # a framework's prints must not break the protocol
+    warm: set[tuple[str, str]] = set()
+
+    def send(message: dict[str, Any]) -> None:
+        proto.write(json.dumps(message) + "\n")
+        proto.flush()
+
+    send({"ready": True, "framework": framework, "version": version,
+          "torch": torch.__version__, "pid": os.getpid()})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd.get("cmd") == "quit":
+            break
+        try:
+            workload, scenario = cmd["workload"], cmd["scenario"]
+            spec = scenarios[scenario]
+            warmup = (0 if (workload, scenario) in warm else SCENARIO_WARMUP_BATCHES
+                      if any(wk == workload for wk, _ in warm) else N_BATCHES)
+            w = make_workload(workload)
+            with upload_url(spec, cmd.get("upload_url")) as url:
+                ms, setup_ms, calls = bench(w, spec, url, int(cmd["reps"]), warmup)
+            warm.add((workload, scenario))
+            send({"ok": True, "warmup_batches": warmup,
+                  **result(framework, version, workload, scenario, ms, calls, setup_ms)})
+        except Exception:
+            send({"ok": False, "error": traceback.format_exc()})

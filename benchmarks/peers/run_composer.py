@@ -11,6 +11,7 @@ before/after_backward, after_train_batch, batch_end, batch_checkpoint: 13 calls
 per batch each); the sleep and upload callbacks use batch_end. Run in its venv:
 
     benchmarks/.venvs/composer/bin/python benchmarks/peers/run_composer.py --scenario a
+    benchmarks/.venvs/composer/bin/python benchmarks/peers/run_composer.py --serve  # a worker
 """
 
 from __future__ import annotations
@@ -81,31 +82,33 @@ class Model(ComposerModel):
         return {}
 
 
-def main() -> None:
-    args = wl.parse_args(__doc__)
-    warnings.filterwarnings("ignore", module="composer")
-    w = wl.make_workload(args.workload)
+def bench(w: wl.Workload, spec: wl.Scenario, url: str | None, reps: int,
+          warmup: int) -> tuple[list[float], list[float], int]:
+    """Composer in ``spec`` (see workloads.Bench)."""
     model = Model(w)
     opt = w.optimizer()
-    spec = args.spec
+    factory = {"noop": NoOp, "sleep": Sleeper, "upload": lambda: Uploader(url)}[spec.action]
+
+    def fit_epoch(data: wl.TimedBatches) -> Callable[[], None]:
+        trainer = Trainer(
+            model=model, train_dataloader=data, max_duration="1ep", optimizers=opt,
+            callbacks=[factory() for _ in range(spec.n_callbacks)], loggers=[],
+            progress_bar=False, log_to_console=False, save_folder=None, device="cpu",
+            precision="fp32", device_train_microbatch_size=wl.BATCH_SIZE,
+            spin_dataloaders=False, auto_log_hparams=False, seed=0,
+        )
+        trainer.fit()
+        return trainer.close  # fit() leaves the engine open; closed after the clock stops
+
     setup_ms: list[float] = []
-    with wl.upload_url(args) as url:
-        factory = {"noop": NoOp, "sleep": Sleeper, "upload": lambda: Uploader(url)}[spec.action]
-
-        def fit_epoch(data: wl.TimedBatches) -> Callable[[], None]:
-            trainer = Trainer(
-                model=model, train_dataloader=data, max_duration="1ep", optimizers=opt,
-                callbacks=[factory() for _ in range(spec.n_callbacks)], loggers=[],
-                progress_bar=False, log_to_console=False, save_folder=None, device="cpu",
-                precision="fp32", device_train_microbatch_size=wl.BATCH_SIZE,
-                spin_dataloaders=False, auto_log_hparams=False, seed=0,
-            )
-            trainer.fit()
-            return trainer.close  # fit() leaves the engine open; closed after the clock stops
-
-        ms = wl.measure(fit_epoch, w, args.reps, setup_ms)
+    ms = wl.measure(fit_epoch, w, reps, setup_ms, warmup)
     per_cb = len(PER_BATCH_EVENTS) if spec.action == "noop" else 1
-    wl.report(args, "composer", composer.__version__, ms, spec.n_callbacks * per_cb, setup_ms)
+    return ms, setup_ms, spec.n_callbacks * per_cb
+
+
+def main() -> None:
+    warnings.filterwarnings("ignore", module="composer")
+    wl.run_main(__doc__ or "", "composer", composer.__version__, bench)
 
 
 if __name__ == "__main__":

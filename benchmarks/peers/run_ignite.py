@@ -10,6 +10,7 @@ No-op callbacks attach a handler to every per-iteration event
 Run in its venv:
 
     benchmarks/.venvs/ignite/bin/python benchmarks/peers/run_ignite.py --scenario a
+    benchmarks/.venvs/ignite/bin/python benchmarks/peers/run_ignite.py --serve  # a worker
 """
 
 from __future__ import annotations
@@ -43,25 +44,27 @@ def attach(engine: Engine, action: str, url: str | None) -> None:
         engine.add_event_handler(Events.ITERATION_COMPLETED, upload)
 
 
-def main() -> None:
-    args = wl.parse_args(__doc__)
-    w = wl.make_workload(args.workload)
+def bench(w: wl.Workload, spec: wl.Scenario, url: str | None, reps: int,
+          warmup: int) -> tuple[list[float], list[float], int]:
+    """Ignite in ``spec`` (see workloads.Bench)."""
     opt = w.optimizer()
-    spec = args.spec
+
+    def fit_epoch(data: wl.TimedBatches) -> None:
+        engine = create_supervised_trainer(
+            w.model, opt, w.loss_fn, output_transform=lambda x, y, y_pred, loss: loss
+        )
+        for _ in range(spec.n_callbacks):
+            attach(engine, spec.action, url)
+        engine.run(data, max_epochs=1)
+
     setup_ms: list[float] = []
-    with wl.upload_url(args) as url:
-
-        def fit_epoch(data: wl.TimedBatches) -> None:
-            engine = create_supervised_trainer(
-                w.model, opt, w.loss_fn, output_transform=lambda x, y, y_pred, loss: loss
-            )
-            for _ in range(spec.n_callbacks):
-                attach(engine, spec.action, url)
-            engine.run(data, max_epochs=1)
-
-        ms = wl.measure(fit_epoch, w, args.reps, setup_ms)
+    ms = wl.measure(fit_epoch, w, reps, setup_ms, warmup)
     per_cb = len(PER_BATCH_EVENTS) if spec.action == "noop" else 1
-    wl.report(args, "ignite", ignite.__version__, ms, spec.n_callbacks * per_cb, setup_ms)
+    return ms, setup_ms, spec.n_callbacks * per_cb
+
+
+def main() -> None:
+    wl.run_main(__doc__ or "", "ignite", ignite.__version__, bench)
 
 
 if __name__ == "__main__":

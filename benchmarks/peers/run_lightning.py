@@ -10,6 +10,7 @@ on_before_zero_grad, on_train_batch_end: 6 calls per batch each); the sleep
 and upload callbacks use on_train_batch_end. Run in its venv:
 
     benchmarks/.venvs/lightning/bin/python benchmarks/peers/run_lightning.py --scenario a
+    benchmarks/.venvs/lightning/bin/python benchmarks/peers/run_lightning.py --serve  # a worker
 """
 
 from __future__ import annotations
@@ -65,27 +66,29 @@ class Module(pl.LightningModule):
         return self.w.optimizer()
 
 
+def bench(w: wl.Workload, spec: wl.Scenario, url: str | None, reps: int,
+          warmup: int) -> tuple[list[float], list[float], int]:
+    """Lightning in ``spec`` (see workloads.Bench)."""
+    module = Module(w)
+    factory = {"noop": NoOp, "sleep": Sleeper, "upload": lambda: Uploader(url)}[spec.action]
+
+    def fit_epoch(data: wl.TimedBatches) -> None:
+        trainer = pl.Trainer(
+            accelerator="cpu", devices=1, max_epochs=1, barebones=True,
+            limit_val_batches=0, callbacks=[factory() for _ in range(spec.n_callbacks)],
+        )
+        trainer.fit(module, train_dataloaders=data)
+
+    setup_ms: list[float] = []
+    ms = wl.measure(fit_epoch, w, reps, setup_ms, warmup)
+    per_cb = len(PER_BATCH_HOOKS) if spec.action == "noop" else 1
+    return ms, setup_ms, spec.n_callbacks * per_cb
+
+
 def main() -> None:
-    args = wl.parse_args(__doc__)
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", module="pytorch_lightning")
-    w = wl.make_workload(args.workload)
-    module = Module(w)
-    spec = args.spec
-    setup_ms: list[float] = []
-    with wl.upload_url(args) as url:
-        factory = {"noop": NoOp, "sleep": Sleeper, "upload": lambda: Uploader(url)}[spec.action]
-
-        def fit_epoch(data: wl.TimedBatches) -> None:
-            trainer = pl.Trainer(
-                accelerator="cpu", devices=1, max_epochs=1, barebones=True,
-                limit_val_batches=0, callbacks=[factory() for _ in range(spec.n_callbacks)],
-            )
-            trainer.fit(module, train_dataloaders=data)
-
-        ms = wl.measure(fit_epoch, w, args.reps, setup_ms)
-    per_cb = len(PER_BATCH_HOOKS) if spec.action == "noop" else 1
-    wl.report(args, "lightning", pl.__version__, ms, spec.n_callbacks * per_cb, setup_ms)
+    wl.run_main(__doc__ or "", "lightning", pl.__version__, bench)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Scenario a runs the bare loop, no dispatch at all. Besides a-e it runs d1, one
 Needs only torch, so it runs on the project's own Python:
 
     python benchmarks/peers/run_plain.py --scenario a --reps 15 --json out.json
+    python benchmarks/peers/run_plain.py --serve    # a worker for run_all_peers.py
 """
 
 from __future__ import annotations
@@ -42,23 +43,25 @@ class Uploader:
         wl.post_metrics(self.url, state.step, state.loss.item())  # type: ignore[attr-defined]
 
 
-def main() -> None:
-    args = wl.parse_args(__doc__, wl.PLAIN_SCENARIOS)
-    w = wl.make_workload(args.workload)
-    spec = args.spec
+def bench(w: wl.Workload, spec: wl.Scenario, url: str | None, reps: int,
+          warmup: int) -> tuple[list[float], list[float], int]:
+    """The plain loop in ``spec`` (see workloads.Bench)."""
+    factory = {"noop": NoOp, "sleep": Sleeper, "upload": lambda: Uploader(url)}[spec.action]
+    callbacks = [factory() for _ in range(spec.n_callbacks)]
+    hooks = {
+        point: [getattr(cb, point) for cb in callbacks if hasattr(cb, point)]
+        for point in wl.PER_BATCH_POINTS
+    }
+    calls = sum(len(fns) for fns in hooks.values())
+    opt = w.optimizer()
     setup_ms: list[float] = []
-    with wl.upload_url(args) as url:
-        factory = {"noop": NoOp, "sleep": Sleeper, "upload": lambda: Uploader(url)}[spec.action]
-        callbacks = [factory() for _ in range(spec.n_callbacks)]
-        hooks = {
-            point: [getattr(cb, point) for cb in callbacks if hasattr(cb, point)]
-            for point in wl.PER_BATCH_POINTS
-        }
-        calls = sum(len(fns) for fns in hooks.values())
-        opt = w.optimizer()
-        ms = wl.measure(lambda data: wl.plain_fit(w, data, opt, hooks if calls else None),
-                        w, args.reps, setup_ms)
-    wl.report(args, "plain", torch.__version__, ms, calls, setup_ms)
+    ms = wl.measure(lambda data: wl.plain_fit(w, data, opt, hooks if calls else None),
+                    w, reps, setup_ms, warmup)
+    return ms, setup_ms, calls
+
+
+def main() -> None:
+    wl.run_main(__doc__ or "", "plain", torch.__version__, bench, wl.PLAIN_SCENARIOS)
 
 
 if __name__ == "__main__":

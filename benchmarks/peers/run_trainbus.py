@@ -17,14 +17,13 @@ variants only trainbus has:
                         per batch, awaited before the next batch (BATCH_END is a barrier)
 
 Run:  python benchmarks/peers/run_trainbus.py --scenario b-async --reps 15
+      python benchmarks/peers/run_trainbus.py --serve    # a worker for run_all_peers.py
 """
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,38 +115,28 @@ def callbacks_for(spec: wl.Scenario, url: str | None) -> tuple[list[Callback], l
     return [LogLoss()], [HTTPMetricsUploader(url, batch_size=50, flush_interval=0.2)]
 
 
-def main() -> None:
-    args = wl.parse_args(__doc__ or "", SCENARIOS)
-    w = wl.make_workload(args.workload)
-    spec = args.spec
+def bench(w: wl.Workload, spec: wl.Scenario, url: str | None, reps: int,
+          warmup: int) -> tuple[list[float], list[float], int]:
+    """trainbus in ``spec`` (see workloads.Bench)."""
+
+    def fit_epoch(data: wl.TimedBatches) -> None:
+        callbacks, loggers = callbacks_for(spec, url)
+        trainer = Trainer(
+            w.model, data, "1ep", loss_fn=w.loss_fn, optimizers=w.optimizer(),
+            callbacks=callbacks, loggers=loggers, device="cpu",
+            max_lag=1 if spec.key == "d-lag1" else 0,
+            log_train_loss=False, warn_slow_callbacks=False,
+        )
+        trainer.fit_sync()
+
     setup_ms: list[float] = []
-    with _server(args) as url:
-
-        def fit_epoch(data: wl.TimedBatches) -> None:
-            callbacks, loggers = callbacks_for(spec, url)
-            trainer = Trainer(
-                w.model, data, "1ep", loss_fn=w.loss_fn, optimizers=w.optimizer(),
-                callbacks=callbacks, loggers=loggers, device="cpu",
-                max_lag=1 if args.scenario == "d-lag1" else 0,
-                log_train_loss=False, warn_slow_callbacks=False,
-            )
-            trainer.fit_sync()
-
-        ms = wl.measure(fit_epoch, w, args.reps, setup_ms)
+    ms = wl.measure(fit_epoch, w, reps, setup_ms, warmup)
     per_cb = len(wl.PER_BATCH_POINTS) if spec.action.startswith("noop") else 1
-    wl.report(args, "trainbus", trainbus.__version__, ms, spec.n_callbacks * per_cb, setup_ms)
+    return ms, setup_ms, spec.n_callbacks * per_cb
 
 
-@contextlib.contextmanager
-def _server(args: Any) -> Iterator[str | None]:
-    """--upload-url, or a 20 ms LatencyServer in this process for the e scenarios."""
-    if not args.scenario.startswith("e") or args.upload_url:
-        yield args.upload_url
-        return
-    from latency_server import LatencyServer
-
-    with LatencyServer(latency_ms=20) as server:
-        yield server.url
+def main() -> None:
+    wl.run_main(__doc__ or "", "trainbus", trainbus.__version__, bench, SCENARIOS)
 
 
 if __name__ == "__main__":
