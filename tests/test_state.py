@@ -255,3 +255,18 @@ def test_state_dict_round_trip(tmp_path: Path) -> None:
     assert fresh_opt
     for key in trained_opt:
         assert torch.equal(trained_opt[key]["momentum_buffer"], fresh_opt[key]["momentum_buffer"])
+
+
+def test_a_frame_replacement_copies_every_other_field() -> None:
+    """``_Frame.replace`` is written out field by field: a new field must be copied too."""
+    from trainbus._state import _empty_frame, _Frame
+
+    frame = _empty_frame()
+    for i, name in enumerate(_Frame.__slots__):
+        object.__setattr__(frame, name, f"value {i}")
+    for i, name in enumerate(_Frame.__slots__):
+        new = frame.replace(name, "new")
+        assert getattr(new, name) == "new"
+        assert getattr(frame, name) == f"value {i}"  # the old frame is untouched
+        others = {n: getattr(new, n) for n in _Frame.__slots__ if n != name}
+        assert others == {n: getattr(frame, n) for n in _Frame.__slots__ if n != name}

@@ -48,9 +48,15 @@ class _Frame:
     outputs: Any
 
     def replace(self, name: str, value: Any) -> _Frame:
+        # Written out, not a loop over __slots__: the training thread replaces the frame
+        # four times a batch (a dozen getattr/setattr calls each, looped).
         new = _Frame.__new__(_Frame)
-        for slot in _Frame.__slots__:
-            setattr(new, slot, getattr(self, slot))
+        new.batch = self.batch
+        new.batch_num_samples = self.batch_num_samples
+        new.batch_num_tokens = self.batch_num_tokens
+        new.current_metrics = self.current_metrics
+        new.loss = self.loss
+        new.outputs = self.outputs
         setattr(new, name, value)
         return new
 
