@@ -330,6 +330,7 @@ class Trainer:
         self._init_delivered = True
 
         def produce() -> None:
+            loop.publish = self.engine._bus.publisher()  # this session's, bound
             try:
                 loop.run(deliver_init=deliver_init)
             except BaseException:

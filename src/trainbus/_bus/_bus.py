@@ -19,7 +19,7 @@ statistics and the inline verdicts for the engine's lifetime), builds a fresh
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -133,6 +133,10 @@ class EventBus:
             Stopped: The session is stopping; the producer should unwind.
         """
         self._running().producer.publish(*events)
+
+    def publisher(self) -> Callable[..., None]:
+        """The running session's :meth:`publish`, bound: the training loop's hot path."""
+        return self._running().producer.publish
 
     def wait_all(self, *, records: bool = False) -> None:
         """Block the producer until every handler published so far has finished (and,
