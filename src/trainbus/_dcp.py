@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from trainbus import _gloo_exit
 from trainbus._checkpoint import TEMP_MARKER, BufferPool, capture, safe_globals
 from trainbus._exceptions import CheckpointLoadError, CheckpointWarning
 
@@ -49,6 +50,7 @@ __all__ = [
     "METADATA",
     "ShardedSave",
     "check",
+    "destroy_group",
     "find_checkpoint",
     "folder_name",
     "is_complete",
@@ -231,7 +233,21 @@ def new_group() -> Any:
         timeout = world._get_backend(torch.device("cpu")).options._timeout
     except Exception:  # no CPU backend on the default group, or another torch
         timeout = None
-    return dist.new_group(backend="gloo", timeout=timeout)
+    group = dist.new_group(backend="gloo", timeout=timeout)
+    _gloo_exit.register()  # a gloo group: avoid a torch bug at exit (trainbus._gloo_exit)
+    return group
+
+
+def destroy_group(group: Any) -> None:
+    """Destroy the group of :func:`new_group` (the saver's close, every rank, its writes done).
+
+    Once its last reference is gone its worker threads are joined, while the interpreter is
+    whole (not left to the end of the process).
+    """
+    if group is None or not _distributed():
+        return
+    with contextlib.suppress(ValueError):  # already destroyed (with every group)
+        dist.destroy_process_group(group)
 
 
 def save(

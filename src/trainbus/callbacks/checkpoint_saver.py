@@ -372,6 +372,8 @@ class CheckpointSaver(Callback):
             self._lock.notify_all()
         if thread is not None:
             thread.join()
+        group, self._group = self._group, None  # DCP's group: every write on it is done
+        _dcp.destroy_group(group)
         self._pool = {}  # give the host buffers back between fit() cycles
         self._raise_write_error()
 
