@@ -222,9 +222,9 @@ def _nbytes(obj: Any) -> int:
 def new_group() -> Any:
     """A gloo process group for DCP's collectives (``None`` in a single process).
 
-    Collective: every rank calls it at the same point (its first sharded save). DCP's
-    planning collectives run on its writing thread; on a group of their own they cannot
-    interleave with training's collectives on the default group.
+    Collective: every rank calls it at the same point (its first sharded save). DCP's planning
+    collectives run on its writing thread; on a group of their own they cannot interleave
+    with training's collectives on the default group.
     """
     if not _distributed():
         return None
@@ -233,17 +233,12 @@ def new_group() -> Any:
         timeout = world._get_backend(torch.device("cpu")).options._timeout
     except Exception:  # no CPU backend on the default group, or another torch
         timeout = None
-    group = dist.new_group(backend="gloo", timeout=timeout)
     _gloo_exit.register()  # a gloo group: avoid a torch bug at exit (trainbus._gloo_exit)
-    return group
+    return dist.new_group(backend="gloo", timeout=timeout)
 
 
 def destroy_group(group: Any) -> None:
-    """Destroy the group of :func:`new_group` (the saver's close, every rank, its writes done).
-
-    Once its last reference is gone its worker threads are joined, while the interpreter is
-    whole (not left to the end of the process).
-    """
+    """Destroy the group of :func:`new_group` (at the saver's close; its threads then end)."""
     if group is None or not _distributed():
         return
     with contextlib.suppress(ValueError):  # already destroyed (with every group)
