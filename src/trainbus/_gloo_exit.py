@@ -14,7 +14,8 @@ before it exits (``get_state_dict(..., full_state_dict=True)`` to write the full
 then ``destroy_process_group()``) hits it whenever that worker thread is not scheduled in
 time (on a busy machine: 1 launch in 20 to 2 in 5 here). ``destroy_process_group()`` does
 not help: gloo groups have no shutdown, and a group lives on (its threads too) while
-anything holds it (FSDP's modules and ``DeviceMesh`` do, past the end of ``main()``).
+anything holds it (an FSDP model does; in our runs the default group always outlived
+``main()``).
 
 Nothing signals the end of that release (the work is complete; no Python object tracks
 it), so :func:`register` installs an ``atexit`` handler that gives the GIL up for
