@@ -166,6 +166,21 @@ def test_a_collective_that_ends_just_before_exit_does_not_abort_the_rank(
 # -- one process ----------------------------------------------------------------------------
 
 
+def test_the_gloo_exit_handler_is_installed_once_per_process() -> None:
+    import atexit
+
+    from trainbus import _gloo_exit
+
+    already, count = _gloo_exit.registered(), atexit._ncallbacks()
+    _gloo_exit.register()
+    _gloo_exit.register()
+    added = atexit._ncallbacks() - count
+    if sys.version_info >= (3, 14):  # CPython 3.14 parks such threads: nothing to avoid
+        assert (added, _gloo_exit.registered()) == (0, False)
+    else:
+        assert (added, _gloo_exit.registered()) == (0 if already else 1, True)
+
+
 def test_a_single_process_is_rank_zero_of_one() -> None:
     model, loader = TinyModel(), make_loader(2)
     trainer = Trainer(model, loader, "1ep", device="cpu")
