@@ -37,16 +37,17 @@ from .helpers import TinyModel, make_loader
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "distributed_scripts" / "ddp_train.py"
+LAST_COLLECTIVE = ROOT / "tests" / "distributed_scripts" / "last_collective.py"
 LAUNCH_TIMEOUT = 120  # a hung launch fails the test instead of the whole suite
 
 
-def _launch(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _launch(out: Path, *args: str, script: Path = SCRIPT) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        str(SCRIPT), str(out), *args,
+        str(script), str(out), *args,
     ]  # fmt: skip
     return subprocess.run(
         cmd, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, check=False
@@ -148,7 +149,36 @@ def test_an_exception_on_rank_1_stops_both_ranks(tmp_path: Path) -> None:
         assert re.search(rf"rank\s*: {rank} \(local_rank: {rank}\)", output), output
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("init", ["", "--init"], ids=["trainer-inits", "script-inits"])
+def test_a_collective_that_ends_just_before_exit_does_not_abort_the_rank(
+    tmp_path: Path, init: str
+) -> None:
+    # Issue 16 (pytorch/pytorch#190489): the gloo worker thread's release of the last
+    # gather ran into Python's finalization: SIGABRT, "terminate called without an active
+    # exception". The script sets the race up; without trainbus._gloo_exit about half the
+    # launches aborted.
+    proc = _launch(tmp_path, *filter(None, [init]), script=LAST_COLLECTIVE)
+    assert "terminate called" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 # -- one process ----------------------------------------------------------------------------
+
+
+def test_the_gloo_exit_handler_is_installed_once_per_process() -> None:
+    import atexit
+
+    from trainbus import _gloo_exit
+
+    already, count = _gloo_exit.registered(), atexit._ncallbacks()
+    _gloo_exit.register()
+    _gloo_exit.register()
+    added = atexit._ncallbacks() - count
+    if sys.version_info >= (3, 14):  # CPython 3.14 parks such threads: nothing to avoid
+        assert (added, _gloo_exit.registered()) == (0, False)
+    else:
+        assert (added, _gloo_exit.registered()) == (0 if already else 1, True)
 
 
 def test_a_single_process_is_rank_zero_of_one() -> None:

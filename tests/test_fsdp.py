@@ -98,6 +98,15 @@ def test_an_fsdp_run_saves_dcp_folders_written_by_both_ranks(trained: Path) -> N
 
 
 @pytest.mark.slow
+def test_the_saver_destroys_its_process_group_at_close_and_the_exit_handler_is_on(
+    trained: Path,
+) -> None:
+    for r in _ranks(trained):  # the run launched exited 0 (it gathers right before its exit)
+        assert r["groups_after_fit"] == 1  # the default group; DCP's own one is gone
+        assert r["exit_handler"]  # gloo: trainbus._gloo_exit's atexit handler is installed
+
+
+@pytest.mark.slow
 def test_two_ranks_resume_from_a_dcp_checkpoint_as_if_uninterrupted(
     trained: Path, tmp_path: Path
 ) -> None:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from trainbus import _gloo_exit
 from trainbus._checkpoint import TEMP_MARKER, BufferPool, capture, safe_globals
 from trainbus._exceptions import CheckpointLoadError, CheckpointWarning
 
@@ -49,6 +50,7 @@ __all__ = [
     "METADATA",
     "ShardedSave",
     "check",
+    "destroy_group",
     "find_checkpoint",
     "folder_name",
     "is_complete",
@@ -220,9 +222,9 @@ def _nbytes(obj: Any) -> int:
 def new_group() -> Any:
     """A gloo process group for DCP's collectives (``None`` in a single process).
 
-    Collective: every rank calls it at the same point (its first sharded save). DCP's
-    planning collectives run on its writing thread; on a group of their own they cannot
-    interleave with training's collectives on the default group.
+    Collective: every rank calls it at the same point (its first sharded save). DCP's planning
+    collectives run on its writing thread; on a group of their own they cannot interleave
+    with training's collectives on the default group.
     """
     if not _distributed():
         return None
@@ -231,7 +233,16 @@ def new_group() -> Any:
         timeout = world._get_backend(torch.device("cpu")).options._timeout
     except Exception:  # no CPU backend on the default group, or another torch
         timeout = None
+    _gloo_exit.register()  # a gloo group: avoid a torch bug at exit (trainbus._gloo_exit)
     return dist.new_group(backend="gloo", timeout=timeout)
+
+
+def destroy_group(group: Any) -> None:
+    """Destroy the group of :func:`new_group` (at the saver's close; its threads then end)."""
+    if group is None or not _distributed():
+        return
+    with contextlib.suppress(ValueError):  # already destroyed (with every group)
+        dist.destroy_process_group(group)
 
 
 def save(

@@ -6,7 +6,8 @@ The Trainer calls into this module at a few points and nowhere else:
   ``MASTER_ADDR`` and ``MASTER_PORT`` in the environment, ``WORLD_SIZE`` > 1) it initialises
   the default process group when the user has not (``gloo`` on the CPU,
   ``cpu:gloo,cuda:nccl`` on CUDA, with a timeout), and picks ``cuda:LOCAL_RANK`` for a
-  CUDA device given without an index;
+  CUDA device given without an index; with a gloo group it registers the exit handler of
+  :mod:`trainbus._gloo_exit` (a torch bug could otherwise abort the process as it exits);
 - :func:`unwrap` and :func:`wrap_model`: the user's module stays ``state.model``; the
   ``DistributedDataParallel`` wrapper the loop trains through is ``state.ddp_model``
   (a model already wrapped in DDP is unwrapped and kept; an FSDP model is left as it is,
@@ -44,6 +45,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from trainbus import _gloo_exit
 from trainbus._dcp import is_sharded
 from trainbus._exceptions import TrainbusWarning
 
@@ -168,6 +170,8 @@ def setup(device: torch.device, timeout: float) -> tuple[DistInfo, torch.device]
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=seconds))
+    if "gloo" in str(dist.get_backend()):  # avoids a torch bug at exit (trainbus._gloo_exit)
+        _gloo_exit.register()
     info = DistInfo(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),

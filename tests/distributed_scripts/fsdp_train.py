@@ -8,7 +8,10 @@ and shards an MLP with ``fully_shard`` (``--fsdp1``: ``FullyShardedDataParallel`
 ``OUT/ckpt`` (``--ckpt`` to name another folder) saves every 2 batches and keeps 3. Each
 rank writes ``OUT/rank<r>.json`` after ``fit``: the sample ids it trained on, the model's and
 the optimizer's full state dicts, the scheduler's learning rate, the batch count and its
-saver's list of checkpoints. ``--load PATH`` resumes (a checkpoint folder, or the saver's).
+saver's list of checkpoints, the number of process groups left after ``fit`` and whether
+trainbus's gloo exit handler is installed. ``--load PATH`` resumes (a checkpoint folder, or
+the saver's). Like a user's script, it gathers the full state dicts right before it exits
+(the case of issue 16: ``trainbus._gloo_exit``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainbus
-from trainbus import Callback, State, Trainer
+from trainbus import Callback, State, Trainer, _gloo_exit
 from trainbus.callbacks import CheckpointSaver
 
 
@@ -144,6 +147,7 @@ def main() -> None:
         dist_timeout=60.0,
     )
     trainer.fit_sync()
+    groups = len(dist.distributed_c10d._world.pg_map)  # the saver's DCP group: destroyed at close
     full = StateDictOptions(full_state_dict=True)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=full)  # every rank: all of it
     (out / f"rank{rank}.json").write_text(json.dumps({
@@ -153,6 +157,7 @@ def main() -> None:
         "wrapper": type(trainer.state.ddp_model).__name__,
         "saved": [[int(ts.batch), str(p[0])] for ts, p in saver.saved_checkpoints],
         "stats": {k: getattr(saver.statistics(), k) for k in ("saves", "written", "host_bytes")},
+        "groups_after_fit": groups, "exit_handler": _gloo_exit.registered(),
     }))  # fmt: skip
     dist.destroy_process_group()
 

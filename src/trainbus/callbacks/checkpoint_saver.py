@@ -1,12 +1,11 @@
 """``CheckpointSaver``: checkpoints captured on the training thread, written beside it.
 
-At a due ``BATCH_CHECKPOINT`` / ``EPOCH_CHECKPOINT`` the saver's ``@blocking`` handler runs
-on the training thread itself and takes a consistent copy of the run in host memory
-(:func:`trainbus._checkpoint.capture`). A writer thread owned by the saver then
-serialises, writes, ``fsync``s and renames it into place while training goes on. One
-save is in flight at a time: a save that comes due while the previous one is still being
-written *waits* for it (no checkpoint is ever skipped). ``docs/checkpoints.md`` explains
-the guarantees.
+At a due ``BATCH_CHECKPOINT`` / ``EPOCH_CHECKPOINT`` the saver's ``@blocking`` handler runs on
+the training thread itself and takes a consistent copy of the run in host memory
+(:func:`trainbus._checkpoint.capture`). A writer thread owned by the saver then serialises,
+writes, ``fsync``s and renames it into place while training goes on. One save is in flight at a
+time: a save that comes due while the previous one is still being written *waits* for it (no
+checkpoint is ever skipped). ``docs/checkpoints.md`` explains the guarantees.
 """
 
 from __future__ import annotations
@@ -163,10 +162,8 @@ class CheckpointSaver(Callback):
         self._save_requested = False  # request_save(): at the next checkpoint event or FIT_END
         self._pool: BufferPool = {}  # host buffers of the last write, reused by the next capture
         self._listeners: list[Callable[[Timestamp, pathlib.Path], None]] = []
-        self._stats = dict.fromkeys(
-            ("saves", "written", "capture", "capture_max", "wait", "write", "bytes", "host"),
-            0.0,
-        )
+        stats = ("saves", "written", "capture", "capture_max", "wait", "write", "bytes", "host")
+        self._stats = dict.fromkeys(stats, 0.0)
 
     # -- public ------------------------------------------------------------------------------
 
@@ -372,6 +369,8 @@ class CheckpointSaver(Callback):
             self._lock.notify_all()
         if thread is not None:
             thread.join()
+        group, self._group = self._group, None  # DCP's group: every write on it is done
+        _dcp.destroy_group(group)
         self._pool = {}  # give the host buffers back between fit() cycles
         self._raise_write_error()
 
