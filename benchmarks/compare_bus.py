@@ -1,7 +1,7 @@
 """The bus before and after a change, side by side: interleaved rounds, paired ratios.
 
 Runs the same functions of ``benchmarks/bench_bus.py`` (producer cost per batch and per
-event for 10 plain / async / ``@blocking`` no-op callbacks and none, async throughput, and
+event for 10 plain / async / ``@blocking`` no-op callbacks, 100 plain ones and none, async throughput, and
 ``engine.run_event()`` from plain code) against two source trees in alternating
 subprocesses, round by round (ABAB), and prints medians and the after/before ratio per
 round as min / median / max.
@@ -23,8 +23,9 @@ import sys, json, statistics
 sys.path.insert(0, BENCH)
 import bench_bus
 out = {}
-for n, kind in [(10, "sync"), (10, "async"), (10, "blocking"), (0, "sync")]:
-    ev, bar, batch = bench_bus.producer_costs(n, kind, 300)
+for n, kind, batches in [(10, "sync", 300), (100, "sync", 100), (10, "async", 300),
+                         (10, "blocking", 300), (0, "sync", 300)]:
+    ev, bar, batch = bench_bus.producer_costs(n, kind, batches)
     out[f"{n} {kind} batch ms"] = batch
     out[f"{n} {kind} event us"] = ev
 out["calls/s 10 async"] = bench_bus.throughput(10, 300)
