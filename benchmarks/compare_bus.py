@@ -1,8 +1,8 @@
 """The bus before and after a change, side by side: interleaved rounds, paired ratios.
 
 Runs the same functions of ``benchmarks/bench_bus.py`` (producer cost per batch and per
-event for 10 plain / async / ``@blocking`` no-op callbacks, 100 plain ones and none, async throughput, and
-``engine.run_event()`` from plain code) against two source trees in alternating
+event for 10 plain / async / ``@blocking`` no-op callbacks, 100 plain ones and none, async
+throughput, and ``engine.run_event()`` from plain code) against two source trees in alternating
 subprocesses, round by round (ABAB), and prints medians and the after/before ratio per
 round as min / median / max.
 
