@@ -50,7 +50,13 @@ if TYPE_CHECKING:
     from trainbus._bus._statistics import Counters
 
 __all__ = [
-    "DEFER_MAX", "RECORD_DEFER_MAX", "RETRY_AFTER", "RETRY_MAX", "STRIKE_OUT", "InlinePath", "ban",
+    "DEFER_MAX",
+    "RECORD_DEFER_MAX",
+    "RETRY_AFTER",
+    "RETRY_MAX",
+    "STRIKE_OUT",
+    "InlinePath",
+    "ban",
     "learn",
 ]
 
