@@ -9,6 +9,8 @@ region is counted, on every thread (the training thread, the event loop, lane th
   ``--batches`` batches, to 10 no-op callbacks of a kind (plain, ``async def``,
   ``@blocking``) or to none, then waits for every handler; per call =
   (instructions with 10 callbacks - with none) / (batches * 120 calls).
+* ``engine.run_event()`` from plain code (``--kinds run_event``): instructions per call
+  with no callbacks and with 10 no-op plain ones, the way Composer users unit-test them.
 * Ignite (its venv, ``benchmarks/.venvs/ignite``): an ``Engine`` whose step does nothing
   runs ``--batches`` iterations with 10 no-op handlers on each of its 4 per-iteration
   events, or none; per call = difference / (batches * 40 calls).
@@ -59,6 +61,24 @@ def produce():
     ctl("-i", "off")
     ctl("-d")
 anyio.run(engine.run_cycle, produce)
+'''
+
+RUN_EVENT_CHILD = r'''
+import os, subprocess, sys
+sys.path.insert(0, {bench!r})
+import bench_bus as bb
+engine = bb.make_engine({n}, "sync")
+def ctl(*args):
+    subprocess.run(["callgrind_control", *args, str(os.getpid())], check=True,
+                   capture_output=True)
+for _ in range(30):  # the standing session starts; the handlers are learnt cheap
+    engine.run_event(bb.E.BATCH_START)
+ctl("-i", "on")
+for _ in range({batches}):
+    engine.run_event(bb.E.BATCH_START)
+ctl("-i", "off")
+ctl("-d")
+engine.close()
 '''
 
 IGNITE_CHILD = r'''
@@ -123,6 +143,16 @@ def trainbus_row(src: str, kind: str, batches: int) -> float:
     return (ten - base) / (batches * 120)
 
 
+def run_event_row(src: str, calls: int) -> tuple[float, float]:
+    """Instructions per ``engine.run_event()`` from plain code: no callbacks, 10 no-op ones."""
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
+    py = real_python(sys.executable)
+    fill = {"bench": str(HERE), "batches": calls}
+    none = count(py, RUN_EVENT_CHILD.format(n=0, **fill), env)
+    ten = count(py, RUN_EVENT_CHILD.format(n=10, **fill), env)
+    return none / calls, ten / calls
+
+
 def ignite_row(batches: int) -> float:
     env = {"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1"}
     py = real_python(str(IGNITE_PY))
@@ -135,7 +165,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--before", help="the src/ folder of another tree, measured too")
-    parser.add_argument("--kinds", default="blocking,async,sync")
+    parser.add_argument("--kinds", default="blocking,async,sync,run_event",
+                        help="handler kinds, and run_event (per engine.run_event() call)")
     args = parser.parse_args()
     trees = {"this tree": str(HERE.parent / "src")}
     if args.before:
@@ -143,6 +174,11 @@ def main() -> None:
     print(f"{'handler kind':14} {'tree':10} {'instructions per no-op call':>28}")
     for kind in args.kinds.split(","):
         for name, src in trees.items():
+            if kind == "run_event":
+                none, ten = run_event_row(src, args.batches * 10)
+                print(f"{'run_event, 0':14} {name:10} {none:28,.0f}\n"
+                      f"{'run_event, 10':14} {name:10} {ten:28,.0f}", flush=True)
+                continue
             per_call = trainbus_row(src, kind, args.batches)
             print(f"{kind:14} {name:10} {per_call:28,.0f}", flush=True)
     if IGNITE_PY.exists():

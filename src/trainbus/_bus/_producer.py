@@ -183,13 +183,8 @@ class Producer:
                     self._to_kick.append(lane)
         if here is not None:
             self._kick()  # the other lanes run while these run here (D2)
-            cheap = True
-            for lane, slot in here:
-                ran = self.inline.run_here(lane, slot, item) if cheap else None
-                if ran is None:
-                    self._enqueue(lane, slot, item)
-                else:
-                    cheap = ran
+            for lane, slot in self.inline.run_here(here, item):
+                self._enqueue(lane, slot, item)
 
     def _item(self, event: Event) -> EventItem:
         """The event's item, with a snapshot shared by events with nothing between them."""
