@@ -50,6 +50,9 @@ def noop_class(kind: str) -> type[Callback]:
         if kind == "async":
             async def handler(self: Any, state: Any, logger: Any) -> None:
                 return None
+        elif kind == "suspend":  # an I/O-like handler: it suspends once, every call
+            async def handler(self: Any, state: Any, logger: Any) -> None:
+                await anyio.sleep(0)
         else:
             def handler(self: Any, state: Any, logger: Any) -> None:
                 return None

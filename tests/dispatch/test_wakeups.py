@@ -250,3 +250,37 @@ async def test_cheap_handlers_ride_along_with_a_barrier_a_few_milliseconds_away(
     # 10 lanes x 20 batches = 200 hand-offs with a 1 ms bound; a loaded machine may
     # stretch a batch past the bound now and then.
     assert len(woken) <= 40, f"{len(woken)} thread wake-ups in 20 batches"
+
+
+# -- tasks -------------------------------------------------------------------------------
+
+
+class TaskNoter(Callback):
+    """Suspends in ``batch_end`` (I/O) and notes the task each call runs in."""
+
+    def __init__(self) -> None:
+        self.tasks: list[int] = []
+
+    async def batch_end(self, state: Any, logger: Any) -> None:
+        self.tasks.append(anyio.get_current_task().id)
+        await anyio.sleep(0)
+        assert anyio.get_current_task().id == self.tasks[-1]  # one task per call throughout
+
+
+async def test_a_handler_that_suspends_every_call_costs_no_new_task_per_call() -> None:
+    # Each suspension hands the dispatcher's role to another task; the task that owned the
+    # lane parks as a spare and takes the role back at the next one (spawning a task costs
+    # tens of microseconds in anyio). Before, every call ran in a task of its own.
+    noter = TaskNoter()
+    engine = make_engine([noter])
+
+    def produce() -> None:
+        bus, timer = engine._bus, engine.state._timer
+        for _ in range(30):
+            bus.publish(E.BATCH_START)
+            timer.on_batch_complete(1)
+            bus.publish(E.BATCH_END)
+
+    await engine.run_cycle(produce)
+    assert len(noter.tasks) == 30
+    assert len(set(noter.tasks)) <= 3, f"{len(set(noter.tasks))} tasks for 30 calls"

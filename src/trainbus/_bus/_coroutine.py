@@ -86,7 +86,7 @@ class Resume:
 
 
 class DispatcherTask:
-    """What one dispatcher task is doing: its scope, and the lane item it owns."""
+    """What one turn of a dispatcher task is doing: its scope, and the lane item it owns."""
 
     __slots__ = ("item", "lane", "scope", "t0")
 

@@ -24,20 +24,23 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from queue import SimpleQueue
 from typing import TYPE_CHECKING, Final
 
-if TYPE_CHECKING:
-    import anyio
+import anyio
 
+if TYPE_CHECKING:
     from trainbus._bus._items import WorkItem
     from trainbus._bus._slot import Member
 
-__all__ = ["ACTIVE", "CLAIMED", "IDLE", "Lane", "would_deadlock"]
+__all__ = ["ACTIVE", "CLAIMED", "IDLE", "PAY_RECHECK", "Lane", "would_deadlock"]
 
 IDLE: Final = 0
 ACTIVE: Final = 1
 CLAIMED: Final = 2
+#: Seconds between looks at stopping and cycles while a loop lane pays what it owes (D12).
+PAY_RECHECK = 0.05
 
 
 class Lane:
@@ -314,6 +317,33 @@ class Lane:
                     self.room.wait(0.05)
             finally:
                 self.room_waiters -= 1
+
+    async def pay(self, dest: Lane, bound: int, stopping: Callable[[], bool],
+                  call_soon: Callable[[Callable[[], object]], None]) -> None:
+        """On the loop: pause this loop lane until fewer than ``bound`` records wait in
+        ``dest`` (what it ``owes``, ``_records.py``), or stopping, ``dest`` failing or a
+        cycle of waiting lanes ends the wait.
+
+        ``dest`` wakes the pause as it takes records (``room_wakers``, through
+        ``call_soon``); a look every ``PAY_RECHECK`` seconds notices the rest.
+        """
+        self.waiting_on = dest
+        try:
+            while (
+                dest.log_enq - dest.log_done >= bound
+                and not (stopping() or dest.failed or dest.abandoned)
+                and not would_deadlock(self, dest)
+            ):
+                room = anyio.Event()
+                waker = partial(call_soon, room.set)
+                dest.room_wakers.append(waker)
+                try:
+                    with anyio.move_on_after(PAY_RECHECK):
+                        await room.wait()
+                finally:
+                    dest.room_wakers.remove(waker)
+        finally:
+            self.waiting_on = None
 
 
 def would_deadlock(waiter: Lane | None, dest: Lane) -> bool:
