@@ -146,21 +146,32 @@ def main() -> None:
         assert r["truth_mismatches"] == 0, "the @blocking reader saw another batch's weights"
     sent = [r["sent"] for r in runs if not r["control"]]
     result = analyse(runs, args.width, args.settle)
-    print(f"MLP 512-{hidden}-10, batch {BATCH}, 1 torch thread; {args.client} upload of "
-          f"{LATENCY_MS:g} ms at @trailing(2); {args.runs} upload run(s) + {args.runs} "
-          f"control run(s) of {args.blocks} ABBA blocks x 4 windows x {args.width} batches "
-          f"({sent[0]} POSTs per upload run); load average {os.getloadavg()[0]:.2f} on "
-          f"{os.cpu_count()} CPUs; {time.perf_counter() - started:.0f} s")
-    print("on - off, ms per batch (blocks pooled over runs):")
+    lines = [
+        f"MLP 512-{hidden}-10, batch {BATCH}, 1 torch thread; {args.client} upload of "
+        f"{LATENCY_MS:g} ms at @trailing(2); {args.runs} upload run(s) + {args.runs} "
+        f"control run(s) of {args.blocks} ABBA blocks x 4 windows x {args.width} batches "
+        f"({sent[0]} POSTs per upload run; the first {args.settle} batches of each window "
+        f"left out, then nothing); load average {os.getloadavg()[0]:.2f} on "
+        f"{os.cpu_count()} CPUs; {time.perf_counter() - started:.0f} s",
+        "",
+        "| on - off, per batch (blocks pooled over runs) | median | 95% CI of the median | "
+        "min / p25 / median / p75 / max | blocks |",
+        "|---|---|---|---|---|",
+    ]
     for name, summary in result.items():
-        print(f"  {name:26s} {summary.line()}")
+        ci = "-" if summary.interval is None else (
+            f"{summary.interval[0]:+.3f} .. {summary.interval[1]:+.3f} ms")
+        lines.append(f"| {name} | {summary.median:+.3f} ms | {ci} | "
+                     f"{summary.spread.replace(' | ', ' / ')} | {summary.n} |")
     key = f"upload wall settle={args.settle}"
     text = verdict(result[key].interval, TARGET_MS)
-    print(f"upload at @trailing(2), wall, over the same run without it: {text} for "
-          f"<= +{TARGET_MS} ms/batch ({result[key].line()})")
+    lines += ["", f"The upload at @trailing(2), wall clock, over the same run without it: "
+              f"**{text}** for <= +{TARGET_MS} ms/batch ({result[key].line()})."]
+    print("\n".join(lines))
     if args.json:
         args.json.write_text(json.dumps({
-            "hidden": hidden, "verdict": text, "args": vars(args) | {"json": str(args.json)},
+            "hidden": hidden, "verdict": text, "target": key, "text": "\n".join(lines),
+            "args": vars(args) | {"json": str(args.json)},
             "summary": {k: v.__dict__ for k, v in result.items()}, "runs": runs,
         }))
 

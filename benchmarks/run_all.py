@@ -8,7 +8,8 @@ Steps, each in its own process so nothing leaks between frameworks:
    interleaved across frameworks (one long-lived worker per framework, the order rotating
    round to round; up to ``--rounds``, within ``--budget-s``).
 3. ``bench_lateness.py``: scenario (f), loop lateness while trainbus trains;
-   ``bench_trailing.py``: scenario (g), a 5 ms upload at ``BATCH_END`` with ``@trailing(2)``.
+   ``bench_trailing.py``: scenario (g), a 5 ms upload at ``BATCH_END`` with ``@trailing(2)``;
+   ``bench_trailing_windows.py``: the same in paired windows of one run (the target's row).
 4. ``bench_bus.py``: the bus alone (producer cost per event/barrier/batch, calls/s).
 5. ``timeline.py``: the picture of scenario (d) in docs/.
 
@@ -132,6 +133,7 @@ def bus_targets(results: list[dict[str, Any]], rounds: pairing.Rounds, bus: str)
 #: hand or by another benchmark) and every ``### `` subsection is kept from the old file.
 GENERATED = ("Targets (SPEC section 7)", "MLP", "Large model (~20 ms/batch)",
              "(f) Event-loop lateness", "(g) A 5 ms upload awaited at `BATCH_END`",
+             "(g) in paired windows",
              "The bus alone (`benchmarks/bench_bus.py`)", "Timeline of scenario (d)")
 
 
@@ -166,8 +168,35 @@ def keep_notes(new: str, old: str) -> str:
     return "".join(out).rstrip("\n") + "\n"
 
 
+def g_row(trailing: dict[str, Any], windows: dict[str, Any] | None) -> str:
+    """Row (g): the paired windows' verdict when they ran, and the fresh runs' figure."""
+    fresh = (f"{trailing['summary']['trailing(2)']['diff_median']:+.2f} ms in fresh runs "
+             f"paired by round ({trailing['verdict']})")
+    if windows is None:
+        return fresh
+    w = windows["summary"][windows["target"]]
+    ci = "-" if w["interval"] is None else f"{w['interval'][0]:+.2f} .. {w['interval'][1]:+.2f}"
+    return (f"{w['median']:+.2f} ms in paired windows (95% CI {ci}, {w['n']} blocks): "
+            f"{windows['verdict']}; {fresh}")
+
+
+def g_windows_section(windows: dict[str, Any] | None) -> str:
+    if windows is None:
+        return ""
+    return f"""## (g) in paired windows (`benchmarks/bench_trailing_windows.py`)
+
+The same scenario in one long run: the upload switched on and off in windows of batches
+(ABBA blocks), each block's on - off difference paired within seconds; A/A control runs
+(every window off) show the method's own noise (`benchmarks/windows.py`).
+
+{windows['text']}
+
+"""
+
+
 def write_readme(peers: dict[str, Any], lateness: dict[str, Any], bus: str, cmd: str,
-                 trailing: dict[str, Any], readme: Path = BENCH / "README.md") -> None:
+                 trailing: dict[str, Any], readme: Path = BENCH / "README.md",
+                 windows: dict[str, Any] | None = None) -> None:
     results, rounds = peers["results"], peers["rounds"]
     versions = sorted({f"{r['framework']} {r['version']}" for r in results})
     tables = {wk: pairing.scenario_table(results, rounds, wk) for wk in ("mlp", "large")}
@@ -225,7 +254,7 @@ median is within it. The ms/batch columns are over all repetitions of all rounds
 | 100 no-op callbacks, more than (a) | <= +2.5 ms | {verdict(extra('c', 't:a'), 2.5)} |
 | 4 x 5 ms callbacks vs plain loop sleeping 5 ms (d1) | <= +0.5 ms | {verdict(extra('d', 'd1'), 0.5)} |
 | event-loop lateness p99 while training (f) | <= 2 ms | {lat['p99_ms']:.2f} ms (median of {lat.get('rounds', 1)} rounds' p99; min {lat.get('p99_min_ms', lat['p99_ms']):.2f}, max {lat.get('p99_max_ms', lat['p99_ms']):.2f}): {'met' if lat['p99_ms'] <= 2 else '**missed**'} |
-| 5 ms upload per batch, `@trailing(2)`, over no upload (g) | <= +0.5 ms | {trailing['summary']['trailing(2)']['diff_median']:+.2f} ms: {trailing['verdict']} |
+| 5 ms upload per batch, `@trailing(2)`, over no upload (g) | <= +0.5 ms | {g_row(trailing, windows)} |
 {bus_targets(results, rounds, bus)}
 
 ## MLP
@@ -272,7 +301,7 @@ wait is the time the training thread was runnable with no core free):
 
 {trailing['cpu_table']}
 
-## The bus alone (`benchmarks/bench_bus.py`)
+{g_windows_section(windows)}## The bus alone (`benchmarks/bench_bus.py`)
 
 ```
 {bus.strip()}
@@ -316,10 +345,13 @@ def main() -> None:
     sh([py, str(BENCH / "bench_trailing.py"), "--json", str(OUT / "trailing.json"),
         *(["--rounds", "2", "--batches", "40"] if args.quick else [])])
     trailing = json.loads((OUT / "trailing.json").read_text())
+    sh([py, str(BENCH / "bench_trailing_windows.py"), "--json", str(OUT / "windows.json"),
+        *(["--blocks", "2", "--width", "10", "--runs", "1"] if args.quick else [])])
+    windows = json.loads((OUT / "windows.json").read_text())
     bus = sh([py, str(BENCH / "bench_bus.py"), "--reps", "3"])
     sh([py, str(BENCH / "timeline.py")])
     cmd = "python " + " ".join(["benchmarks/run_all.py", *sys.argv[1:]])
-    write_readme(peers, lateness, bus, cmd, trailing)
+    write_readme(peers, lateness, bus, cmd, trailing, windows=windows)
 
 
 if __name__ == "__main__":

@@ -88,4 +88,4 @@ def test_the_windowed_scenario_g_runs(tmp_path: Path) -> None:
     assert all(r["truth_mismatches"] == 0 for r in runs)
     assert result["summary"]["upload wall settle=2"]["n"] == 2
     assert result["verdict"] == "too few blocks"
-    assert "on - off, ms per batch" in done.stdout
+    assert "| on - off, per batch" in done.stdout and result["text"] in done.stdout

@@ -125,8 +125,11 @@ def test_the_targets_table_takes_trainbus_figures_from_the_paired_rounds(
     trailing = {"summary": {"trailing(2)": {"diff_median": 0.3}}, "verdict": "met",
                 "conditions": "c", "table": "t", "cpu_table": "u"}
     bus = "calls/s with 10 callbacks: 400,000\nplain code,  10 no-op callbacks: 12.5 us\n"
+    windows = {"summary": {"upload wall settle=5": {"median": 0.21, "interval": [0.1, 0.4],
+                                                     "n": 24}},
+               "target": "upload wall settle=5", "verdict": "shown", "text": "WINDOWS TABLE"}
     run_all.write_readme(peers_json(pairing), lateness, bus, "python benchmarks/run_all.py",
-                         trailing, readme)
+                         trailing, readme, windows=windows)
     text = readme.read_text()
     rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines()
             if line.startswith("| ")}
@@ -143,6 +146,11 @@ def test_the_targets_table_takes_trainbus_figures_from_the_paired_rounds(
     assert "median over rounds of trainbus(a) - plain(a) of the same round" in " ".join(
         text.split())
     assert "3 rounds, 0 of them with the large model" in " ".join(text.split())
+    # (g): the paired windows decide; the fresh runs' figure stands beside them
+    assert ("+0.21 ms in paired windows (95% CI +0.10 .. +0.40, 24 blocks): shown; +0.30 ms "
+            "in fresh runs paired by round (met)") in rows[
+        "5 ms upload per batch, `@trailing(2)`, over no upload (g)"]
+    assert "## (g) in paired windows" in text and "WINDOWS TABLE" in text
     assert "### A note by hand\n\nkept." in text and "## By hand\n\nalso kept." in text
     mlp = text.split("## MLP")[1]
     assert "| a | trainbus 1 | 1.210 (1.100-1.650) | +0.110 ms (min +0.100" in mlp
