@@ -1,0 +1,309 @@
+"""MLflowLogger's cost per batch, paired within one run: logging toggled on and off in windows.
+
+The fresh-run pairings of ``bench_mlflow.py`` (a ``tb-none`` fit against a ``tb-mlflow`` fit)
+move +-0.3 ms/batch from one repetition to the next on the shared machine, three times the
++0.1 ms/batch target of issue 18. Here one ``Trainer`` runs with the logger attached for the
+whole fit, and a ``@blocking`` batch_end callback (on the training thread, as in
+``bench_mlflow.py``) computes the 10 metrics of every batch (``mlflow_points.values``) but
+logs them only in "on" windows. Workload: ``bench_mlflow.py``'s (MLP 256-512-10, batch 64,
+CPU, one torch thread), its 200 batches cycled to fill the fit.
+
+Schedule: ``--warmup`` batches logging (the run is created, connections opened; not
+measured), then ``--blocks`` blocks of 4 windows of ``--window`` batches, in ABBA order so that
+a linear drift within a block cancels. Blocks alternate between two kinds:
+
+    logging   A = on, B = off: A1 B1 B2 A2
+    control   A = off, B = off (A/A): the same windows, nothing logged in any; its
+              "differences" show the method's own noise, which should centre on 0
+
+Per batch the callback stores ``perf_counter``, ``thread_time`` (the training thread's CPU)
+and ``process_time`` (every thread's CPU: the event loop, the logger's lane, httpx) into
+preallocated lists, after logging. Per window, ms per batch:
+
+    dropped    over the window's batches ``drop+1 .. window`` (``--drop``, default 20): a
+               record logged in the previous window's last batches is delivered to the
+               logger's lane up to 32 records or 10 ms later (the bus's deferral), i.e.
+               in this window's first batches
+    all        over all its batches (nothing dropped)
+
+Per block, the difference on - off = ((A1 - B1) + (A2 - B2)) / 2: each on window paired with
+its off neighbour; a linear drift cancels. Over the blocks of each kind: min, p25, median,
+p75, max, and a distribution-free 95% confidence interval of the median
+(``paired_stats.py``). Verdict on +0.1 ms/batch over the same loop logging nothing: *shown*
+when the interval's top is <= 0.1, *refuted* when its bottom is > 0.1, *not decided*
+otherwise. ``spill`` = B1 - B2 over all their batches: the off window after an on window
+against the off window after an off window (the part of the logging's cost that lands after
+its window: the deferred records, a request sent when 1000 points are waiting, i.e. every
+100 on batches, and the partial request the logger sends every ``flush_interval`` = 1 s,
+wherever that tick falls). In ``control`` blocks it shows what drift alone does to B1 - B2.
+
+Variants (one fit each, in this order; ``--variants``):
+
+    null     a no-op plain ``def log_record`` destination: the bus's record path alone
+    stub     ``MLflowLogger`` against ``bench_mlflow.py``'s stub (a process of its own
+             answering at once, storing nothing)
+    server   ``MLflowLogger`` against a real local ``mlflow server`` (sqlite; needs the
+             ``mlflow`` package), started as ``bench_mlflow.py`` does
+
+Every point must arrive: at the end the stub's count of metrics received and the server's
+store (``mlflow_points.wait_readable``, then an exact count) are checked against 10 per on
+batch; ``fit`` is the time from the last batch to ``fit()`` returning (delivery included).
+
+Run:  PYTHONPATH=src python benchmarks/bench_mlflow_windows.py [--blocks 60] [--window 150]
+      PYTHONPATH=src python benchmarks/bench_mlflow_windows.py --variants null,stub --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+import bench_mlflow as bench  # noqa: E402
+import mlflow_points as mp  # noqa: E402
+from paired_stats import median_interval, spread, verdict  # noqa: E402
+
+TARGET = 0.1  # ms per batch
+CLOCKS = ("wall", "cpu", "proc")
+LABELS = {"wall": "wall", "cpu": "train-thread CPU", "proc": "process CPU"}
+
+
+def schedule(warmup: int, blocks: int, window: int) -> tuple[bytearray, list[dict[str, Any]]]:
+    """Per batch whether it logs, and the windows: block, kind, label (A1 B1 B2 A2), start."""
+    on = bytearray([1]) * warmup
+    windows = []
+    for block in range(blocks):
+        kind = "logging" if block % 2 == 0 else "control"
+        for label in ("A1", "B1", "B2", "A2"):
+            logs = kind == "logging" and label[0] == "A"
+            windows.append({"block": block, "kind": kind, "label": label, "start": len(on),
+                            "on": logs})
+            on += bytearray([logs]) * window
+    return on, windows
+
+
+def null_destination() -> Any:
+    """A destination whose plain ``def log_record`` does nothing (a thread lane, as
+    ``MLflowLogger``'s): ``bench_mlflow.py``'s ``tb-null-thread``."""
+    import trainbus
+
+    class SyncNull(trainbus.LoggerDestination):
+        def log_record(self, record: trainbus.LogRecord) -> None:
+            return None
+
+    return SyncNull()
+
+
+def train(w: Any, on: bytearray, destination: Any) -> dict[str, Any]:
+    """One fit over ``len(on)`` batches; the marks per batch and the end of ``fit()``."""
+    import trainbus
+    from trainbus import Callback, Trainer
+
+    n = len(on)
+    marks = {clock: [0.0] * n for clock in CLOCKS}
+
+    class Toggled(Callback):
+        def __init__(self) -> None:
+            self.i = 0
+
+        @trainbus.blocking  # the training thread: its marks are that thread's
+        def batch_end(self, state: Any, logger: Any) -> None:
+            i = self.i
+            metrics = mp.values(i + 1)
+            if on[i]:
+                logger.log_metrics(metrics, step=i + 1)
+            marks["wall"][i] = time.perf_counter()
+            marks["cpu"][i] = time.thread_time()
+            marks["proc"][i] = time.process_time()
+            self.i = i + 1
+
+    toggled = Toggled()
+    batches = (w.batches * (n // len(w.batches) + 1))[:n]
+    Trainer(w.model, batches, "1ep", loss_fn=w.loss_fn, optimizers=w.optimizer(),
+            callbacks=[toggled], loggers=[destination], device="cpu",
+            warn_slow_callbacks=False, log_train_loss=False).fit_sync()
+    ended = time.perf_counter()
+    assert toggled.i == n, f"{toggled.i} batches of {n}"
+    return {"marks": marks, "fit_ms": (ended - marks["wall"][-1]) * 1e3}
+
+
+def per_window(marks: dict[str, list[float]], windows: list[dict[str, Any]], size: int,
+               drop: int) -> list[dict[str, Any]]:
+    """ms per batch of each window, ``dropped`` (its first ``drop`` batches left out) and
+    ``all``; a batch's time runs from the previous batch's mark to its own."""
+    out = []
+    for win in windows:
+        s, e = win["start"], win["start"] + size - 1
+        row = dict(win)
+        for clock in CLOCKS:
+            m = marks[clock]
+            row[clock] = (m[e] - m[s + drop - 1]) * 1e3 / (size - drop)
+            row[clock + "_all"] = (m[e] - m[s - 1]) * 1e3 / size
+        out.append(row)
+    return out
+
+
+def differences(rows: list[dict[str, Any]], kind: str, key: str) -> list[float]:
+    """Per block of ``kind``: ((A1 - B1) + (A2 - B2)) / 2 of ``key``."""
+    blocks: dict[int, dict[str, float]] = {}
+    for r in rows:
+        if r["kind"] == kind:
+            blocks.setdefault(r["block"], {})[r["label"]] = r[key]
+    return [((b["A1"] - b["B1"]) + (b["A2"] - b["B2"])) / 2 for b in blocks.values()]
+
+
+def spills(rows: list[dict[str, Any]], kind: str, key: str) -> list[float]:
+    """Per block of ``kind``: B1 - B2 of ``key`` (the off window after an on window, less
+    the off window after an off window)."""
+    blocks: dict[int, dict[str, float]] = {}
+    for r in rows:
+        if r["kind"] == kind:
+            blocks.setdefault(r["block"], {})[r["label"]] = r[key]
+    return [b["B1"] - b["B2"] for b in blocks.values()]
+
+
+def run_variant(name: str, w: Any, on: bytearray, args: argparse.Namespace,
+                stub: bench.StubProcess | None, server: Any) -> dict[str, Any]:
+    """One fit of ``name``; its windows and what reached the stub or the server."""
+    from trainbus.loggers import MLflowLogger
+
+    expected = sum(on) * len(mp.KEYS)
+    if name == "null":
+        destination: Any = null_destination()
+    else:
+        url = stub.url if name == "stub" and stub is not None else server.url
+        destination = MLflowLogger(url, experiment_name=f"windows-{uuid.uuid4().hex[:6]}")
+    before = stub.counts() if name == "stub" and stub is not None else None
+    load = os.getloadavg()[0]
+    result = train(w, on, destination)
+    out: dict[str, Any] = {"fit_ms": result["fit_ms"], "load_start": load,
+                           "load_end": os.getloadavg()[0], "points_expected": expected,
+                           "marks": result["marks"]}
+    if before is not None and stub is not None:
+        out["points_delivered"] = stub.counts()["points"] - before["points"]
+    elif name == "server":
+        db = str(server.root / "mlflow.db")
+        run_id = destination.run_id
+        out["readable_ms"] = (mp.wait_readable(db, run_id, expected)
+                              - result["marks"]["wall"][-1]) * 1e3
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+            out["points_delivered"] = con.execute(
+                "SELECT COUNT(*) FROM metrics WHERE run_uuid = ?", (run_id,)).fetchone()[0]
+    if name != "null":
+        out["requests"] = destination.statistics().batches_sent
+    return out
+
+
+def summarize(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The figures of one variant: per kind and clock, the spread of the per-block
+    differences, the interval of their median and the verdict."""
+    rows = []
+    for kind in ("logging", "control"):
+        for key in ("wall", "wall_all", "cpu", "cpu_all", "proc", "proc_all"):
+            xs = differences(windows, kind, key)
+            rows.append({"kind": kind, "key": key, "diffs": xs,
+                         "interval": median_interval(xs)})
+        xs = spills(windows, kind, "wall_all")
+        rows.append({"kind": kind, "key": "spill", "diffs": xs, "interval": median_interval(xs)})
+    return rows
+
+
+def report(variants: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    print(f"{args.blocks} blocks of 4 windows of {args.window} batches (ABBA; blocks alternate "
+          f"logging / control), {args.warmup} warm-up batches; dropped: the first {args.drop} "
+          f"batches of each window; MLP 256-512-10, batch 64, cpu, 1 torch thread; "
+          f"{os.cpu_count()} CPUs")
+    print("\n| variant | load (start-end) | off ms/batch (median B window) | fit ms | "
+          "readable ms | requests | points delivered / expected |\n|---|---|---|---|---|---|---|")
+    for name, v in variants.items():
+        offs = [r["wall"] for r in v["windows"] if r["kind"] == "logging" and r["label"][0] == "B"]
+        readable = f"{v['readable_ms']:.1f}" if "readable_ms" in v else "-"
+        print(f"| {name} | {v['load_start']:.2f}-{v['load_end']:.2f} | "
+              f"{statistics.median(offs):.3f} | {v['fit_ms']:.1f} | {readable} | "
+              f"{v.get('requests', '-')} | "
+              f"{v.get('points_delivered', '-')} / {v['points_expected']} |")
+    print("\nper block, on - off = ((A1 - B1) + (A2 - B2)) / 2, ms per batch; spill = B1 - B2 "
+          "(wall, all batches)")
+    print("\n| variant | blocks | figure | min | p25 | median | p75 | max | 95% CI of the median "
+          f"| +{TARGET} ms |\n|---|---|---|---|---|---|---|---|---|---|")
+    for name, v in variants.items():
+        for row in v["summary"]:
+            key = row["key"]
+            clock = key.split("_")[0]
+            figure = ("spill" if key == "spill" else LABELS[clock]
+                      + (" (all)" if key.endswith("_all") else f" (drop {args.drop})"))
+            interval = row["interval"]
+            shown = f"{interval[0]:+.3f} .. {interval[1]:+.3f}" if interval else "-"
+            if row["kind"] == "logging" and key != "spill":
+                judged = verdict(interval, TARGET)
+            else:
+                judged = ("CI holds 0" if interval and interval[0] <= 0 <= interval[1]
+                          else "CI misses 0" if interval else "")
+            print(f"| {name} | {row['kind']} ({len(row['diffs'])}) | {figure} | "
+                  f"{spread(row['diffs'], '+.3f')} | {shown} | {judged} |")
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=60, help="ABBA blocks (half control)")
+    parser.add_argument("--window", type=int, default=150, help="batches per window")
+    parser.add_argument("--drop", type=int, default=20, help="first batches of a window left out")
+    parser.add_argument("--warmup", type=int, default=300, help="batches logging, not measured")
+    parser.add_argument("--variants", default="null,stub,server",
+                        help="comma-separated: null, stub, server")
+    parser.add_argument("--json", type=Path, help="write the windows and figures here")
+    args = parser.parse_args(argv)
+    names = args.variants.split(",")
+    if unknown := set(names) - {"null", "stub", "server"}:
+        parser.error(f"--variants: unknown {sorted(unknown)}; choose among null, stub, server")
+    if not 0 < args.drop < args.window:
+        parser.error(f"--drop must be between 1 and --window - 1 ({args.window - 1})")
+    if args.warmup < 1 or args.blocks < 1:
+        parser.error("--warmup and --blocks must be at least 1")
+    import torch
+    import workloads
+
+    torch.set_num_threads(1)
+    w = workloads.make_workload("mlp")
+    on, windows = schedule(args.warmup, args.blocks, args.window)
+    variants: dict[str, dict[str, Any]] = {}
+    stub = server = None
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            stub = bench.StubProcess() if "stub" in names else None
+            if "server" in names:
+                from tests.loggers.mlflow_server import MLflowServer
+
+                server = MLflowServer(Path(tmp))
+                server.start()
+            train(w, on[: args.warmup + 50], null_destination())  # warm the process up
+            for name in names:
+                v = run_variant(name, w, on, args, stub, server)
+                v["windows"] = per_window(v.pop("marks"), windows, args.window, args.drop)
+                v["summary"] = summarize(v["windows"])
+                variants[name] = v
+        finally:
+            if server is not None:
+                server.stop()
+            if stub is not None:
+                stub.stop()
+    report(variants, args)
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                         "variants": variants}))
+    return variants
+
+
+
+if __name__ == "__main__":
+    main()
