@@ -140,6 +140,8 @@ class StubProcess:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 # -- scenarios -------------------------------------------------------------------------------------
