@@ -9,12 +9,15 @@ logs them only in "on" windows. Workload: ``bench_mlflow.py``'s (MLP 256-512-10,
 CPU, one torch thread), its 200 batches cycled to fill the fit.
 
 Schedule: ``--warmup`` batches logging (the run is created, connections opened; not
-measured), then ``--blocks`` blocks of 4 windows of ``--window`` batches, in ABBA order so that
-a linear drift within a block cancels. Blocks alternate between two kinds:
+measured), then ``--blocks`` blocks of 4 windows of ``--window`` batches, A1 B1 B2 A2 (ABBA,
+so that a linear drift within a block cancels). Two fits per variant, one after the other:
 
-    logging   A = on, B = off: A1 B1 B2 A2
-    control   A = off, B = off (A/A): the same windows, nothing logged in any; its
+    logging   A = on, B = off
+    control   A = off, B = off (A/A): the same schedule, logging only in the warm-up; its
               "differences" show the method's own noise, which should centre on 0
+
+(A control block interleaved in the logging fit would not do: the work a logging window
+leaves behind, e.g. the server's, lands in the control block after it.)
 
 Per batch the callback stores ``perf_counter``, ``thread_time`` (the training thread's CPU)
 and ``process_time`` (every thread's CPU: the event loop, the logger's lane, httpx) into
@@ -26,18 +29,25 @@ preallocated lists, after logging. Per window, ms per batch:
                in this window's first batches
     all        over all its batches (nothing dropped)
 
-Per block, the difference on - off = ((A1 - B1) + (A2 - B2)) / 2: each on window paired with
-its off neighbour; a linear drift cancels. Over the blocks of each kind: min, p25, median,
-p75, max, and a distribution-free 95% confidence interval of the median
-(``paired_stats.py``). Verdict on +0.1 ms/batch over the same loop logging nothing: *shown*
-when the interval's top is <= 0.1, *refuted* when its bottom is > 0.1, *not decided*
-otherwise. ``spill`` = B1 - B2 over all their batches: the off window after an on window
-against the off window after an off window (the part of the logging's cost that lands after
-its window: the deferred records, a request sent when 1000 points are waiting, i.e. every
-100 on batches, and the partial request the logger sends every ``flush_interval`` = 1 s,
-wherever that tick falls). In ``control`` blocks it shows what drift alone does to B1 - B2.
+Per block, ms per batch:
 
-Variants (one fit each, in this order; ``--variants``):
+    on - off   ((A1 - B1) + (A2 - B2)) / 2: each on window paired with its off neighbour; a
+               linear drift cancels (dropped, and all)
+    spill      B1 - B2 (all): the off window after an on window less the off window after an
+               off window: the logging's work that lands after its window (the deferred
+               records; the request sent when 1000 points wait, i.e. every 100 on batches,
+               the last one at the end of an on window; the partial request sent every
+               ``flush_interval`` = 1 s, wherever that tick falls; the server's work)
+    with spill (A1 + A2) / 2 - B2 (all) = on - off + spill / 2: the cost per on batch with
+               what it leaves in the next off window (one per block, after A2 A1); a
+               linear drift of s per window leaves -s/2 in it
+
+Over the blocks: min, p25, median, p75, max, and a distribution-free 95% confidence interval of
+the median (``paired_stats.py``). Verdict on +0.1 ms/batch over the same loop logging nothing:
+*shown* when the interval's top is <= 0.1, *refuted* when its bottom is > 0.1, *not decided*
+otherwise.
+
+Variants (two fits each, in this order; ``--variants``):
 
     null     a no-op plain ``def log_record`` destination: the bus's record path alone
     stub     ``MLflowLogger`` against ``bench_mlflow.py``'s stub (a process of its own
@@ -49,7 +59,7 @@ Every point must arrive: at the end the stub's count of metrics received and the
 store (``mlflow_points.wait_readable``, then an exact count) are checked against 10 per on
 batch; ``fit`` is the time from the last batch to ``fit()`` returning (delivery included).
 
-Run:  PYTHONPATH=src python benchmarks/bench_mlflow_windows.py [--blocks 60] [--window 150]
+Run:  PYTHONPATH=src python benchmarks/bench_mlflow_windows.py [--blocks 40] [--window 150]
       PYTHONPATH=src python benchmarks/bench_mlflow_windows.py --variants null,stub --json out.json
 """
 
@@ -78,16 +88,15 @@ CLOCKS = ("wall", "cpu", "proc")
 LABELS = {"wall": "wall", "cpu": "train-thread CPU", "proc": "process CPU"}
 
 
-def schedule(warmup: int, blocks: int, window: int) -> tuple[bytearray, list[dict[str, Any]]]:
-    """Per batch whether it logs, and the windows: block, kind, label (A1 B1 B2 A2), start."""
+def schedule(warmup: int, blocks: int, window: int,
+             logging: bool) -> tuple[bytearray, list[dict[str, Any]]]:
+    """Per batch whether it logs, and the windows: block, label (A1 B1 B2 A2), start, on."""
     on = bytearray([1]) * warmup
     windows = []
     for block in range(blocks):
-        kind = "logging" if block % 2 == 0 else "control"
         for label in ("A1", "B1", "B2", "A2"):
-            logs = kind == "logging" and label[0] == "A"
-            windows.append({"block": block, "kind": kind, "label": label, "start": len(on),
-                            "on": logs})
+            logs = logging and label[0] == "A"
+            windows.append({"block": block, "label": label, "start": len(on), "on": logs})
             on += bytearray([logs]) * window
     return on, windows
 
@@ -153,28 +162,24 @@ def per_window(marks: dict[str, list[float]], windows: list[dict[str, Any]], siz
     return out
 
 
-def differences(rows: list[dict[str, Any]], kind: str, key: str) -> list[float]:
-    """Per block of ``kind``: ((A1 - B1) + (A2 - B2)) / 2 of ``key``."""
+def per_block(rows: list[dict[str, Any]], key: str) -> dict[str, list[float]]:
+    """Per block, of ``key``: ``on - off`` ((A1 - B1) + (A2 - B2)) / 2, ``spill`` B1 - B2,
+    ``with spill`` (A1 + A2) / 2 - B2."""
     blocks: dict[int, dict[str, float]] = {}
     for r in rows:
-        if r["kind"] == kind:
-            blocks.setdefault(r["block"], {})[r["label"]] = r[key]
-    return [((b["A1"] - b["B1"]) + (b["A2"] - b["B2"])) / 2 for b in blocks.values()]
+        blocks.setdefault(r["block"], {})[r["label"]] = r[key]
+    out: dict[str, list[float]] = {"on - off": [], "spill": [], "with spill": []}
+    for b in blocks.values():
+        out["on - off"].append(((b["A1"] - b["B1"]) + (b["A2"] - b["B2"])) / 2)
+        out["spill"].append(b["B1"] - b["B2"])
+        out["with spill"].append((b["A1"] + b["A2"]) / 2 - b["B2"])
+    return out
 
 
-def spills(rows: list[dict[str, Any]], kind: str, key: str) -> list[float]:
-    """Per block of ``kind``: B1 - B2 of ``key`` (the off window after an on window, less
-    the off window after an off window)."""
-    blocks: dict[int, dict[str, float]] = {}
-    for r in rows:
-        if r["kind"] == kind:
-            blocks.setdefault(r["block"], {})[r["label"]] = r[key]
-    return [b["B1"] - b["B2"] for b in blocks.values()]
-
-
-def run_variant(name: str, w: Any, on: bytearray, args: argparse.Namespace,
-                stub: bench.StubProcess | None, server: Any) -> dict[str, Any]:
-    """One fit of ``name``; its windows and what reached the stub or the server."""
+def run_fit(name: str, w: Any, on: bytearray, stub: bench.StubProcess | None,
+            server: Any) -> dict[str, Any]:
+    """One fit of variant ``name`` (a fresh destination); its marks and what reached the
+    stub or the server."""
     from trainbus.loggers import MLflowLogger
 
     expected = sum(on) * len(mp.KEYS)
@@ -204,58 +209,60 @@ def run_variant(name: str, w: Any, on: bytearray, args: argparse.Namespace,
     return out
 
 
+FIGURES = [("wall", "on - off"), ("wall_all", "on - off"), ("wall_all", "with spill"),
+           ("cpu", "on - off"), ("cpu_all", "on - off"), ("cpu_all", "with spill"),
+           ("proc", "on - off"), ("proc_all", "on - off"), ("proc_all", "with spill"),
+           ("wall_all", "spill")]
+
+
 def summarize(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The figures of one variant: per kind and clock, the spread of the per-block
-    differences, the interval of their median and the verdict."""
+    """The figures of one fit: per clock and figure (``FIGURES``), the per-block values
+    and the confidence interval of their median."""
     rows = []
-    for kind in ("logging", "control"):
-        for key in ("wall", "wall_all", "cpu", "cpu_all", "proc", "proc_all"):
-            xs = differences(windows, kind, key)
-            rows.append({"kind": kind, "key": key, "diffs": xs,
-                         "interval": median_interval(xs)})
-        xs = spills(windows, kind, "wall_all")
-        rows.append({"kind": kind, "key": "spill", "diffs": xs, "interval": median_interval(xs)})
+    for key, figure in FIGURES:
+        xs = per_block(windows, key)[figure]
+        rows.append({"key": key, "figure": figure, "diffs": xs, "interval": median_interval(xs)})
     return rows
 
 
 def report(variants: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
-    print(f"{args.blocks} blocks of 4 windows of {args.window} batches (ABBA; blocks alternate "
-          f"logging / control), {args.warmup} warm-up batches; dropped: the first {args.drop} "
-          f"batches of each window; MLP 256-512-10, batch 64, cpu, 1 torch thread; "
-          f"{os.cpu_count()} CPUs")
-    print("\n| variant | load (start-end) | off ms/batch (median B window) | fit ms | "
+    print(f"{args.blocks} blocks A1 B1 B2 A2 of windows of {args.window} batches per fit, after "
+          f"{args.warmup} warm-up batches; dropped: the first {args.drop} batches of each window; "
+          f"MLP 256-512-10, batch 64, cpu, 1 torch thread; {os.cpu_count()} CPUs")
+    print("\n| variant, fit | load (start-end) | B windows, median ms/batch | fit ms | "
           "readable ms | requests | points delivered / expected |\n|---|---|---|---|---|---|---|")
-    for name, v in variants.items():
-        offs = [r["wall"] for r in v["windows"] if r["kind"] == "logging" and r["label"][0] == "B"]
-        readable = f"{v['readable_ms']:.1f}" if "readable_ms" in v else "-"
-        print(f"| {name} | {v['load_start']:.2f}-{v['load_end']:.2f} | "
-              f"{statistics.median(offs):.3f} | {v['fit_ms']:.1f} | {readable} | "
-              f"{v.get('requests', '-')} | "
-              f"{v.get('points_delivered', '-')} / {v['points_expected']} |")
-    print("\nper block, on - off = ((A1 - B1) + (A2 - B2)) / 2, ms per batch; spill = B1 - B2 "
-          "(wall, all batches)")
-    print("\n| variant | blocks | figure | min | p25 | median | p75 | max | 95% CI of the median "
-          f"| +{TARGET} ms |\n|---|---|---|---|---|---|---|---|---|---|")
-    for name, v in variants.items():
-        for row in v["summary"]:
-            key = row["key"]
-            clock = key.split("_")[0]
-            figure = ("spill" if key == "spill" else LABELS[clock]
-                      + (" (all)" if key.endswith("_all") else f" (drop {args.drop})"))
-            interval = row["interval"]
-            shown = f"{interval[0]:+.3f} .. {interval[1]:+.3f}" if interval else "-"
-            if row["kind"] == "logging" and key != "spill":
-                judged = verdict(interval, TARGET)
-            else:
-                judged = ("CI holds 0" if interval and interval[0] <= 0 <= interval[1]
-                          else "CI misses 0" if interval else "")
-            print(f"| {name} | {row['kind']} ({len(row['diffs'])}) | {figure} | "
-                  f"{spread(row['diffs'], '+.3f')} | {shown} | {judged} |")
+    for name, fits in variants.items():
+        for kind, v in fits.items():
+            offs = [r["wall"] for r in v["windows"] if r["label"][0] == "B"]
+            readable = f"{v['readable_ms']:.1f}" if "readable_ms" in v else "-"
+            print(f"| {name}, {kind} | {v['load_start']:.2f}-{v['load_end']:.2f} | "
+                  f"{statistics.median(offs):.3f} | {v['fit_ms']:.1f} | {readable} | "
+                  f"{v.get('requests', '-')} | "
+                  f"{v.get('points_delivered', '-')} / {v['points_expected']} |")
+    print("\nms per batch, per block: on - off = ((A1 - B1) + (A2 - B2)) / 2; spill = B1 - B2; "
+          "with spill = (A1 + A2) / 2 - B2")
+    print("\n| variant, fit (blocks) | figure | clock | min | p25 | median | p75 | max | "
+          f"95% CI of the median | +{TARGET} ms |\n|---|---|---|---|---|---|---|---|---|---|")
+    for name, fits in variants.items():
+        for kind, v in fits.items():
+            for row in v["summary"]:
+                key = row["key"]
+                clock = LABELS[key.split("_")[0]] + (
+                    " (all)" if key.endswith("_all") else f" (drop {args.drop})")
+                interval = row["interval"]
+                shown = f"{interval[0]:+.3f} .. {interval[1]:+.3f}" if interval else "-"
+                if kind == "logging" and row["figure"] != "spill":
+                    judged = verdict(interval, TARGET)
+                else:
+                    judged = ("CI holds 0" if interval and interval[0] <= 0 <= interval[1]
+                              else "CI misses 0" if interval else "")
+                print(f"| {name}, {kind} ({len(row['diffs'])}) | {row['figure']} | {clock} | "
+                      f"{spread(row['diffs'], '+.3f')} | {shown} | {judged} |")
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=60, help="ABBA blocks (half control)")
+    parser.add_argument("--blocks", type=int, default=40, help="ABBA blocks per fit")
     parser.add_argument("--window", type=int, default=150, help="batches per window")
     parser.add_argument("--drop", type=int, default=20, help="first batches of a window left out")
     parser.add_argument("--warmup", type=int, default=300, help="batches logging, not measured")
@@ -275,7 +282,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
 
     torch.set_num_threads(1)
     w = workloads.make_workload("mlp")
-    on, windows = schedule(args.warmup, args.blocks, args.window)
+    plans = {kind: schedule(args.warmup, args.blocks, args.window, logging=kind == "logging")
+             for kind in ("logging", "control")}
     variants: dict[str, dict[str, Any]] = {}
     stub = server = None
     with tempfile.TemporaryDirectory() as tmp:
@@ -286,12 +294,14 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
 
                 server = MLflowServer(Path(tmp))
                 server.start()
-            train(w, on[: args.warmup + 50], null_destination())  # warm the process up
+            train(w, plans["logging"][0][: args.warmup + 50], null_destination())  # warm-up
             for name in names:
-                v = run_variant(name, w, on, args, stub, server)
-                v["windows"] = per_window(v.pop("marks"), windows, args.window, args.drop)
-                v["summary"] = summarize(v["windows"])
-                variants[name] = v
+                variants[name] = {}
+                for kind, (on, windows) in plans.items():
+                    v = run_fit(name, w, on, stub, server)
+                    v["windows"] = per_window(v.pop("marks"), windows, args.window, args.drop)
+                    v["summary"] = summarize(v["windows"])
+                    variants[name][kind] = v
         finally:
             if server is not None:
                 server.stop()
@@ -302,7 +312,6 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                          "variants": variants}))
     return variants
-
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """``benchmarks/bench_mlflow_windows.py``: logging toggled in ABBA windows within one fit.
 
 Timings are not asserted (they belong to ``benchmarks/``). What is asserted: the schedule
-(warm-up, then blocks of A1 B1 B2 A2 alternating logging / control, on only in the A
-windows of logging blocks); the arithmetic (a linear drift cancels in the per-block
+(warm-up, then blocks of A1 B1 B2 A2, on only in the A windows of the logging fit, nowhere
+in the A/A control fit); the arithmetic (a linear drift cancels in the per-block
 difference, a constant cost per on batch is recovered exactly, the dropped batches are the
 first ``drop`` of each window); and a tiny run against the stub server, where every point
-logged in an on window arrives and the report has its rows.
+logged arrives and the report has its rows.
 """
 
 from __future__ import annotations
@@ -34,39 +34,42 @@ def windows() -> Iterator[ModuleType]:
         sys.path[:] = saved
 
 
-def test_the_schedule_is_warmup_then_abba_blocks_alternating_logging_and_control(
+def test_the_schedule_is_warmup_then_abba_blocks_logging_only_in_a_windows(
     windows: ModuleType,
 ) -> None:
-    on, wins = windows.schedule(warmup=7, blocks=3, window=5)
+    on, wins = windows.schedule(warmup=7, blocks=3, window=5, logging=True)
     assert len(on) == 7 + 3 * 4 * 5
     assert list(on[:7]) == [1] * 7
-    assert [(w["block"], w["kind"], w["label"], w["start"]) for w in wins[:5]] == [
-        (0, "logging", "A1", 7), (0, "logging", "B1", 12), (0, "logging", "B2", 17),
-        (0, "logging", "A2", 22), (1, "control", "A1", 27)]
+    assert [(w["block"], w["label"], w["start"]) for w in wins[:5]] == [
+        (0, "A1", 7), (0, "B1", 12), (0, "B2", 17), (0, "A2", 22), (1, "A1", 27)]
     for w in wins:
-        logs = w["kind"] == "logging" and w["label"] in ("A1", "A2")
-        assert w["on"] is logs
-        assert list(on[w["start"]:w["start"] + 5]) == [int(logs)] * 5
+        assert w["on"] is (w["label"] in ("A1", "A2"))
+        assert list(on[w["start"]:w["start"] + 5]) == [int(w["on"])] * 5
+    control, same = windows.schedule(warmup=7, blocks=3, window=5, logging=False)
+    assert list(control) == [1] * 7 + [0] * 60  # A/A: logs only in the warm-up
+    assert [w["start"] for w in same] == [w["start"] for w in wins]
 
 
 def test_a_linear_drift_cancels_and_a_cost_per_on_batch_is_recovered(
     windows: ModuleType,
 ) -> None:
-    on, wins = windows.schedule(warmup=4, blocks=4, window=10)
     # batch i takes 1 ms + a drift of 0.001 ms per batch, + 0.25 ms when it logs
-    t, marks = 0.0, []
-    for i, logs in enumerate(on):
-        t += (1.0 + 0.001 * i + 0.25 * logs) / 1e3
-        marks.append(t)
-    rows = windows.per_window({"wall": marks, "cpu": marks, "proc": marks}, wins, 10, 3)
-    assert rows[0]["wall"] == pytest.approx(
-        (marks[wins[0]["start"] + 9] - marks[wins[0]["start"] + 2]) * 1e3 / 7)  # drop 3
-    assert rows[0]["wall_all"] == pytest.approx(
-        (marks[wins[0]["start"] + 9] - marks[wins[0]["start"] - 1]) * 1e3 / 10)
-    for key in ("wall", "wall_all", "cpu_all"):
-        assert windows.differences(rows, "logging", key) == pytest.approx([0.25, 0.25])
-        assert windows.differences(rows, "control", key) == pytest.approx([0.0, 0.0])
-    assert windows.spills(rows, "control", "wall_all") == pytest.approx([-0.01, -0.01])
+    for logging, cost in ((True, 0.25), (False, 0.0)):
+        on, wins = windows.schedule(warmup=4, blocks=4, window=10, logging=logging)
+        t, marks = 0.0, []
+        for i, logs in enumerate(on):
+            t += (1.0 + 0.001 * i + 0.25 * logs) / 1e3
+            marks.append(t)
+        rows = windows.per_window({"wall": marks, "cpu": marks, "proc": marks}, wins, 10, 3)
+        first = wins[0]["start"]
+        assert rows[0]["wall"] == pytest.approx((marks[first + 9] - marks[first + 2]) * 1e3 / 7)
+        assert rows[0]["wall_all"] == pytest.approx(
+            (marks[first + 9] - marks[first - 1]) * 1e3 / 10)
+        for key in ("wall", "wall_all", "cpu_all"):
+            blocks = windows.per_block(rows, key)
+            assert blocks["on - off"] == pytest.approx([cost] * 4)  # the drift cancels
+            assert blocks["spill"] == pytest.approx([-0.01] * 4)  # B1 - B2: the drift alone
+            assert blocks["with spill"] == pytest.approx([cost - 0.005] * 4)  # -s/2 left
 
 
 def test_a_tiny_run_against_the_stub_delivers_every_point(
@@ -77,20 +80,21 @@ def test_a_tiny_run_against_the_stub_delivers_every_point(
                   "--warmup", "20", "--json", str(out)])
     result = json.loads(out.read_text())["variants"]
     assert set(result) == {"null", "stub"}
-    stub = result["stub"]
-    assert stub["points_expected"] == (20 + 2 * 12) * 10  # warm-up + A1, A2 of block 0
-    assert stub["points_delivered"] == stub["points_expected"]
-    assert stub["requests"] >= 1
-    assert [(w["kind"], w["label"]) for w in stub["windows"]] == [
-        ("logging", "A1"), ("logging", "B1"), ("logging", "B2"), ("logging", "A2"),
-        ("control", "A1"), ("control", "B1"), ("control", "B2"), ("control", "A2")]
-    summary = {(r["kind"], r["key"]): r for r in stub["summary"]}
-    assert set(summary) == {(kind, key) for kind in ("logging", "control") for key in (
-        "wall", "wall_all", "cpu", "cpu_all", "proc", "proc_all", "spill")}
-    assert all(len(r["diffs"]) == 1 and r["interval"] is None for r in summary.values())
+    assert all(set(fits) == {"logging", "control"} for fits in result.values())
+    logging, control = result["stub"]["logging"], result["stub"]["control"]
+    assert logging["points_expected"] == (20 + 2 * 2 * 12) * 10  # warm-up + the A windows
+    assert control["points_expected"] == 20 * 10  # the warm-up only
+    for fit in (logging, control):
+        assert fit["points_delivered"] == fit["points_expected"]
+        assert fit["requests"] >= 1
+        assert [(w["block"], w["label"]) for w in fit["windows"]] == [
+            (b, label) for b in (0, 1) for label in ("A1", "B1", "B2", "A2")]
+        assert [(r["key"], r["figure"]) for r in fit["summary"]] == [
+            tuple(f) for f in windows.FIGURES]
+        assert all(len(r["diffs"]) == 2 and r["interval"] is None for r in fit["summary"])
     printed = capsys.readouterr().out
-    assert "| stub | logging (1) | wall (drop 3) |" in printed
-    assert "| null | control (1) | wall (all) |" in printed
+    assert "| stub, logging (2) | on - off | wall (drop 3) |" in printed
+    assert "| null, control (2) | with spill | wall (all) |" in printed
     assert "too few rounds" in printed
 
 
