@@ -9,8 +9,11 @@ logs them only in "on" windows. Workload: ``bench_mlflow.py``'s (MLP 256-512-10,
 CPU, one torch thread), its 200 batches cycled to fill the fit.
 
 Schedule: ``--warmup`` batches logging (the run is created, connections opened; not
-measured), then ``--blocks`` blocks of 4 windows of ``--window`` batches, A1 B1 B2 A2 (ABBA,
-so that a linear drift within a block cancels). Two fits per variant, one after the other:
+measured), then ``--blocks`` blocks of 4 windows of ``--window`` batches, each block
+A1 B1 B2 A2 (ABBA) or B1 A1 A2 B2 (BAAB), drawn at random (``--seed``): a linear drift within
+a block cancels, and a periodic disturbance cannot keep step with the on windows (a first
+run with ABBA only had its A/A control off 0 by +0.045 ms [+0.016, +0.068]). Two fits per
+variant, one after the other:
 
     logging   A = on, B = off
     control   A = off, B = off (A/A): the same schedule, logging only in the warm-up; its
@@ -32,15 +35,15 @@ preallocated lists, after logging. Per window, ms per batch:
 Per block, ms per batch:
 
     on - off   ((A1 - B1) + (A2 - B2)) / 2: each on window paired with its off neighbour; a
-               linear drift cancels (dropped, and all)
-    spill      B1 - B2 (all): the off window after an on window less the off window after an
-               off window: the logging's work that lands after its window (the deferred
-               records; the request sent when 1000 points wait, i.e. every 100 on batches,
-               the last one at the end of an on window; the partial request sent every
-               ``flush_interval`` = 1 s, wherever that tick falls; the server's work)
-    with spill (A1 + A2) / 2 - B2 (all) = on - off + spill / 2: the cost per on batch with
-               what it leaves in the next off window (one per block, after A2 A1); a
-               linear drift of s per window leaves -s/2 in it
+               linear drift cancels (dropped, and all); every block
+    spill      ABBA blocks: B1 - B2 (all), the off window after an on window less the off
+               window after an off window: the logging's work that lands after its window
+               (the deferred records; the request sent when 1000 points wait, i.e. every 100
+               on batches; the partial request sent every ``flush_interval`` = 1 s, wherever
+               that tick falls; the server's work); a linear drift of s per window adds -s
+    with spill ABBA blocks: on - off + spill (all): the cost per on batch with what the two
+               on windows leave in the next off window (the block's extra time over B2,
+               divided by its on batches); a linear drift of s per window adds -s
 
 Over the blocks: min, p25, median, p75, max, and a distribution-free 95% confidence interval of
 the median (``paired_stats.py``). Verdict on +0.1 ms/batch over the same loop logging nothing:
@@ -59,7 +62,7 @@ Every point must arrive: at the end the stub's count of metrics received and the
 store (``mlflow_points.wait_readable``, then an exact count) are checked against 10 per on
 batch; ``fit`` is the time from the last batch to ``fit()`` returning (delivery included).
 
-Run:  PYTHONPATH=src python benchmarks/bench_mlflow_windows.py [--blocks 40] [--window 150]
+Run:  PYTHONPATH=src python benchmarks/bench_mlflow_windows.py [--blocks 60] [--window 150]
       PYTHONPATH=src python benchmarks/bench_mlflow_windows.py --variants null,stub --json out.json
 """
 
@@ -68,6 +71,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sqlite3
 import statistics
 import sys
@@ -88,15 +92,19 @@ CLOCKS = ("wall", "cpu", "proc")
 LABELS = {"wall": "wall", "cpu": "train-thread CPU", "proc": "process CPU"}
 
 
-def schedule(warmup: int, blocks: int, window: int,
-             logging: bool) -> tuple[bytearray, list[dict[str, Any]]]:
-    """Per batch whether it logs, and the windows: block, label (A1 B1 B2 A2), start, on."""
+def schedule(warmup: int, blocks: int, window: int, logging: bool,
+             seed: int = 0) -> tuple[bytearray, list[dict[str, Any]]]:
+    """Per batch whether it logs, and the windows: block, label (A1 B1 B2 A2 or
+    B1 A1 A2 B2, drawn per block with ``seed``), start, on."""
+    draw = random.Random(seed)
     on = bytearray([1]) * warmup
     windows = []
     for block in range(blocks):
-        for label in ("A1", "B1", "B2", "A2"):
+        order = "ABBA" if draw.random() < 0.5 else "BAAB"
+        for label in ("A1", "B1", "B2", "A2") if order == "ABBA" else ("B1", "A1", "A2", "B2"):
             logs = logging and label[0] == "A"
-            windows.append({"block": block, "label": label, "start": len(on), "on": logs})
+            windows.append({"block": block, "order": order, "label": label, "start": len(on),
+                            "on": logs})
             on += bytearray([logs]) * window
     return on, windows
 
@@ -164,15 +172,18 @@ def per_window(marks: dict[str, list[float]], windows: list[dict[str, Any]], siz
 
 def per_block(rows: list[dict[str, Any]], key: str) -> dict[str, list[float]]:
     """Per block, of ``key``: ``on - off`` ((A1 - B1) + (A2 - B2)) / 2, ``spill`` B1 - B2,
-    ``with spill`` (A1 + A2) / 2 - B2."""
+    ``with spill`` on - off + spill (the last two of ABBA blocks only)."""
     blocks: dict[int, dict[str, float]] = {}
     for r in rows:
         blocks.setdefault(r["block"], {})[r["label"]] = r[key]
+    abba = {r["block"] for r in rows if r["order"] == "ABBA"}
     out: dict[str, list[float]] = {"on - off": [], "spill": [], "with spill": []}
-    for b in blocks.values():
-        out["on - off"].append(((b["A1"] - b["B1"]) + (b["A2"] - b["B2"])) / 2)
-        out["spill"].append(b["B1"] - b["B2"])
-        out["with spill"].append((b["A1"] + b["A2"]) / 2 - b["B2"])
+    for i, b in blocks.items():
+        on_off = ((b["A1"] - b["B1"]) + (b["A2"] - b["B2"])) / 2
+        out["on - off"].append(on_off)
+        if i in abba:
+            out["spill"].append(b["B1"] - b["B2"])
+            out["with spill"].append(on_off + b["B1"] - b["B2"])
     return out
 
 
@@ -226,7 +237,8 @@ def summarize(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def report(variants: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
-    print(f"{args.blocks} blocks A1 B1 B2 A2 of windows of {args.window} batches per fit, after "
+    print(f"{args.blocks} blocks ABBA or BAAB (seed {args.seed}) of windows of {args.window} "
+          f"batches per fit, after "
           f"{args.warmup} warm-up batches; dropped: the first {args.drop} batches of each window; "
           f"MLP 256-512-10, batch 64, cpu, 1 torch thread; {os.cpu_count()} CPUs")
     print("\n| variant, fit | load (start-end) | B windows, median ms/batch | fit ms | "
@@ -240,7 +252,7 @@ def report(variants: dict[str, dict[str, Any]], args: argparse.Namespace) -> Non
                   f"{v.get('requests', '-')} | "
                   f"{v.get('points_delivered', '-')} / {v['points_expected']} |")
     print("\nms per batch, per block: on - off = ((A1 - B1) + (A2 - B2)) / 2; spill = B1 - B2; "
-          "with spill = (A1 + A2) / 2 - B2")
+          "with spill = on - off + spill (spill, with spill: ABBA blocks only)")
     print("\n| variant, fit (blocks) | figure | clock | min | p25 | median | p75 | max | "
           f"95% CI of the median | +{TARGET} ms |\n|---|---|---|---|---|---|---|---|---|---|")
     for name, fits in variants.items():
@@ -256,13 +268,15 @@ def report(variants: dict[str, dict[str, Any]], args: argparse.Namespace) -> Non
                 else:
                     judged = ("CI holds 0" if interval and interval[0] <= 0 <= interval[1]
                               else "CI misses 0" if interval else "")
+                values = spread(row["diffs"], "+.3f") if row["diffs"] else " | ".join("-" * 5)
                 print(f"| {name}, {kind} ({len(row['diffs'])}) | {row['figure']} | {clock} | "
-                      f"{spread(row['diffs'], '+.3f')} | {shown} | {judged} |")
+                      f"{values} | {shown} | {judged} |")
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=40, help="ABBA blocks per fit")
+    parser.add_argument("--blocks", type=int, default=60, help="ABBA/BAAB blocks per fit")
+    parser.add_argument("--seed", type=int, default=0, help="draws each block's order")
     parser.add_argument("--window", type=int, default=150, help="batches per window")
     parser.add_argument("--drop", type=int, default=20, help="first batches of a window left out")
     parser.add_argument("--warmup", type=int, default=300, help="batches logging, not measured")
@@ -282,7 +296,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
 
     torch.set_num_threads(1)
     w = workloads.make_workload("mlp")
-    plans = {kind: schedule(args.warmup, args.blocks, args.window, logging=kind == "logging")
+    plans = {kind: schedule(args.warmup, args.blocks, args.window, kind == "logging", args.seed)
              for kind in ("logging", "control")}
     variants: dict[str, dict[str, Any]] = {}
     stub = server = None

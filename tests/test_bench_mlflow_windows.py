@@ -34,20 +34,30 @@ def windows() -> Iterator[ModuleType]:
         sys.path[:] = saved
 
 
-def test_the_schedule_is_warmup_then_abba_blocks_logging_only_in_a_windows(
+def test_the_schedule_is_warmup_then_abba_or_baab_blocks_logging_only_in_a_windows(
     windows: ModuleType,
 ) -> None:
-    on, wins = windows.schedule(warmup=7, blocks=3, window=5, logging=True)
-    assert len(on) == 7 + 3 * 4 * 5
+    on, wins = windows.schedule(warmup=7, blocks=40, window=5, logging=True, seed=3)
+    assert len(on) == 7 + 40 * 4 * 5
     assert list(on[:7]) == [1] * 7
-    assert [(w["block"], w["label"], w["start"]) for w in wins[:5]] == [
-        (0, "A1", 7), (0, "B1", 12), (0, "B2", 17), (0, "A2", 22), (1, "A1", 27)]
+    assert [w["start"] for w in wins] == list(range(7, len(on), 5))
+    orders = []
+    for block in range(40):
+        mine = [w for w in wins if w["block"] == block]
+        order = "".join(w["label"][0] for w in mine)
+        assert order in ("ABBA", "BAAB")
+        assert [w["label"][1] for w in mine if w["label"][0] == "A"] == ["1", "2"]
+        assert all(w["order"] == order for w in mine)
+        orders.append(order)
+    assert 10 < orders.count("ABBA") < 30  # drawn, not alternating
+    assert orders == [o for o in (w["order"] for w in windows.schedule(
+        7, 40, 5, logging=True, seed=3)[1][::4])]  # the seed fixes them
     for w in wins:
-        assert w["on"] is (w["label"] in ("A1", "A2"))
+        assert w["on"] is (w["label"][0] == "A")
         assert list(on[w["start"]:w["start"] + 5]) == [int(w["on"])] * 5
-    control, same = windows.schedule(warmup=7, blocks=3, window=5, logging=False)
-    assert list(control) == [1] * 7 + [0] * 60  # A/A: logs only in the warm-up
-    assert [w["start"] for w in same] == [w["start"] for w in wins]
+    control, same = windows.schedule(warmup=7, blocks=40, window=5, logging=False, seed=3)
+    assert list(control) == [1] * 7 + [0] * 800  # A/A: logs only in the warm-up
+    assert [(w["start"], w["label"]) for w in same] == [(w["start"], w["label"]) for w in wins]
 
 
 def test_a_linear_drift_cancels_and_a_cost_per_on_batch_is_recovered(
@@ -55,7 +65,7 @@ def test_a_linear_drift_cancels_and_a_cost_per_on_batch_is_recovered(
 ) -> None:
     # batch i takes 1 ms + a drift of 0.001 ms per batch, + 0.25 ms when it logs
     for logging, cost in ((True, 0.25), (False, 0.0)):
-        on, wins = windows.schedule(warmup=4, blocks=4, window=10, logging=logging)
+        on, wins = windows.schedule(warmup=4, blocks=12, window=10, logging=logging)
         t, marks = 0.0, []
         for i, logs in enumerate(on):
             t += (1.0 + 0.001 * i + 0.25 * logs) / 1e3
@@ -65,11 +75,31 @@ def test_a_linear_drift_cancels_and_a_cost_per_on_batch_is_recovered(
         assert rows[0]["wall"] == pytest.approx((marks[first + 9] - marks[first + 2]) * 1e3 / 7)
         assert rows[0]["wall_all"] == pytest.approx(
             (marks[first + 9] - marks[first - 1]) * 1e3 / 10)
+        abba = len({w["block"] for w in wins if w["order"] == "ABBA"})
+        assert 0 < abba < 12
         for key in ("wall", "wall_all", "cpu_all"):
             blocks = windows.per_block(rows, key)
-            assert blocks["on - off"] == pytest.approx([cost] * 4)  # the drift cancels
-            assert blocks["spill"] == pytest.approx([-0.01] * 4)  # B1 - B2: the drift alone
-            assert blocks["with spill"] == pytest.approx([cost - 0.005] * 4)  # -s/2 left
+            assert blocks["on - off"] == pytest.approx([cost] * 12)  # the drift cancels
+            assert blocks["spill"] == pytest.approx([-0.01] * abba)  # B1 - B2: the drift
+            assert blocks["with spill"] == pytest.approx([cost - 0.01] * abba)
+
+
+def test_work_left_after_the_on_windows_counts_in_with_spill(windows: ModuleType) -> None:
+    # every on window costs 0.2 ms per batch in it, and leaves 1 ms in the next window
+    on, wins = windows.schedule(warmup=4, blocks=30, window=10, logging=True, seed=1)
+    durations = [1.0 + 0.2 * logs for logs in on]
+    for w in wins:
+        follows_on = w["start"] > 4 and on[w["start"] - 1]
+        if follows_on and not w["on"]:
+            durations[w["start"]] += 1.0
+    marks = [sum(durations[: i + 1]) / 1e3 for i in range(len(durations))]
+    rows = windows.per_window({"wall": marks, "cpu": marks, "proc": marks}, wins, 10, 3)
+    blocks = windows.per_block(rows, "wall_all")
+    # ABBA: the two on windows leave 1 ms in B1: 0.2 + 1 / 20 per on batch
+    assert blocks["with spill"] == pytest.approx([0.25] * len(blocks["spill"]))
+    assert blocks["spill"] == pytest.approx([0.1] * len(blocks["spill"]))
+    assert windows.per_block(rows, "wall")["spill"] == pytest.approx(  # dropped: not seen
+        [0.0] * len(blocks["spill"]))
 
 
 def test_a_tiny_run_against_the_stub_delivers_every_point(
@@ -87,14 +117,16 @@ def test_a_tiny_run_against_the_stub_delivers_every_point(
     for fit in (logging, control):
         assert fit["points_delivered"] == fit["points_expected"]
         assert fit["requests"] >= 1
-        assert [(w["block"], w["label"]) for w in fit["windows"]] == [
-            (b, label) for b in (0, 1) for label in ("A1", "B1", "B2", "A2")]
-        assert [(r["key"], r["figure"]) for r in fit["summary"]] == [
-            tuple(f) for f in windows.FIGURES]
-        assert all(len(r["diffs"]) == 2 and r["interval"] is None for r in fit["summary"])
+        assert sorted((w["block"], w["label"]) for w in fit["windows"]) == [
+            (b, label) for b in (0, 1) for label in ("A1", "A2", "B1", "B2")]
+        abba = len({w["block"] for w in fit["windows"] if w["order"] == "ABBA"})
+        assert [(r["key"], r["figure"], len(r["diffs"])) for r in fit["summary"]] == [
+            (key, figure, 2 if figure == "on - off" else abba)
+            for key, figure in windows.FIGURES]
+        assert all(r["interval"] is None for r in fit["summary"])
     printed = capsys.readouterr().out
     assert "| stub, logging (2) | on - off | wall (drop 3) |" in printed
-    assert "| null, control (2) | with spill | wall (all) |" in printed
+    assert "| null, control (2) | on - off | wall (all) |" in printed
     assert "too few rounds" in printed
 
 
