@@ -138,3 +138,20 @@ def test_bad_arguments_name_the_option(windows: ModuleType,
     with pytest.raises(SystemExit):
         windows.main(["--window", "10", "--drop", "10"])
     assert "--drop must be between 1 and --window - 1 (9)" in capsys.readouterr().err
+
+
+def test_the_median_interval_and_the_verdict_on_fixed_numbers() -> None:
+    saved = list(sys.path)
+    sys.path.insert(0, str(BENCH))
+    try:
+        import paired_stats as ps
+    finally:
+        sys.path[:] = saved
+    assert ps.median_interval([0.3, 0.1, 0.2, 0.5, 0.4]) is None  # under 6: no 95% interval
+    assert ps.median_interval([6.0, 1.0, 5.0, 2.0, 4.0, 3.0]) == (1.0, 6.0)  # 1 - 2/64 >= 95%
+    assert ps.median_interval([float(x) for x in range(20)]) == (5.0, 14.0)  # 6th and 15th
+    assert ps.verdict((0.02, 0.1), 0.1) == "shown"
+    assert ps.verdict((0.1001, 0.3), 0.1) == "refuted"
+    assert ps.verdict((0.05, 0.15), 0.1) == "not decided"
+    assert ps.verdict(None, 0.1) == "too few rounds"
+    assert ps.spread([1.0, 2.0, 3.0, 4.0, 5.0], ".1f") == "1.0 | 2.0 | 3.0 | 4.0 | 5.0"
