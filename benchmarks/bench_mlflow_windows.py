@@ -52,6 +52,7 @@ otherwise.
 
 Variants (two fits each, in this order; ``--variants``):
 
+    nobody   no destination at all: ``log_metrics`` with nobody to receive the record
     null     a no-op plain ``def log_record`` destination: the bus's record path alone
     stub     ``MLflowLogger`` against ``bench_mlflow.py``'s stub (a process of its own
              answering at once, storing nothing)
@@ -147,8 +148,8 @@ def train(w: Any, on: bytearray, destination: Any) -> dict[str, Any]:
     toggled = Toggled()
     batches = (w.batches * (n // len(w.batches) + 1))[:n]
     Trainer(w.model, batches, "1ep", loss_fn=w.loss_fn, optimizers=w.optimizer(),
-            callbacks=[toggled], loggers=[destination], device="cpu",
-            warn_slow_callbacks=False, log_train_loss=False).fit_sync()
+            callbacks=[toggled], loggers=[] if destination is None else [destination],
+            device="cpu", warn_slow_callbacks=False, log_train_loss=False).fit_sync()
     ended = time.perf_counter()
     assert toggled.i == n, f"{toggled.i} batches of {n}"
     return {"marks": marks, "fit_ms": (ended - marks["wall"][-1]) * 1e3}
@@ -194,8 +195,10 @@ def run_fit(name: str, w: Any, on: bytearray, stub: bench.StubProcess | None,
     from trainbus.loggers import MLflowLogger
 
     expected = sum(on) * len(mp.KEYS)
-    if name == "null":
-        destination: Any = null_destination()
+    if name == "nobody":
+        destination: Any = None
+    elif name == "null":
+        destination = null_destination()
     else:
         url = stub.url if name == "stub" and stub is not None else server.url
         destination = MLflowLogger(url, experiment_name=f"windows-{uuid.uuid4().hex[:6]}")
@@ -215,7 +218,7 @@ def run_fit(name: str, w: Any, on: bytearray, stub: bench.StubProcess | None,
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
             out["points_delivered"] = con.execute(
                 "SELECT COUNT(*) FROM metrics WHERE run_uuid = ?", (run_id,)).fetchone()[0]
-    if name != "null":
+    if name not in ("nobody", "null"):
         out["requests"] = destination.statistics().batches_sent
     return out
 
@@ -281,12 +284,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     parser.add_argument("--drop", type=int, default=20, help="first batches of a window left out")
     parser.add_argument("--warmup", type=int, default=300, help="batches logging, not measured")
     parser.add_argument("--variants", default="null,stub,server",
-                        help="comma-separated: null, stub, server")
+                        help="comma-separated: nobody, null, stub, server")
     parser.add_argument("--json", type=Path, help="write the windows and figures here")
     args = parser.parse_args(argv)
     names = args.variants.split(",")
-    if unknown := set(names) - {"null", "stub", "server"}:
-        parser.error(f"--variants: unknown {sorted(unknown)}; choose among null, stub, server")
+    if unknown := set(names) - {"nobody", "null", "stub", "server"}:
+        parser.error(f"--variants: unknown {sorted(unknown)}; choose among nobody, null, stub, "
+                     "server")
     if not 0 < args.drop < args.window:
         parser.error(f"--drop must be between 1 and --window - 1 ({args.window - 1})")
     if args.warmup < 1 or args.blocks < 1:

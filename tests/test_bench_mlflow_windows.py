@@ -106,10 +106,10 @@ def test_a_tiny_run_against_the_stub_delivers_every_point(
     windows: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     out = tmp_path / "windows.json"
-    windows.main(["--variants", "null,stub", "--blocks", "2", "--window", "12", "--drop", "3",
-                  "--warmup", "20", "--json", str(out)])
+    windows.main(["--variants", "nobody,null,stub", "--blocks", "2", "--window", "12",
+                  "--drop", "3", "--warmup", "20", "--json", str(out)])
     result = json.loads(out.read_text())["variants"]
-    assert set(result) == {"null", "stub"}
+    assert set(result) == {"nobody", "null", "stub"}
     assert all(set(fits) == {"logging", "control"} for fits in result.values())
     logging, control = result["stub"]["logging"], result["stub"]["control"]
     assert logging["points_expected"] == (20 + 2 * 2 * 12) * 10  # warm-up + the A windows
