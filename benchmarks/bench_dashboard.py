@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
 import platform
 import resource
@@ -63,6 +62,7 @@ from typing import Any
 
 import psutil
 import torch
+from paired_stats import median_interval, spread, verdict
 from thread_clock import runq_wait
 
 from trainbus import Callback, Trainer, blocking
@@ -265,35 +265,6 @@ def screenshot(path: str, browser: Any) -> None:
     print(f"wrote {path}")
 
 
-def spread(xs: list[float], fmt: str = ".3f") -> str:
-    """``min | p25 | median | p75 | max``."""
-    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
-    return " | ".join(f"{x:{fmt}}" for x in (min(xs), q[0], statistics.median(xs), q[2], max(xs)))
-
-
-def median_interval(xs: list[float], level: float = 0.95) -> tuple[float, float] | None:
-    """A distribution-free confidence interval of the median: the k-th smallest and k-th
-    largest values, k the largest with P(Binomial(n, 1/2) < k) <= (1 - level) / 2 (``None``
-    with too few values: under 6 for 95%)."""
-    ys, n = sorted(xs), len(xs)
-    k = 0
-    while k < n // 2 and sum(math.comb(n, i) for i in range(k + 1)) / 2**n <= (1 - level) / 2:
-        k += 1
-    return (ys[k - 1], ys[n - k]) if k > 0 else None
-
-
-def verdict(interval: tuple[float, float] | None) -> str:
-    """The +2% target against a confidence interval of the median ratio."""
-    if interval is None:
-        return "too few rounds"
-    low, high = interval
-    if high <= TARGET:
-        return "shown"
-    if low > TARGET:
-        return "refuted"
-    return "not decided"
-
-
 def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> None:
     def col(arm: str, key: str) -> list[float]:
         return [r[key] for r in results[arm]]
@@ -325,7 +296,7 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
                            ("train_cpu", "train-thread CPU"), ("proc_cpu", "process CPU")):
             ratios = [x / y for x, y in zip(col(a, key), col(b, key), strict=True)]
             interval = median_interval(ratios)
-            judged = verdict(interval) if a.startswith("open") else ""
+            judged = verdict(interval, TARGET) if a.startswith("open") else ""
             shown = f"{interval[0]:.3f}-{interval[1]:.3f}" if interval else "-"
             print(f"| {a} / {b}, {label} | {spread(ratios)} | {shown} | {judged} |")
     for arm in ("open", "open@pin"):

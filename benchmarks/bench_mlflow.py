@@ -82,7 +82,8 @@ TOGGLE: Callable[[bool], None] | None = None  # what INSTRUMENT calls (count_mlf
 # -- the stub server (a process of its own: ``--serve-stub``) ------------------------------------
 
 class _Stub(BaseHTTPRequestHandler):
-    """Answers the endpoints MLflowLogger calls at once, storing nothing; counts log-batch."""
+    """Answers the endpoints MLflowLogger calls at once, storing nothing; counts log-batch
+    requests, their bytes and their metrics (``/stats``)."""
 
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
@@ -90,7 +91,7 @@ class _Stub(BaseHTTPRequestHandler):
         "get-by-name": b'{"experiment": {"experiment_id": "1"}}',
         "create": b'{"run": {"info": {"run_id": "stub"}}}',
     }
-    counts: ClassVar[dict[str, int]] = {"requests": 0, "bytes": 0}
+    counts: ClassVar[dict[str, int]] = {"requests": 0, "bytes": 0, "points": 0}
 
     def _answer(self) -> None:
         data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -101,6 +102,7 @@ class _Stub(BaseHTTPRequestHandler):
             if "log-batch" in self.path:
                 self.counts["requests"] += 1
                 self.counts["bytes"] += len(data)
+                self.counts["points"] += len(json.loads(data).get("metrics", []))
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -138,6 +140,8 @@ class StubProcess:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 # -- scenarios -------------------------------------------------------------------------------------

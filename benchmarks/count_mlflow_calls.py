@@ -5,9 +5,10 @@ bench_mlflow.py (10 metrics logged per batch from a ``@blocking`` callback; the 
 server in a process of its own) run under a profile hook that counts every Python and C
 function call, per thread, over batches 101-300; and the event loop's iterations
 (``asyncio``'s ``_run_once``). Counts per batch, with the difference from ``tb-none``
-(the same callback logging nothing). The hook slows everything down several times, which
-changes how many records a wake-up finds waiting: read the other threads' counts as
-upper bounds per record (a loaded machine batches more per wake-up, never fewer).
+(the same callback logging nothing); ``tb-nobody`` logs with no destination attached. The
+hook slows everything down several times, which changes how many records a wake-up finds
+waiting: read the other threads' counts as upper bounds per record (a loaded machine
+batches more per wake-up, never fewer).
 
 Run:  PYTHONPATH=src python benchmarks/count_mlflow_calls.py
 """
@@ -53,7 +54,7 @@ def main() -> None:
     stub = bench.StubProcess()
     rows = {}
     try:
-        for kind in ("none", "null", "null-thread", "mlflow-stub"):
+        for kind in ("none", "nobody", "null", "null-thread", "mlflow-stub"):
             bench.with_trainbus(w, kind, stub.url, "count", None, None)  # warm-up
             calls.clear()
             global loop_iterations
