@@ -27,17 +27,25 @@ training thread waited for a core (the machine's load). Block ratios open/closed
 median, p75, max, the distribution-free 95% CI of the median and the verdict for +2% as
 ``bench_dashboard.py`` defines it (*shown*: the CI's top <= 1.02; *refuted*: its bottom > 1.02).
 
-The control (``--control``, on by default) is the same run again with a fresh ``Trainer``
+It also prints each kind's profile: ms/batch against the time since the toggle, in bins of
+``STEP`` seconds (median over the windows of a kind), to show how long opening a page costs
+and so whether ``--settle`` is long enough. Windows start after ``--warmup`` seconds of
+training, once the dashboard's history (20,000 items, which a page replays when it opens) is
+full, so that every open window opens the same page.
+
+The control (``--no-control`` skips it) is the same run again with a fresh ``Trainer``
 and both window kinds ``about:blank`` (an A/A test: the method's own noise, centred on 1.00).
 
-Run:  PYTHONPATH=src python benchmarks/bench_dashboard_windows.py [--windows 64] [--window 2.5]
-      [--settle 0.5] [--json out.json]   (about 2 x windows x window seconds, plus ~20 s)
+Run:  PYTHONPATH=src python benchmarks/bench_dashboard_windows.py [--windows 64] [--window 3]
+      [--settle 1] [--warmup 60] [--json out.json]
+      (about 2 x (warmup + windows x window) seconds, plus ~20 s: 9 minutes by default)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -52,6 +60,10 @@ CHROMIUM = os.environ.get("TRAINBUS_CHROMIUM", "/usr/bin/chromium")
 BLANK = "about:blank"
 #: The two kinds of window, in ABBA blocks: block b is ``ABBA`` for even b, ``BAAB`` for odd.
 KINDS = ("open", "closed")
+#: Seconds per bin of a window's profile (ms/batch against the time since the toggle).
+STEP = 0.5
+#: The items a ``Dashboard()`` keeps for tabs that open later (its default ``history``).
+HISTORY = 20_000
 
 
 def schedule(windows: int) -> list[str]:
@@ -94,6 +106,7 @@ def drive(plan: dict[str, Any]) -> dict[str, Any]:
         ran, waited = schedstat(plan["pid"], plan["tid"])
         return {"t": time.perf_counter(), "ran": ran, "runq": waited, "chromium": chromium_cpu()}
 
+    began = time.perf_counter()
     url = plan["url"] if not plan["control"] else BLANK
     out: list[dict[str, Any]] = []
     with sync_playwright() as p:
@@ -102,7 +115,7 @@ def drive(plan: dict[str, Any]) -> dict[str, Any]:
         page.goto(url)  # warm-up: the browser's caches, the page's first load
         time.sleep(plan["window"])
         page.goto(BLANK)
-        time.sleep(plan["window"])
+        time.sleep(max(plan["window"], plan["warmup"] - (time.perf_counter() - began)))
         t0 = time.perf_counter()
         for k, kind in enumerate(plan["kinds"]):
             at = t0 + k * plan["window"]
@@ -183,6 +196,19 @@ def span(clock: BatchClock, a: dict[str, float], b: dict[str, float]) -> dict[st
             "chromium": (b["chromium"] - a["chromium"]) / (b["t"] - a["t"])}
 
 
+def profile(clock: BatchClock, start: float, end: float, step: float) -> list[float]:
+    """Wall ms per batch in bins of ``step`` seconds from ``start`` to ``end`` (the batches
+    that end in a bin, over the time from the bin's first batch end to its last; NaN for a
+    bin with under two batch ends)."""
+    wall = clock.wall[: clock.n]
+    out = []
+    for b in range(int((end - start) / step + 1e-9)):
+        j = bisect_left(wall, start + b * step)
+        k = bisect_right(wall, start + (b + 1) * step) - 1
+        out.append((wall[k] - wall[j]) * 1e3 / (k - j) if k > j else float("nan"))
+    return out
+
+
 def train_run(args: argparse.Namespace, control: bool) -> dict[str, Any]:
     """One long training run with the tab toggled in windows; the per-window figures."""
     import torch
@@ -192,12 +218,12 @@ def train_run(args: argparse.Namespace, control: bool) -> dict[str, Any]:
     from trainbus.callbacks import Dashboard
 
     kinds = schedule(args.windows)
-    seconds = (len(kinds) + 2) * args.window + 60  # the windows, the warm-up, the launch
+    seconds = (len(kinds) + 2) * args.window + args.warmup + 60  # windows, warm-up, launch
     clock = BatchClock(int(seconds / 2e-4))
     train, _ = load_digits_loaders(seed=0)
     torch.manual_seed(0)
     model = DigitsMLP()
-    board = Dashboard()
+    board = Dashboard(history=HISTORY)
     trainer = Trainer(model, train, "1000000ep",
                       optimizers=torch.optim.AdamW(model.parameters(), lr=2e-3),
                       callbacks=[make_probe(clock)], loggers=[board], device="cpu",
@@ -217,7 +243,8 @@ def train_run(args: argparse.Namespace, control: bool) -> dict[str, Any]:
             if not clock.started.wait(60):
                 raise RuntimeError(f"training did not start: {errors}")
             plan = {"url": board.url, "pid": os.getpid(), "tid": clock.tid, "kinds": kinds,
-                    "window": args.window, "settle": args.settle, "control": control}
+                    "window": args.window, "settle": args.settle, "warmup": args.warmup,
+                    "control": control}
             done = subprocess.run([sys.executable, __file__, "--driver", json.dumps(plan)],
                                   capture_output=True, text=True, check=False)
             if done.returncode != 0:
@@ -227,6 +254,7 @@ def train_run(args: argparse.Namespace, control: bool) -> dict[str, Any]:
             if clock.state is not None:
                 clock.state.stop_training()
             thread.join()
+            published = board.stream.statistics().published
     if errors:
         raise errors[0]
     if clock.n >= clock.cap:
@@ -238,8 +266,9 @@ def train_run(args: argparse.Namespace, control: bool) -> dict[str, Any]:
                         "live_s": toggle["live_s"],
                         "settled_s": toggle["settled"]["t"] - toggle["start"]["t"],
                         "all": span(clock, toggle["start"], after),
-                        "settled": span(clock, toggle["settled"], after)})
-    return {"control": control, "batches": clock.n, "windows": windows,
+                        "settled": span(clock, toggle["settled"], after),
+                        "profile": profile(clock, toggle["start"]["t"], after["t"], STEP)})
+    return {"control": control, "batches": clock.n, "published": published, "windows": windows,
             "blocks": blocks(windows)}
 
 
@@ -291,7 +320,25 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> None:
                 judged = verdict(interval) if not run["control"] else ""
                 print(f"| {name}, {label}, {part} | {len(ratios)} | {spread(ratios)} | {shown} "
                       f"| {judged} |")
+    print(f"\nms/batch against the time since the toggle (bins of {STEP} s; median over the "
+          "windows of a kind; the ratio is of the medians):\n")
+    bins = min(len(w["profile"]) for run in runs for w in run["windows"])
+    print("| run, kind | " + " | ".join(f"{b * STEP:.2f}-" for b in range(bins)) + " |")
+    print("|---" * (bins + 1) + "|")
     for run in runs:
+        name = "A/A control" if run["control"] else "open/closed"
+        rows = {kind: [median([w["profile"][b] for w in run["windows"] if w["kind"] == kind
+                               and not math.isnan(w["profile"][b])]) for b in range(bins)]
+                for kind in KINDS}
+        for kind in KINDS:
+            print(f"| {name}, {kind} | " + " | ".join(f"{x:.3f}" for x in rows[kind]) + " |")
+        print(f"| {name}, ratio | " + " | ".join(
+            f"{o / c:.3f}" for o, c in zip(rows["open"], rows["closed"], strict=True)) + " |")
+    for run in runs:
+        print(f"\n{'A/A control' if run['control'] else 'open/closed'}: {run['batches']} "
+              f"batches; the dashboard published {run['published']} items "
+              f"({run['published'] / run['batches']:.2f} a batch; a page replays the last "
+              f"{HISTORY} on opening)")
         if not run["control"]:
             opened = [w for w in run["windows"] if w["kind"] == "open"]
             print(f"\nopen windows: the page loaded after a median "
@@ -311,9 +358,12 @@ def median(xs: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--windows", type=int, default=64, help="a multiple of 4 (ABBA blocks)")
-    parser.add_argument("--window", type=float, default=2.5, help="seconds per window")
-    parser.add_argument("--settle", type=float, default=0.5,
+    parser.add_argument("--window", type=float, default=3.0, help="seconds per window")
+    parser.add_argument("--settle", type=float, default=1.0,
                         help="seconds dropped after each toggle in the 'settled' figures")
+    parser.add_argument("--warmup", type=float, default=60.0,
+                        help="seconds of training before the first window (the dashboard's "
+                        "history fills: each open window's page then replays the same amount)")
     parser.add_argument("--no-control", dest="control", action="store_false",
                         help="skip the A/A control run")
     parser.add_argument("--json", default=None, help="also write every window's figures there")

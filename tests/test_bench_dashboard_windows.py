@@ -96,7 +96,7 @@ def test_a_tiny_run_reports_every_window_and_a_ratio_per_block(tmp_path: Path) -
     out = tmp_path / "windows.json"
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--windows", "4", "--window", "0.8", "--settle", "0.3",
-         "--json", str(out)],
+         "--warmup", "0", "--json", str(out)],
         env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
         capture_output=True, text=True, timeout=240, check=False,
     )
@@ -112,6 +112,7 @@ def test_a_tiny_run_reports_every_window_and_a_ratio_per_block(tmp_path: Path) -
             assert window["all"]["batches"] >= window["settled"]["batches"]
             assert window["settled_s"] >= 0.3
         assert len(run["blocks"]) == 1
+        assert run["published"] > 0 and run["batches"] > 0
         for part in ("settled", "all"):
             assert all(r > 0 for r in run["blocks"][0][part].values())
     opened = [w for w in runs[0]["windows"] if w["kind"] == "open"]
