@@ -30,15 +30,15 @@ median, p75, max, the distribution-free 95% CI of the median and the verdict for
 It also prints each kind's profile: ms/batch against the time since the toggle, in bins of
 ``STEP`` seconds (median over the windows of a kind), to show how long opening a page costs
 and so whether ``--settle`` is long enough. Windows start after ``--warmup`` seconds of
-training, once the dashboard's history (20,000 items, which a page replays when it opens) is
-full, so that every open window opens the same page.
+training, once the dashboard's history (20,000 items, about 2 a batch: full after ~30 s;
+a page replays it when it opens) is full, so that every open window opens the same page.
 
 The control (``--no-control`` skips it) is the same run again with a fresh ``Trainer``
 and both window kinds ``about:blank`` (an A/A test: the method's own noise, centred on 1.00).
 
-Run:  PYTHONPATH=src python benchmarks/bench_dashboard_windows.py [--windows 64] [--window 3]
-      [--settle 1] [--warmup 60] [--json out.json]
-      (about 2 x (warmup + windows x window) seconds, plus ~20 s: 9 minutes by default)
+Run:  PYTHONPATH=src python benchmarks/bench_dashboard_windows.py [--windows 96] [--window 2.5]
+      [--settle 1] [--warmup 40] [--json out.json]
+      (about 2 x (warmup + windows x window) seconds, plus ~20 s: 10 minutes by default)
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ def profile(clock: BatchClock, start: float, end: float, step: float) -> list[fl
     bin with under two batch ends)."""
     wall = clock.wall[: clock.n]
     out = []
-    for b in range(int((end - start) / step + 1e-9)):
+    for b in range(int((end - start) / step + 0.1)):
         j = bisect_left(wall, start + b * step)
         k = bisect_right(wall, start + (b + 1) * step) - 1
         out.append((wall[k] - wall[j]) * 1e3 / (k - j) if k > j else float("nan"))
@@ -357,11 +357,11 @@ def median(xs: list[float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--windows", type=int, default=64, help="a multiple of 4 (ABBA blocks)")
-    parser.add_argument("--window", type=float, default=3.0, help="seconds per window")
+    parser.add_argument("--windows", type=int, default=96, help="a multiple of 4 (ABBA blocks)")
+    parser.add_argument("--window", type=float, default=2.5, help="seconds per window")
     parser.add_argument("--settle", type=float, default=1.0,
                         help="seconds dropped after each toggle in the 'settled' figures")
-    parser.add_argument("--warmup", type=float, default=60.0,
+    parser.add_argument("--warmup", type=float, default=40.0,
                         help="seconds of training before the first window (the dashboard's "
                         "history fills: each open window's page then replays the same amount)")
     parser.add_argument("--no-control", dest="control", action="store_false",
