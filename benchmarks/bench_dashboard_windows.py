@@ -289,7 +289,8 @@ def blocks(windows: list[dict[str, Any]]) -> list[dict[str, dict[str, float]]]:
 
 
 def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    from bench_dashboard import median_interval, spread, verdict
+    from bench_dashboard import TARGET
+    from paired_stats import median_interval, spread, verdict
 
     print(f"\n{args.windows} windows of {args.window} s per run (ABBA blocks: "
           f"{args.windows // 4}), settle {args.settle} s; load average at the start "
@@ -317,7 +318,7 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> None:
                 ratios = [b[part][key] for b in run["blocks"]]
                 interval = median_interval(ratios)
                 shown = f"{interval[0]:.3f}-{interval[1]:.3f}" if interval else "-"
-                judged = verdict(interval) if not run["control"] else ""
+                judged = verdict(interval, TARGET, "blocks") if not run["control"] else ""
                 print(f"| {name}, {label}, {part} | {len(ratios)} | {spread(ratios)} | {shown} "
                       f"| {judged} |")
     print(f"\nms/batch against the time since the toggle (bins of {STEP} s; median over the "

@@ -34,9 +34,10 @@ from typing import Any
 import anyio
 import torch
 from bench_trailing import BATCH, calibrate, make_data, make_model, reference
+from paired_stats import verdict
 from trailing_callbacks import LATENCY_MS, TruthReader, Upload
 from upload_server import latency_server
-from windows import block_differences, is_on, summarize, verdict, window_means
+from windows import block_differences, is_on, summarize, window_means
 
 import trainbus
 
@@ -164,7 +165,7 @@ def main() -> None:
         lines.append(f"| {name} | {summary.median:+.3f} ms | {ci} | "
                      f"{summary.spread.replace(' | ', ' / ')} | {summary.n} |")
     key = f"upload wall settle={args.settle}"
-    text = verdict(result[key].interval, TARGET_MS)
+    text = verdict(result[key].interval, TARGET_MS, "blocks")
     lines += ["", f"The upload at @trailing(2), wall clock, over the same run without it: "
               f"**{text}** for <= +{TARGET_MS} ms/batch ({result[key].line()})."]
     print("\n".join(lines))

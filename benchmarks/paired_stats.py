@@ -1,7 +1,8 @@
 """Paired differences or ratios, read with a distribution-free confidence interval of the median.
 
-Shared by ``bench_dashboard.py`` (ratios per round against +2%) and
-``bench_mlflow_windows.py`` (differences per ABBA block against +0.1 ms/batch): the spread
+Shared by ``bench_dashboard.py`` (ratios per round against +2%), ``windows.py`` and the
+windowed benchmarks (per ABBA block: ``bench_mlflow_windows.py`` against +0.1 ms/batch,
+``bench_dashboard_windows.py`` against +2%, ``bench_trailing_windows.py``): the spread
 (min, p25, median, p75, max), the interval (order statistics of the binomial, no
 assumption on the distribution), and the verdict on a target.
 """
@@ -31,12 +32,12 @@ def median_interval(xs: list[float], level: float = 0.95) -> tuple[float, float]
     return (ys[k - 1], ys[n - k]) if k > 0 else None
 
 
-def verdict(interval: tuple[float, float] | None, target: float) -> str:
+def verdict(interval: tuple[float, float] | None, target: float, what: str = "rounds") -> str:
     """An upper bound ``target`` on the median against its confidence interval: *shown*
     when the interval's top is at most ``target``, *refuted* when its bottom is above it,
-    *not decided* otherwise (*too few rounds* without an interval)."""
+    *not decided* otherwise (*too few* ``what`` without an interval)."""
     if interval is None:
-        return "too few rounds"
+        return f"too few {what}"
     low, high = interval
     if high <= target:
         return "shown"

@@ -6,9 +6,9 @@ whose batches are cut into windows of ``width`` batches, the thing measured swit
 off window by window in ``ABBA`` blocks (on, off, off, on): each block's difference
 ``(on1 + on2) / 2 - (off1 + off2) / 2`` cancels any drift of the machine that is linear over
 the block's few seconds. The blocks' differences are then summarised by their median and a
-distribution-free 95% confidence interval of it (order statistics of the binomial), and a
-target is *shown* when the interval lies under it, *refuted* when it lies over it, and *not
-decided* otherwise.
+distribution-free 95% confidence interval of it, and a target is *shown* when the interval
+lies under it, *refuted* when it lies over it, and *not decided* otherwise
+(``paired_stats.py``).
 
 An A/A control (both halves of every block off) shows the method's own noise: its interval
 should hold 0.
@@ -20,19 +20,17 @@ given without leaving anything out too.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from paired_stats import median_interval, spread
 
 __all__ = [
     "Summary",
     "block_differences",
     "is_on",
-    "median_interval",
-    "spread",
     "summarize",
-    "verdict",
     "window_means",
 ]
 
@@ -64,35 +62,6 @@ def block_differences(means: Sequence[float]) -> list[float]:
     ]
 
 
-def median_interval(xs: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
-    """A distribution-free confidence interval of the median: the k-th smallest and k-th
-    largest values, k the largest with P(Binomial(n, 1/2) < k) <= (1 - level) / 2
-    (``None`` with too few values: under 6 for 95%)."""
-    ys, n = sorted(xs), len(xs)
-    k = 0
-    while k < n // 2 and sum(math.comb(n, i) for i in range(k + 1)) / 2**n <= (1 - level) / 2:
-        k += 1
-    return (ys[k - 1], ys[n - k]) if k > 0 else None
-
-
-def verdict(interval: tuple[float, float] | None, target: float) -> str:
-    """A cost's median against ``target`` (at most): shown, refuted or not decided."""
-    if interval is None:
-        return "too few blocks"
-    low, high = interval
-    if high <= target:
-        return "shown"
-    if low > target:
-        return "refuted"
-    return "not decided"
-
-
-def spread(xs: Sequence[float], fmt: str = ".3f") -> str:
-    """``min | p25 | median | p75 | max``."""
-    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
-    return " | ".join(f"{x:{fmt}}" for x in (min(xs), q[0], statistics.median(xs), q[2], max(xs)))
-
-
 @dataclass(frozen=True)
 class Summary:
     """The blocks' differences of one measure, summarised."""
@@ -114,4 +83,4 @@ def summarize(differences: Sequence[float]) -> Summary:
     if not differences:
         raise ValueError("no whole ABBA block: run more batches or narrower windows")
     return Summary(len(differences), statistics.median(differences),
-                   median_interval(differences), spread(differences, "+.3f"))
+                   median_interval(list(differences)), spread(list(differences), "+.3f"))

@@ -19,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import paired_stats  # noqa: E402
 import windows  # noqa: E402
 
 
@@ -54,14 +55,14 @@ def test_settling_batches_are_left_out() -> None:
 
 
 def test_the_interval_of_the_median_and_the_verdict() -> None:
-    assert windows.median_interval([0.1] * 5) is None  # too few for 95%
+    assert paired_stats.median_interval([0.1] * 5) is None  # too few for 95%
     xs = [float(i) for i in range(1, 21)]
-    low, high = windows.median_interval(xs)  # type: ignore[misc]
+    low, high = paired_stats.median_interval(xs)  # type: ignore[misc]
     assert low < 10.5 < high and (low, high) == (6.0, 15.0)
-    assert windows.verdict((0.1, 0.4), 0.5) == "shown"
-    assert windows.verdict((0.6, 0.9), 0.5) == "refuted"
-    assert windows.verdict((0.1, 0.9), 0.5) == "not decided"
-    assert windows.verdict(None, 0.5) == "too few blocks"
+    assert paired_stats.verdict((0.1, 0.4), 0.5) == "shown"
+    assert paired_stats.verdict((0.6, 0.9), 0.5) == "refuted"
+    assert paired_stats.verdict((0.1, 0.9), 0.5) == "not decided"
+    assert paired_stats.verdict(None, 0.5, "blocks") == "too few blocks"
     with pytest.raises(ValueError, match="no whole ABBA block"):
         windows.summarize([])
 
