@@ -49,14 +49,9 @@ def counting_class() -> type[Callback]:
     return type("CheapAsync", (Callback,), methods)
 
 
-def make_engine(callbacks: list[Callback], **options: Any) -> Engine:
+def make_engine(callbacks: list[Callback]) -> Engine:
     state = State(model=torch.nn.Linear(1, 1), max_duration="1ep")
-    return Engine(state, Logger(state), callbacks, warn_slow=False, **options)
-
-
-#: An ``inline_max`` no preemption of a no-op call reaches, on however loaded a machine:
-#: for tests of where cheap calls run, not of the limit.
-GENEROUS = 0.05
+    return Engine(state, Logger(state), callbacks, warn_slow=False)
 
 
 def publish_batches(engine: Engine, batches: int, mark: int, wakes: list[int]) -> None:
@@ -289,95 +284,3 @@ async def test_a_handler_that_suspends_every_call_costs_no_new_task_per_call() -
     await engine.run_cycle(produce)
     assert len(noter.tasks) == 30
     assert len(set(noter.tasks)) <= 3, f"{len(set(noter.tasks))} tasks for 30 calls"
-
-
-class ThreadNotingSink(LoggerDestination):
-    """A cheap plain destination noting the thread of every record."""
-
-    def __init__(self, delay: float = 0.0) -> None:
-        self.steps: list[int] = []
-        self.threads: list[int] = []
-        self.delay = delay
-
-    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
-        self.steps.append(step)
-        self.threads.append(threading.get_ident())
-        if self.delay:
-            time.sleep(self.delay)
-
-
-WARM_UP = 5
-
-
-def log_per_batch(engine: Engine, batches: int, idents: list[int]) -> None:
-    """Log one record per batch; after ``WARM_UP`` batches, wait until every record so far
-    was taken (the destination's first calls, on its thread, show whether it is cheap)."""
-    bus, timer, logger = engine._bus, engine.state._timer, engine.logger
-    idents.append(threading.get_ident())
-    for b in range(batches):
-        if b == WARM_UP:
-            bus.wait_all(records=True)
-        bus.publish(E.BATCH_START)
-        logger.log_metrics({"x": float(b)}, step=b)
-        timer.on_batch_complete(1)
-        bus.publish(E.BATCH_END)
-
-
-async def test_a_cheap_destination_gets_its_records_from_the_training_thread_at_barriers(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Once its calls proved cheap, the training thread delivers a plain destination's
-    # records itself at the next barrier, where it waits anyway: no thread hand-off at all.
-    woken = count_thread_wakes(monkeypatch)
-    sink = ThreadNotingSink()
-    engine = make_engine([sink], inline_max=GENEROUS)
-    producer: list[int] = []
-    await engine.run_cycle(lambda: log_per_batch(engine, WARM_UP + 100, producer))
-    assert sink.steps == list(range(WARM_UP + 100))  # every record, in order (D1)
-    here = sum(t == producer[0] for t in sink.threads[WARM_UP:])
-    assert here == 100, f"{here} of 100 records delivered by the training thread"
-    # its thread was woken during the warm-up only (at most once a barrier), never after
-    assert woken.count("ThreadNotingSink") <= WARM_UP, woken.count("ThreadNotingSink")
-    assert engine._bus.members[0].log_slot.inline_calls == here  # type: ignore[union-attr]
-
-
-async def test_a_slow_destination_gets_its_records_on_its_own_thread() -> None:
-    sink = ThreadNotingSink(delay=0.002)  # 40 x inline_max: never cheap
-    engine = make_engine([sink])
-    producer: list[int] = []
-    await engine.run_cycle(lambda: log_per_batch(engine, 20, producer))
-    assert sink.steps == list(range(20))
-    assert producer[0] not in sink.threads
-
-
-class TrailingSink(ThreadNotingSink):
-    """Its event handlers may trail; its records are as cheap as ``ThreadNotingSink``'s."""
-
-    trailing = 2
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.epoch_end_threads: list[int] = []
-
-    def epoch_end(self, state: Any, logger: Any) -> None:
-        self.epoch_end_threads.append(threading.get_ident())
-
-
-async def test_a_trailing_destinations_records_run_at_barriers_but_not_its_handlers() -> None:
-    # Barriers never wait for records, nor for a trailing lane's handlers; cheap records
-    # still go the cheap way. (A trailing handler on every batch would sit between the
-    # records in the lane's one queue: they then go to its thread with it, in order, D1.)
-    sink = TrailingSink()
-    engine = make_engine([sink], inline_max=GENEROUS)
-    producer: list[int] = []
-
-    def produce() -> None:
-        log_per_batch(engine, WARM_UP + 100, producer)
-        engine._bus.publish(E.EPOCH_END, E.EPOCH_CHECKPOINT)  # a barrier: it runs deferred items
-
-    await engine.run_cycle(produce)
-    assert sink.steps == list(range(WARM_UP + 100))
-    assert all(t == producer[0] for t in sink.threads[WARM_UP:])
-    assert len(sink.epoch_end_threads) == 1
-    # a barrier never waits for a trailing lane, so never runs its handlers (``_inline.py``)
-    assert producer[0] not in sink.epoch_end_threads

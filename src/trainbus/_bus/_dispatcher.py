@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from trainbus._bus._coroutine import FRESH, DispatcherTask, Resume, item_label
+from trainbus._bus._inline import ban, learn
 from trainbus._bus._items import CallItem, EventItem, LogItem, WorkItem
 from trainbus._bus._lane import IDLE
-from trainbus._bus._learn import ban, learn
 from trainbus._bus._running import finish_event, skip_event
 from trainbus._scalars import all_ready
 

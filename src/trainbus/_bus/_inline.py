@@ -39,11 +39,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from trainbus._bus._items import EventItem, LogItem
+from trainbus._bus._items import EventItem
 from trainbus._bus._lane import CLAIMED, IDLE
-from trainbus._bus._learn import learn
 from trainbus._bus._running import skip_event
-from trainbus._scalars import all_ready
 
 if TYPE_CHECKING:
     from trainbus._bus._gate import Gate
@@ -54,13 +52,23 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFER_MAX",
     "RECORD_DEFER_MAX",
+    "RETRY_AFTER",
+    "RETRY_MAX",
+    "STRIKE_OUT",
     "InlinePath",
-    "cheap_records",
+    "ban",
+    "learn",
 ]
 
 _perf = time.perf_counter
 #: Seconds a deferred item may wait, unwoken, for the next barrier (or other wake-up).
 DEFER_MAX = 10e-3
+#: A call this many times over ``inline_max`` bans its handler from the fast path at once.
+STRIKE_OUT = 10
+#: Calls a handler banned for slowness sits out before a call judges it again; doubled at
+#: each further ban, up to ``RETRY_MAX``.
+RETRY_AFTER = 64
+RETRY_MAX = 1 << 16
 #: Seconds a logged record may wait, unwoken, in its destination's lane. Barriers never
 #: wait for records, so a destination is woken once per burst of records instead of once
 #: per record (a thread hand-off each): at ``RECORD_BURST`` records, after this long, or
@@ -70,11 +78,42 @@ RECORD_DEFER_MAX = 10e-3
 _TIMER_PERIOD = 2e-3
 
 
-def cheap_records(lane: Lane) -> bool:
-    """Whether ``lane``'s records may be delivered by the training thread at a barrier: a
-    destination whose plain ``log_record`` has been fast, and which has not failed."""
-    slot = lane.log_slot
-    return slot is not None and slot.inline_ok and not slot.is_async and not lane.failed
+def learn(slot: Slot, elapsed: float, inline_max: float) -> None:
+    """Update a handler's eligibility after a call that took ``elapsed`` seconds (an
+    ``async def`` one: a call that finished without suspending).
+
+    A handler banned for slow calls sits out ``RETRY_AFTER`` calls, then the next call
+    judges it afresh; each new ban doubles the wait (at most ``RETRY_MAX`` calls). A
+    preempted cheap handler (a loaded machine) so comes back, and a slow one costs
+    nothing: it runs where it did, and only a fast call takes it back.
+    """
+    if not inline_max or slot.is_blocking:
+        return
+    if slot.inline_banned:
+        if slot.inline_wait:  # sitting out (or, below zero, for good: it suspends)
+            if slot.inline_wait > 0:
+                slot.inline_wait -= 1
+            return
+        slot.inline_banned = False  # judged again from this call on
+    if elapsed <= inline_max:
+        slot.inline_ok = True
+        slot.inline_strike = False
+    elif slot.inline_strike or elapsed > STRIKE_OUT * inline_max:
+        slot.inline_ok = False
+        slot.inline_banned = True
+        slot.inline_strike = False
+        slot.inline_wait = min(RETRY_AFTER << slot.inline_bans, RETRY_MAX)
+        slot.inline_bans += 1
+    else:  # once just over the limit: a preempted thread, or the handler's first slow call
+        slot.inline_strike = True
+
+
+def ban(slot: Slot) -> None:
+    """Take an ``async def`` handler that suspended (it does I/O) off the fast path for good:
+    the loop is woken for it at once, every time."""
+    slot.inline_ok = False
+    slot.inline_banned = True
+    slot.inline_wait = -1
 
 
 class InlinePath:
@@ -173,14 +212,10 @@ class InlinePath:
     def flush(self, *, run: bool) -> None:
         """Run (at a barrier that waits for them) or wake the lanes holding deferred items.
 
-        Running, it takes the destinations holding deferred records too. The first handler
-        that turns out slow stops the running here; the rest are woken.
+        The first handler that turns out slow stops the running here; the rest are woken.
         """
         with self._lock:
             lanes, self.lanes = self.lanes, []
-            if run and self.record_lanes:  # a lane in both lists is in ``lanes`` (deferred)
-                lanes += [lane for lane in self.record_lanes if not lane.deferred]
-                self.record_lanes = []
         if not lanes:
             return
         here = self._wake(lanes, keep=run)  # loop lanes first: they run while these run here
@@ -200,7 +235,7 @@ class InlinePath:
             lane.deferred = lane.records_deferred = False
             if not lane.on_thread:
                 loop_lanes.append(lane)
-            elif keep and (lane.uniform or cheap_records(lane)):
+            elif keep and lane.uniform:
                 kept.append(lane)
             else:
                 lane.wake()
@@ -273,36 +308,25 @@ class InlinePath:
         return rest
 
     def _run_claimed(self, lane: Lane) -> bool:
-        """Run a claimed lane's leading cheap items here; release it after.
+        """Run a claimed lane's leading cheap event items here; release it after.
 
-        Event items only of a lane in step (no barrier waits for a trailing one); records of
-        a destination with :func:`cheap_records` whose values are on the host (resolving one
-        would stall this thread on the device). The per-item work of :func:`learn` (only
-        for a slow call) and :func:`finish_event` is written out, one clock read per call
-        (from the previous call's end): this runs once per deferred handler call, the bulk
-        of a batch's calls at every barrier.
+        The per-item work of :func:`call_plain`, :func:`learn` (only for a slow call or a
+        struck handler) and :func:`finish_event` is written out, with one clock read per
+        call (each call's time runs from the previous call's end): this loop runs once per
+        deferred handler call, the bulk of a batch's calls at every barrier. A handler's
+        time therefore includes this loop's own step (well under a microsecond).
         """
         pending = lane.pending
         slots = lane.slots
         gate = self.gate
         inline_max = self.inline_max
         trace = self.counters.trace
-        uniform = lane.uniform
         cheap = True
         try:
             t0 = _perf()
             while pending:
                 item = pending[0]
-                if item.__class__ is LogItem:
-                    if not cheap_records(lane) or not all_ready(item.record.metrics):
-                        break
-                    pending.popleft()
-                    cheap = self._deliver_here(lane, item)
-                    t0 = _perf()
-                    if not cheap:
-                        break
-                    continue
-                if item.__class__ is not EventItem or not uniform:
+                if item.__class__ is not EventItem:
                     break
                 slot = slots[item.event]
                 if not slot.inline_ok:
@@ -340,27 +364,6 @@ class InlinePath:
         finally:
             lane.release()
         return cheap
-
-    def _deliver_here(self, lane: Lane, item: LogItem) -> bool:
-        """Deliver one record to a claimed destination here; return whether it stayed cheap."""
-        slot = lane.log_slot
-        assert slot is not None
-        record = item.record
-        lane.current = slot.qualname
-        t0 = _perf()
-        if not lane.failed:  # a failed destination gets no more records (D10)
-            try:
-                record.resolve()
-                slot.fn(record)
-            except BaseException as exc:
-                self.gate.fail(exc, slot.handler, None, lane)
-        elapsed = _perf() - t0
-        lane.current = None
-        slot.inline_calls += 1
-        learn(slot, elapsed, self.inline_max)
-        slot.account(elapsed)
-        lane.count_log_done()
-        return slot.inline_ok
 
     # -- the timer thread ------------------------------------------------------------------
 

@@ -121,7 +121,7 @@ class Producer:
                 self.counters.published += 1
                 plan = self.plan[event]
                 barrier = self._barrier_all or event in self.barriers
-                if barrier and (inline.lanes or inline.record_lanes):
+                if barrier and inline.lanes:
                     self._kick()
                     inline.flush(run=True)
                 for exclusive, pairs in plan:
@@ -132,8 +132,6 @@ class Producer:
                 if event is Event.BATCH_END:
                     self._batch_end()
                 if barrier:
-                    if inline.record_lanes:  # logged by this barrier's own handlers
-                        inline.flush(run=True)
                     self._kick()
                     self._event = event
                     self._barrier()

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from trainbus._bus._inline import learn
 from trainbus._bus._items import CallItem, EventItem, LogItem, StopItem
-from trainbus._bus._learn import learn
 from trainbus._bus._running import finish_event, skip_event
 
 if TYPE_CHECKING:
@@ -107,10 +107,7 @@ class ThreadDriver:
                 slot.fn(record)
         except BaseException as exc:
             self.gate.fail(exc, slot.handler, None, self.lane)
-        elapsed = _perf() - t0
-        if not slot.is_async:  # a cheap plain destination's records may run at barriers
-            learn(slot, elapsed, self.inline_max)
-        slot.account(elapsed)
+        slot.account(_perf() - t0)
 
     def drain_broken(self, error: BaseException) -> None:
         """After an internal error: account items without running them, until ``STOP``.
