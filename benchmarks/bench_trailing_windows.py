@@ -5,10 +5,11 @@ rounds spread by more than the +0.5 ms target. Here one long training run (the s
 batch and callbacks as its headline rows: the ``@blocking`` weight reader and an
 ``async def batch_end`` declared ``@trainbus.trailing(2)`` that awaits one POST to a local
 server answering after 5 ms) switches the upload on and off in windows of ``--width``
-batches, in ABBA blocks (``windows.py``): in an "off" window the handler returns at once.
+batches, in ABBA or BAAB blocks drawn at random (``--seed``, ``windows.py``): in an "off"
+window the handler returns at once.
 Each block gives the upload's cost as ``on - off`` in ms per batch (wall clock between the
 training thread's ``BATCH_END``s) and in training-thread CPU. Runs alternate with A/A
-control runs (every window off: the method's own noise), in ABBA order too.
+control runs (every window off: the method's own noise), the runs in ABBA order.
 
 The upload of the last batches of an "on" window trails into the next window (lag 2); the
 first ``--settle`` batches of every window are left out of its mean, and the figures without
@@ -37,7 +38,7 @@ from bench_trailing import BATCH, calibrate, make_data, make_model, reference
 from paired_stats import verdict
 from trailing_callbacks import LATENCY_MS, TruthReader, Upload
 from upload_server import latency_server
-from windows import block_differences, is_on, summarize, window_means
+from windows import block_differences, is_on, schedule, summarize, window_means
 
 import trainbus
 
@@ -72,9 +73,11 @@ class BatchClock(trainbus.Callback):
 class WindowedUpload(Upload):
     """The trailing upload, sent only in "on" windows (never in a control run)."""
 
-    def __init__(self, url: str, client: str, width: int, control: bool) -> None:
+    def __init__(self, url: str, client: str, width: int, on: list[bool],
+                 control: bool) -> None:
         super().__init__(url, client)
         self.width = width
+        self.on = on
         self.control = control
 
     @trainbus.trailing(2)
@@ -82,7 +85,7 @@ class WindowedUpload(Upload):
         # Batch i (1-based) ends window position of batch index i - 2: per_batch() starts
         # at batch 2, so window k of the measures holds batches 2 + k * width ...
         index = int(state.timer.batch) - 2
-        if self.control or index < 0 or not is_on(index, self.width):
+        if self.control or index < 0 or not is_on(index, self.width, self.on):
             return
         await super().batch_end(state, logger)
 
@@ -91,7 +94,8 @@ async def one_run(control: bool, args: argparse.Namespace, url: str, hidden: int
                   data: list[Any], truth_ref: dict[int, float]) -> dict[str, Any]:
     total = args.blocks * 4 * args.width + 1
     truth, clock = TruthReader(), BatchClock(total)
-    upload = WindowedUpload(url, args.client, args.width, control)
+    on = schedule(args.blocks, args.seed)
+    upload = WindowedUpload(url, args.client, args.width, on, control)
     model = make_model(hidden)
     trainer = trainbus.Trainer(
         model, data, f"{total}ba", loss_fn=torch.nn.functional.cross_entropy,
@@ -103,7 +107,7 @@ async def one_run(control: bool, args: argparse.Namespace, url: str, hidden: int
     await trainer.fit()
     wall, cpu = clock.per_batch()
     mismatches = sum(truth.seen.get(b) != w for b, w in truth_ref.items() if b <= total)
-    return {"control": control, "wall": wall, "cpu": cpu, "sent": upload.sent,
+    return {"control": control, "wall": wall, "cpu": cpu, "sent": upload.sent, "on": on,
             "truth_mismatches": mismatches}
 
 
@@ -113,26 +117,31 @@ def analyse(runs: list[dict[str, Any]], width: int, settle: int) -> dict[str, An
         for measure in ("wall", "cpu"):
             for s in (settle, 0):
                 diffs = [d for r in runs if r["control"] is control
-                         for d in block_differences(window_means(r[measure], width, s))]
+                         for d in block_differences(window_means(r[measure], width, s),
+                                                    r["on"])]
                 out[f"{kind} {measure} settle={s}"] = summarize(diffs)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=12, help="ABBA blocks per run")
+    parser.add_argument("--blocks", type=int, default=12, help="blocks of 4 windows per run")
     parser.add_argument("--width", type=int, default=40, help="batches per window")
     parser.add_argument("--settle", type=int, default=5,
                         help="batches left out at the start of each window")
     parser.add_argument("--runs", type=int, default=2,
                         help="upload runs; as many control runs, in ABBA order")
     parser.add_argument("--client", default="httpx", choices=("httpx", "tuned", "raw", "sleep"))
+    parser.add_argument("--seed", type=int, default=0,
+                        help="blocks ABBA or BAAB at random from this seed; -1: ABBA only")
     parser.add_argument("--hidden", type=int, help="hidden width (skips calibration)")
     parser.add_argument("--batch-ms", type=float, default=10.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.blocks < 1 or args.runs < 1 or not 0 <= args.settle < args.width:
         parser.error("--blocks and --runs must be >= 1, and 0 <= --settle < --width")
+    if args.seed < 0:
+        args.seed = None
     torch.set_num_threads(1)
     hidden = args.hidden or calibrate(args.batch_ms)
     data = make_data(DISTINCT_BATCHES)
@@ -150,7 +159,8 @@ def main() -> None:
     lines = [
         f"MLP 512-{hidden}-10, batch {BATCH}, 1 torch thread; {args.client} upload of "
         f"{LATENCY_MS:g} ms at @trailing(2); {args.runs} upload run(s) + {args.runs} "
-        f"control run(s) of {args.blocks} ABBA blocks x 4 windows x {args.width} batches "
+        f"control run(s) of {args.blocks} blocks x 4 windows x {args.width} batches "
+        f"({'ABBA' if args.seed is None else f'ABBA or BAAB at random, seed {args.seed}'}) "
         f"({sent[0]} POSTs per upload run; the first {args.settle} batches of each window "
         f"left out, then nothing); load average {os.getloadavg()[0]:.2f} on "
         f"{os.cpu_count()} CPUs; {time.perf_counter() - started:.0f} s",

@@ -3,9 +3,9 @@
 On a shared machine the same figure moves by 2-5x between runs, and fresh runs paired
 round by round still spread more than a 0.1 ms or 2% target. A finer pairing: one long run
 whose batches are cut into windows of ``width`` batches, the thing measured switched on and
-off window by window in ``ABBA`` blocks (on, off, off, on): each block's difference
-``(on1 + on2) / 2 - (off1 + off2) / 2`` cancels any drift of the machine that is linear over
-the block's few seconds. The blocks' differences are then summarised by their median and a
+off window by window in ``ABBA`` blocks (on, off, off, on) or ``BAAB`` ones, drawn at random
+(:func:`schedule`): each block's difference ``(on1 + on2) / 2 - (off1 + off2) / 2`` cancels
+any drift of the machine that is linear over the block's few seconds. The blocks' differences are then summarised by their median and a
 distribution-free 95% confidence interval of it, and a target is *shown* when the interval
 lies under it, *refuted* when it lies over it, and *not decided* otherwise
 (``paired_stats.py``).
@@ -20,6 +20,7 @@ given without leaving anything out too.
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,20 +28,39 @@ from dataclasses import dataclass
 from paired_stats import median_interval, spread
 
 __all__ = [
+    "ABBA",
+    "BAAB",
     "Summary",
     "block_differences",
     "is_on",
+    "schedule",
     "summarize",
     "window_means",
 ]
 
-#: Positions of the "on" windows in a block of four (ABBA).
-_ON = (0, 3)
+#: The "on" windows of a block of four: ``ABBA``, or ``BAAB`` (the same pairing, mirrored).
+ABBA = (True, False, False, True)
+BAAB = (False, True, True, False)
 
 
-def is_on(batch_index: int, width: int) -> bool:
-    """Whether the 0-based ``batch_index`` falls in an "on" window (ABBA blocks)."""
-    return (batch_index // width) % 4 in _ON
+def schedule(blocks: int, seed: int | None = None) -> list[bool]:
+    """Whether each window is "on": ``ABBA`` blocks, or with ``seed`` each block ``ABBA``
+    or ``BAAB`` drawn at random, so that no position in a block (the ends, the middle)
+    is always "on" (an A/A control in strict ``ABBA`` order sat off zero here)."""
+    rng = random.Random(seed)
+    out: list[bool] = []
+    for _ in range(blocks):
+        out += ABBA if seed is None or rng.random() < 0.5 else BAAB
+    return out
+
+
+def is_on(batch_index: int, width: int, on: Sequence[bool] | None = None) -> bool:
+    """Whether the 0-based ``batch_index`` falls in an "on" window of ``on`` (a
+    :func:`schedule`; strict ``ABBA`` blocks without one)."""
+    window = batch_index // width
+    if on is None:
+        return ABBA[window % 4]
+    return window < len(on) and on[window]
 
 
 def window_means(per_batch: Sequence[float], width: int, settle: int) -> list[float]:
@@ -54,12 +74,16 @@ def window_means(per_batch: Sequence[float], width: int, settle: int) -> list[fl
     return means
 
 
-def block_differences(means: Sequence[float]) -> list[float]:
-    """``(on + on) / 2 - (off + off) / 2`` for each whole ABBA block of window means."""
-    return [
-        (means[i] + means[i + 3]) / 2 - (means[i + 1] + means[i + 2]) / 2
-        for i in range(0, len(means) - 3, 4)
-    ]
+def block_differences(means: Sequence[float], on: Sequence[bool] | None = None) -> list[float]:
+    """``(on + on) / 2 - (off + off) / 2`` for each whole block of window means (``on``: a
+    :func:`schedule`; strict ``ABBA`` blocks without one)."""
+    out = []
+    for i in range(0, len(means) - 3, 4):
+        flags = ABBA if on is None else on[i:i + 4]
+        ons = [m for m, f in zip(means[i:i + 4], flags, strict=True) if f]
+        offs = [m for m, f in zip(means[i:i + 4], flags, strict=True) if not f]
+        out.append(sum(ons) / 2 - sum(offs) / 2)
+    return out
 
 
 @dataclass(frozen=True)

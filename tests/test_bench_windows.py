@@ -34,9 +34,22 @@ def series(width: int, blocks: int, cost: float, drift: float = 0.0,
     return out
 
 
-def test_windows_are_abba_blocks() -> None:
+def test_windows_are_abba_blocks_or_baab_ones_drawn_at_random() -> None:
     assert [windows.is_on(i, 2) for i in range(10)] == [
         True, True, False, False, False, False, True, True, True, True]
+    on = windows.schedule(40, seed=3)
+    blocks = {tuple(on[i:i + 4]) for i in range(0, 160, 4)}
+    assert blocks == {windows.ABBA, windows.BAAB}  # both kinds, nothing else
+    assert on == windows.schedule(40, seed=3)  # reproducible
+    assert windows.schedule(2) == list(windows.ABBA) * 2
+    assert [windows.is_on(i, 3, on) for i in range(12)] == [f for f in on[:4] for _ in range(3)]
+
+
+def test_a_constant_cost_is_found_in_baab_blocks_too() -> None:
+    on = windows.schedule(10, seed=1)
+    data = [10.0 + (0.25 if on[i // 4] else 0.0) + 0.02 * i for i in range(4 * 40)]
+    diffs = windows.block_differences(windows.window_means(data, 4, 0), on)
+    assert diffs == pytest.approx([0.25] * 10)
 
 
 def test_a_constant_cost_is_found_and_a_linear_drift_cancels() -> None:
