@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from trainbus._bus._items import WorkItem
     from trainbus._bus._lane import Lane
 
-__all__ = ["FRESH", "DispatcherTask", "Resume", "item_label"]
+__all__ = ["FRESH", "DispatcherTask", "Resume", "Spare", "item_label"]
 
 
 class Tracker(Protocol):
@@ -95,6 +95,17 @@ class DispatcherTask:
         self.lane: Lane | None = None
         self.item: WorkItem | None = None
         self.t0 = 0.0
+
+
+class Spare:
+    """A parked dispatcher task's wake-up, and whether it was handed the dispatcher's role
+    (else :meth:`Dispatcher.stop` woke it to end)."""
+
+    __slots__ = ("event", "handed")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.handed = False
 
 
 def item_label(lane: Lane, item: WorkItem) -> str | None:

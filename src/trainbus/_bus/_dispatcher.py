@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from trainbus._bus._coroutine import FRESH, DispatcherTask, Resume, item_label
+from trainbus._bus._coroutine import FRESH, DispatcherTask, Resume, Spare, item_label
 from trainbus._bus._inline import ban, learn
 from trainbus._bus._items import CallItem, EventItem, LogItem, WorkItem
 from trainbus._bus._lane import IDLE
@@ -69,7 +69,7 @@ class Dispatcher:
         # Tasks that owned a lane to its end, parked until the dispatcher's role comes back
         # to them (``_hand_over``): spawning a task costs tens of microseconds in anyio.
         # Invariant: one event per parked task; loop thread only.
-        self._spares: list[anyio.Event] = []
+        self._spares: list[Spare] = []
 
     # -- any thread ------------------------------------------------------------------------
 
@@ -122,7 +122,7 @@ class Dispatcher:
             event.set()
         spares, self._spares = self._spares, []
         for spare in spares:
-            spare.set()
+            spare.event.set()  # not handed the role: it ends
 
     async def _run(self) -> None:
         # Each turn as the dispatcher enters a cancel scope of its own before running any
@@ -146,18 +146,21 @@ class Dispatcher:
                 return
 
     async def _park(self) -> bool:
-        """Wait as a spare until handed the dispatcher's role; false once stopping."""
+        """Wait as a spare; true when handed the dispatcher's role (even if stopping meanwhile:
+        the role then drains what is ready), false when ended by :meth:`stop`."""
         if self.stopping:
             return False
-        spare = anyio.Event()
+        spare = Spare()
         self._spares.append(spare)
-        await spare.wait()
-        return not self.stopping
+        await spare.event.wait()
+        return spare.handed
 
     def _hand_over(self) -> None:
         """Give the dispatcher's role to a spare task, or to a new one."""
         if self._spares:
-            self._spares.pop().set()
+            spare = self._spares.pop()
+            spare.handed = True
+            spare.event.set()
         else:
             assert self._tg is not None
             self._tg.start_soon(self._run, name="trainbus-dispatcher")
