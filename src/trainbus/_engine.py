@@ -138,7 +138,8 @@ class Engine:
                 handlers would deadlock (use ``await engine.arun_event(event)``), or
                 from a thread other than the training thread while ``fit()`` runs.
         """
-        event = Event(event)
+        if event.__class__ is not Event:
+            event = Event(event)
         bus = self._bus
         if bus.is_producer():
             bus.publish(event)

@@ -255,36 +255,39 @@ class InlinePath:
         Claiming, running and accounting are written out (they mirror ``Lane.try_claim``,
         :meth:`_run_claimed` and ``Lane.release``) in one loop: this runs once per barrier
         for its cheap handlers, and ``engine.run_event()`` from plain code is nothing else.
-        Each call is timed alone (two clock reads), not with the claiming around it.
+        A lane that only the producer queues on is claimed without its lock (``_lane.py``).
+        Not counted in ``enq``/``done``: each call ends before anything could wait for it.
+        One clock read per call, as in :meth:`_run_claimed`.
         """
         gate = self.gate
         inline_max = self.inline_max
         trace = self.counters.trace
         view, logger, batch = item.view, item.logger, item.batch
         rest: list[tuple[Lane, Slot]] = []
+        t0 = _perf()
         for i, (lane, slot) in enumerate(pairs):
-            if not lane.uniform or lane.enq != lane.done or lane.state != IDLE:
+            if lane.state != IDLE or lane.enq != lane.done or not lane.uniform:
                 rest.append((lane, slot))
                 continue
-            with lane.lock:
-                if lane.state != IDLE or lane.pending:
-                    rest.append((lane, slot))
-                    continue
+            if lane.producer_only:
                 lane.state = CLAIMED
+            elif not lane.try_claim():  # records may be waiting in it: they go first
+                rest.append((lane, slot))
+                continue
             try:
                 if gate.stopping:  # a handler failed on a lane: nothing more runs (D10)
                     rest.extend(pairs[i:])
                     break
                 lane.current = slot.qualname  # for messages (Ctrl-C, stuck reports)
-                t0 = _perf()
                 try:
                     slot.fn(view, logger)
                 except BaseException as exc:
                     gate.fail(exc, slot.handler, slot.event, lane)
-                elapsed = _perf() - t0
+                t1 = _perf()
+                elapsed = t1 - t0
+                t0 = t1
                 lane.current = None
                 slot.inline_calls += 1
-                lane.enq += 1  # it was not queued: count it here
                 if elapsed > inline_max or slot.inline_strike:
                     learn(slot, elapsed, inline_max)
                 slot.calls += 1
@@ -293,11 +296,7 @@ class InlinePath:
                     slot.max_time = elapsed
                 lane.last_batch = batch
                 if trace is not None:
-                    trace.handler(lane.name, slot.event, t0, elapsed)
-                lane.done += 1
-                target = lane.wait_done
-                if target is not None and lane.done >= target:
-                    lane.notify(lane)
+                    trace.handler(lane.name, slot.event, t1 - elapsed, elapsed)
             finally:
                 lane.state = IDLE
                 if lane.pending:

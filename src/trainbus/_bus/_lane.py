@@ -68,6 +68,7 @@ class Lane:
         "on_thread",
         "owes",
         "pending",
+        "producer_only",
         "records_deferred",
         "room",
         "room_waiters",
@@ -135,6 +136,12 @@ class Lane:
             slot.is_blocking and not slot.is_async and slot.when is None
             for slot in member.slots.values()
         )
+        # Invariant: event items are queued by the producer only, records only on
+        # destinations (from any thread), close items only after the producer is done, and
+        # the timer wakes only lanes holding deferred items. So a lane that is not a
+        # destination, IDLE with ``enq == done``, holds nothing, and only the producer moves
+        # it out of IDLE: the producer may claim it without the lock (``InlinePath.run_here``).
+        self.producer_only = member.log_slot is None
         #: Whether every slot has lag 0 (then a barrier waits for ``enq``).
         self.uniform = member.lags == frozenset({0})
         #: Per lag: the ``enq`` count after the lane's last item of that lag.

@@ -344,24 +344,29 @@ class Producer:
             self.slow.at_batch_end(self.members, counters, self.warn)
 
     def _barrier(self) -> None:
-        """Wait for every lane's items that this barrier waits for (D4, with lags)."""
-        batches = self.counters.batches
-        targets = []
-        for lane in self.lanes:
-            target = lane.enq if lane.uniform else lane.barrier_target(batches)
-            if lane.done < target:
-                targets.append((lane, target))
+        """Wait for every lane's items that this barrier waits for (D4, with lags); under
+        :meth:`run_now`, for every item."""
+        if not self.lagged or self._barrier_all:
+            for lane in self.lagged:  # run_now: drop the lag marks that fall due, as always
+                lane.barrier_target(self.counters.batches)
+            targets = [(lane, lane.enq) for lane in self.lanes if lane.done < lane.enq]
+        else:
+            batches = self.counters.batches
+            targets = []
+            for lane in self.lanes:
+                target = lane.enq if lane.uniform else lane.barrier_target(batches)
+                if lane.done < target:
+                    targets.append((lane, target))
         if targets:
             self._wait(targets, "barrier", self._event)
 
     def run_now(self, event: Event) -> None:
-        """Publish ``event`` as a barrier and wait for every handler (plain-code callers)."""
+        """Publish ``event`` as a barrier that waits for every handler (plain-code callers)."""
         self._barrier_all = True
         try:
             self.publish(event)
         finally:
             self._barrier_all = False
-        self.wait_all()
 
     def wait_all(self, *, records: bool = False) -> None:
         """Block until every handler published so far has finished, and with ``records``
