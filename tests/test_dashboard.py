@@ -18,8 +18,15 @@ import torch
 
 from tests.helpers import TinyModel, make_loader
 from trainbus import Callback, Trainer
-from trainbus.callbacks import Dashboard, EventStream, StreamBusSnapshot, StreamEvent
+from trainbus.callbacks import (
+    Dashboard,
+    EventStream,
+    StreamBusSnapshot,
+    StreamEvent,
+    StreamMetrics,
+)
 from trainbus.serve import create_app
+from trainbus.serve._dashboard import ConnectionHub, dashboard_app
 
 ROOT = Path(__file__).resolve().parent.parent
 STATIC = ROOT / "src" / "trainbus" / "serve" / "static"
@@ -267,6 +274,45 @@ def test_rate_coalesces_the_stream_into_at_most_n_messages_a_second() -> None:
     # messages a second went out in that time (plus the first, sent at once).
     seconds = window[1] - window[0]
     assert len(messages) <= 1 + 5 * seconds + 1, (len(messages), seconds)
+
+
+@pytest.mark.asyncio
+async def test_a_page_that_opens_mid_run_replays_the_history_in_packs_encoded_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Opening the page replays the kept history. Encoding 20,000 items at once held the
+    # GIL long enough to stall training for half a second: each item is now encoded once
+    # (kept by the item, which every subscriber shares) and the replay goes out in packs.
+    from tests.test_serve import serving
+
+    n = 2500
+    stream = EventStream(history=5000)
+    for step in range(n):
+        stream.publish(StreamMetrics({"loss": step / n}, step=step, wall_time=0.0))
+    stream.end()
+    encoded = 0
+    to_dict = StreamMetrics.to_dict
+
+    def counting(self: StreamMetrics) -> dict[str, Any]:
+        nonlocal encoded
+        encoded += 1
+        return to_dict(self)
+
+    monkeypatch.setattr(StreamMetrics, "to_dict", counting)
+
+    async def end(sub: Any) -> dict[str, Any]:
+        return {"status": "completed"}
+
+    async with serving(dashboard_app(stream, end, ConnectionHub())) as (_, base):
+        async with httpx.AsyncClient(timeout=DEADLINE) as client:
+            for page in ("first", "second"):
+                lines = (await client.get(f"{base}/events?since=0&pack=1")).text.splitlines()
+                packs = [json.loads(line[6:]) for line in lines if line.startswith("data: [")]
+                ids = [int(line[4:]) for line in lines if line.startswith("id: ")]
+                assert [len(pack) for pack in packs] == [1000, 1000, 500], page
+                assert [item["step"] for pack in packs for item in pack] == list(range(n))
+                assert ids == [pack[-1]["seq"] for pack in packs]  # Last-Event-ID per pack
+                assert encoded == n, page  # the second page encoded nothing again
 
 
 def test_rate_is_checked() -> None:

@@ -48,10 +48,15 @@ def json_ready(value: Any) -> Any:
     return repr(value)
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 class _Item:
     """What every stream item can do: describe itself as a dict, JSON or an SSE message."""
 
-    __slots__ = ()
+    # The JSON text, once encoded: items are immutable and shared by every subscriber, so a
+    # page that opens (or reconnects) replays the kept history without encoding it again.
+    __slots__ = ("_json",)
     kind: ClassVar[str] = "item"
 
     def to_dict(self) -> dict[str, Any]:  # pragma: no cover - overridden
@@ -63,8 +68,13 @@ class _Item:
         return self.kind
 
     def to_json(self) -> str:
-        """The item as one line of JSON (``to_dict()`` serialised)."""
-        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
+        """The item as one line of JSON (``to_dict()`` serialised; encoded once, then kept)."""
+        try:
+            return self._json  # type: ignore[no-any-return]
+        except AttributeError:
+            text = _ENCODER.encode(self.to_dict())
+            object.__setattr__(self, "_json", text)  # frozen: a cache, not a field
+            return text
 
     def to_sse(self) -> str:
         """The item as one server-sent event: ``[id: <seq>]\\nevent: <name>\\ndata: <json>``.
