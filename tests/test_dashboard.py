@@ -283,7 +283,7 @@ async def test_a_page_that_opens_mid_run_replays_the_history_in_packs_encoded_on
     # Opening the page replays the kept history. Encoding 20,000 items at once held the
     # GIL long enough to stall training for half a second: each item is now encoded once
     # (kept by the item, which every subscriber shares) and the replay goes out in packs.
-    from tests.test_serve import serving
+    from tests.test_serve import plain_uvicorn
 
     n = 2500
     stream = EventStream(history=5000)
@@ -303,16 +303,17 @@ async def test_a_page_that_opens_mid_run_replays_the_history_in_packs_encoded_on
     async def end(sub: Any) -> dict[str, Any]:
         return {"status": "completed"}
 
-    async with serving(dashboard_app(stream, end, ConnectionHub())) as (_, base):
-        async with httpx.AsyncClient(timeout=DEADLINE) as client:
-            for page in ("first", "second"):
-                lines = (await client.get(f"{base}/events?since=0&pack=1")).text.splitlines()
-                packs = [json.loads(line[6:]) for line in lines if line.startswith("data: [")]
-                ids = [int(line[4:]) for line in lines if line.startswith("id: ")]
-                assert [len(pack) for pack in packs] == [1000, 1000, 500], page
-                assert [item["step"] for pack in packs for item in pack] == list(range(n))
-                assert ids == [pack[-1]["seq"] for pack in packs]  # Last-Event-ID per pack
-                assert encoded == n, page  # the second page encoded nothing again
+    app = dashboard_app(stream, end, ConnectionHub())
+    async with plain_uvicorn(app) as (_, base), httpx.AsyncClient(timeout=DEADLINE) as client:
+        for page in ("first", "second"):
+            url = f"{base}/events?since=0&pack=1&buffer=5000"
+            lines = (await client.get(url)).text.splitlines()
+            packs = [json.loads(line[6:]) for line in lines if line.startswith("data: [")]
+            ids = [int(line[4:]) for line in lines if line.startswith("id: ")]
+            assert [len(pack) for pack in packs] == [1000, 1000, 500], page
+            assert [item["step"] for pack in packs for item in pack] == list(range(n))
+            assert ids == [pack[-1]["seq"] for pack in packs]  # Last-Event-ID per pack
+            assert encoded == n, page  # the second page encoded nothing again
 
 
 def test_rate_is_checked() -> None:

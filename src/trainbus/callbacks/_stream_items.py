@@ -57,6 +57,7 @@ class _Item:
     # The JSON text, once encoded: items are immutable and shared by every subscriber, so a
     # page that opens (or reconnects) replays the kept history without encoding it again.
     __slots__ = ("_json",)
+    _json: str
     kind: ClassVar[str] = "item"
 
     def to_dict(self) -> dict[str, Any]:  # pragma: no cover - overridden
@@ -70,7 +71,7 @@ class _Item:
     def to_json(self) -> str:
         """The item as one line of JSON (``to_dict()`` serialised; encoded once, then kept)."""
         try:
-            return self._json  # type: ignore[no-any-return]
+            return self._json
         except AttributeError:
             text = _ENCODER.encode(self.to_dict())
             object.__setattr__(self, "_json", text)  # frozen: a cache, not a field

@@ -238,7 +238,7 @@ async def _body(
                     if pack:  # a replay goes out in several packs, the loop free between
                         for start in range(0, len(ready), _PACK_MAX):
                             if start:
-                                await anyio.sleep(0)
+                                await anyio.lowlevel.checkpoint()
                             yield _packed(ready[start:start + _PACK_MAX])
                     elif ready:
                         yield "".join(item.to_sse() for item in ready)
