@@ -127,21 +127,20 @@ class Lane:
         self.deferred = False
         #: Holds records queued without a wake-up (``InlinePath.defer_records``).
         self.records_deferred = False
-        # Invariant: while the producer publishes, only the producer moves an ``exclusive``
-        # lane out of IDLE: every event handler is a plain ``@blocking`` one with no filter
-        # (the producer runs them itself and never queues them) and records never reach it
-        # (not a destination). Its close items come after the producer is done. So the
-        # producer may claim it without the lock (``Producer._run_exclusive``).
-        self.exclusive = member.log_slot is None and all(
-            slot.is_blocking and not slot.is_async and slot.when is None
-            for slot in member.slots.values()
-        )
         # Invariant: event items are queued by the producer only, records only on
         # destinations (from any thread), close items only after the producer is done, and
         # the timer wakes only lanes holding deferred items. So a lane that is not a
         # destination, IDLE with ``enq == done``, holds nothing, and only the producer moves
         # it out of IDLE: the producer may claim it without the lock (``InlinePath.run_here``).
         self.producer_only = member.log_slot is None
+        # Invariant: an ``exclusive`` lane is never queued on while the producer publishes:
+        # every event handler is a plain ``@blocking`` one with no filter, which the producer
+        # runs itself. So the producer claims it without the lock and without looking at its
+        # counts (``Producer._run_exclusive``).
+        self.exclusive = self.producer_only and all(
+            slot.is_blocking and not slot.is_async and slot.when is None
+            for slot in member.slots.values()
+        )
         #: Whether every slot has lag 0 (then a barrier waits for ``enq``).
         self.uniform = member.lags == frozenset({0})
         #: Per lag: the ``enq`` count after the lane's last item of that lag.

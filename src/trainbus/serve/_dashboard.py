@@ -5,8 +5,9 @@
 - :func:`static_files`: the page's script, style and the vendored uPlot (no CDN);
 - :func:`sse_response`: an :class:`~trainbus.callbacks.EventStream` as server-sent events,
   replaying from ``?since=N`` or ``Last-Event-ID``, each client with a bounded buffer;
-  with ``?pack=1&rate=N`` what arrives is coalesced into at most N messages a second (the
-  dashboard asks for 4), so a browser's work does not grow with the run's event rate.
+  with ``?pack=1&rate=N`` what arrives is coalesced into packs at most N times a second (the
+  dashboard asks for 4; a replay of the history goes out in packs of at most 1,000 items), so
+  a browser's work does not grow with the run's event rate.
 """
 
 from __future__ import annotations
@@ -177,8 +178,9 @@ def sse_response(
     client's buffer), ``?bus=1`` (include the bus snapshots, ``event: bus``), ``?pack=1``
     (what is buffered at each wake-up goes out as one ``event: items`` whose data is a JSON
     array of the items and whose ``id`` is the last one's: a browser then handles a few
-    messages a second instead of one per item), ``?rate=N`` with ``pack=1`` (at most N
-    messages a second: what arrives meanwhile waits for the next pack, in this client's
+    messages a second instead of one per item; more than 1,000 items, as in a replay of the
+    history, go out as several such messages back to back), ``?rate=N`` with ``pack=1`` (at
+    most N wake-ups a second: what arrives meanwhile waits for the next, in this client's
     bounded buffer).
 
     Args:
