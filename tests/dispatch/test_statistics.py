@@ -95,3 +95,33 @@ def test_per_callback_lag_and_the_barrier_wait_it_caused() -> None:
     total = sum(c.barrier_wait_caused for c in final)
     stats = trainer.engine.statistics()
     assert total <= stats.barrier_wait_time + stats.backpressure_wait_time + 1e-9
+
+
+def test_every_call_of_an_all_blocking_callback_counts_as_inline() -> None:
+    """A callback whose handlers are all plain ``@blocking`` has each of them run on the
+    training thread (D9); ``inline`` says so, though its hot path counts only the calls.
+    A callback mixing in a queued handler reports only what ran there."""
+
+    class Lockstep(Callback):
+        @blocking
+        def after_backward(self, state: Any, logger: Any) -> None:
+            pass
+
+        @blocking
+        def batch_end(self, state: Any, logger: Any) -> None:
+            pass
+
+    class Mixed(Callback):
+        @blocking
+        def after_backward(self, state: Any, logger: Any) -> None:
+            pass
+
+        async def batch_end(self, state: Any, logger: Any) -> None:
+            await anyio.sleep(0)  # suspends: always on the loop
+
+    n = 3
+    trainer = make_trainer(n, callbacks=[Lockstep(), Mixed()], warn_slow_callbacks=False)
+    trainer.fit_sync()
+    lockstep, mixed = trainer.engine.statistics().callbacks
+    assert lockstep.handled == lockstep.inline == 2 * n
+    assert mixed.handled == 2 * n and mixed.inline == n

@@ -134,13 +134,12 @@ class Lane:
         # it out of IDLE: the producer may claim it without the lock (``InlinePath.run_here``).
         self.producer_only = member.log_slot is None
         # Invariant: an ``exclusive`` lane is never queued on while the producer publishes:
-        # every event handler is a plain ``@blocking`` one with no filter, which the producer
-        # runs itself. So the producer claims it without the lock and without looking at its
-        # counts (``Producer._run_exclusive``).
-        self.exclusive = self.producer_only and all(
-            slot.is_blocking and not slot.is_async and slot.when is None
-            for slot in member.slots.values()
-        )
+        # it is ``producer_only`` and every event handler is a plain ``@blocking`` one with no
+        # filter, which the producer runs itself (``Member.exclusive``). So the producer
+        # claims it without the lock and without looking at its counts
+        # (``Producer._run_exclusive``).
+        self.exclusive = member.exclusive
+        assert not self.exclusive or self.producer_only
         #: Whether every slot has lag 0 (then a barrier waits for ``enq``).
         self.uniform = member.lags == frozenset({0})
         #: Per lag: the ``enq`` count after the lane's last item of that lag.

@@ -87,9 +87,13 @@ class Member:
         peak: The most event items ever queued at once for it, over every session.
         peak_records: For a destination, the most records ever queued at once for it.
         wait_caused: Seconds the producer waited with it the last lane it waited for.
+        exclusive: Whether every handler is a plain ``@blocking`` one with no filter and it
+            is no destination: the producer runs all its event handlers itself
+            (``Lane.exclusive``), so each event call it made ran there.
     """
 
     __slots__ = (
+        "exclusive",
         "index",
         "lags",
         "log_slot",
@@ -115,6 +119,10 @@ class Member:
         plain_log = log_handler is not None and not log_handler.is_async
         self.on_thread = table.has_sync or plain_log
         self.lags = frozenset(slot.lag for slot in self.slots.values()) or frozenset({0})
+        self.exclusive = log_handler is None and all(
+            slot.is_blocking and not slot.is_async and slot.when is None
+            for slot in self.slots.values()
+        )
         self.peak = 0
         self.peak_records = 0
         self.wait_caused = 0.0

@@ -151,7 +151,9 @@ def collect_statistics(
             CallbackStatistics(
                 name=member.name,
                 handled=sum(s.calls for s in slots),
-                inline=sum(s.inline_calls for s in slots),
+                # an exclusive callback's event calls all ran on the producer, uncounted
+                inline=sum(s.calls for s in member.slots.values()) if member.exclusive
+                else sum(s.inline_calls for s in slots),
                 total_time=sum(s.total_time for s in slots),
                 max_time=max((s.max_time for s in slots), default=0.0),
                 slowest=slowest.handler.qualname if slowest and slowest.calls else None,
