@@ -18,13 +18,21 @@ leaving anything out are printed as well.
 The @blocking reader checks the weights it sees against the plain loop's over the first
 200 batches of every run (lockstep, D5), as ``bench_trailing.py`` does.
 
+With ``--floor``, no trainbus at all: the hand-written loop over the same model and data, and
+the bare mechanism of ``bench_trailing_floor.py`` (one task on a loop thread awaiting the
+POSTs in order, handed each batch with ``call_soon_threadsafe``, the training thread waiting
+only for the upload of two batches before) uploading in the "on" windows: the floor that any
+bus running the upload on an event loop thread in this process pays here.
+
 Run:  PYTHONPATH=src python benchmarks/bench_trailing_windows.py [--blocks 12] [--width 40]
-          [--runs 2] [--client httpx|raw|sleep] [--hidden H | --batch-ms 10] [--json out.json]
+          [--runs 2] [--client httpx|raw|sleep] [--hidden H | --batch-ms 10] [--floor]
+          [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -34,7 +42,8 @@ from typing import Any
 
 import anyio
 import torch
-from bench_trailing import BATCH, calibrate, make_data, make_model, reference
+from bench_trailing import BATCH, _step, calibrate, make_data, make_model, reference
+from bench_trailing_floor import FloorUploader
 from paired_stats import verdict
 from trailing_callbacks import LATENCY_MS, TruthReader, Upload
 from upload_server import latency_server
@@ -111,6 +120,35 @@ async def one_run(control: bool, args: argparse.Namespace, url: str, hidden: int
             "truth_mismatches": mismatches}
 
 
+def one_floor_run(control: bool, args: argparse.Namespace, url: str, hidden: int,
+                  data: list[Any]) -> dict[str, Any]:
+    """The same schedule without trainbus: the plain loop and ``FloorUploader``."""
+    total = args.blocks * 4 * args.width + 1
+    on = schedule(args.blocks, args.seed)
+    model = make_model(hidden)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    wall, cpu = [0.0] * (total + 1), [0.0] * (total + 1)
+    up = FloorUploader(url, args.client)
+    up.start()
+    sent = 0
+    try:
+        for batch in range(1, total + 1):
+            x, y = data[(batch - 1) % len(data)]
+            _step(model, opt, x, y)
+            index = batch - 2  # as WindowedUpload: the measures start at batch 2
+            if not control and index >= 0 and is_on(index, args.width, on):
+                sent += 1
+                up.submit(batch, sent)
+            wall[batch], cpu[batch] = time.perf_counter(), time.thread_time()
+        up.finish(sent)
+    finally:
+        up.close()
+    per_wall = [(b - a) * 1e3 for a, b in itertools.pairwise(wall[1:])]
+    per_cpu = [(b - a) * 1e3 for a, b in itertools.pairwise(cpu[1:])]
+    return {"control": control, "wall": per_wall, "cpu": per_cpu, "sent": sent, "on": on,
+            "truth_mismatches": 0}
+
+
 def analyse(runs: list[dict[str, Any]], width: int, settle: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for kind, control in (("upload", False), ("control", True)):
@@ -136,6 +174,8 @@ def main() -> None:
                         help="blocks ABBA or BAAB at random from this seed; -1: ABBA only")
     parser.add_argument("--hidden", type=int, help="hidden width (skips calibration)")
     parser.add_argument("--batch-ms", type=float, default=10.0)
+    parser.add_argument("--floor", action="store_true",
+                        help="no trainbus: the plain loop and the bare upload mechanism")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.blocks < 1 or args.runs < 1 or not 0 <= args.settle < args.width:
@@ -151,14 +191,18 @@ def main() -> None:
     runs = []
     with latency_server(LATENCY_MS) as url:
         for control in order:
-            runs.append(anyio.run(one_run, control, args, url, hidden, data, truth_ref))
+            if args.floor:
+                runs.append(one_floor_run(control, args, url, hidden, data))
+            else:
+                runs.append(anyio.run(one_run, control, args, url, hidden, data, truth_ref))
     for r in runs:
         assert r["truth_mismatches"] == 0, "the @blocking reader saw another batch's weights"
     sent = [r["sent"] for r in runs if not r["control"]]
     result = analyse(runs, args.width, args.settle)
     lines = [
         f"MLP 512-{hidden}-10, batch {BATCH}, 1 torch thread; {args.client} upload of "
-        f"{LATENCY_MS:g} ms at @trailing(2); {args.runs} upload run(s) + {args.runs} "
+        f"{LATENCY_MS:g} ms at "
+        f"{'lag 2, the bare mechanism (no trainbus)' if args.floor else '@trailing(2)'}; {args.runs} upload run(s) + {args.runs} "
         f"control run(s) of {args.blocks} blocks x 4 windows x {args.width} batches "
         f"({'ABBA' if args.seed is None else f'ABBA or BAAB at random, seed {args.seed}'}) "
         f"({sent[0]} POSTs per upload run; the first {args.settle} batches of each window "
@@ -176,7 +220,8 @@ def main() -> None:
                      f"{summary.spread.replace(' | ', ' / ')} | {summary.n} |")
     key = f"upload wall settle={args.settle}"
     text = verdict(result[key].interval, TARGET_MS, "blocks")
-    lines += ["", f"The upload at @trailing(2), wall clock, over the same run without it: "
+    what = "The bare mechanism's upload (lag 2)" if args.floor else "The upload at @trailing(2)"
+    lines += ["", f"{what}, wall clock, over the same run without it: "
               f"**{text}** for <= +{TARGET_MS} ms/batch ({result[key].line()})."]
     print("\n".join(lines))
     if args.json:
