@@ -58,6 +58,12 @@ Variants (two fits each, in this order; ``--variants``):
              answering at once, storing nothing)
     server   ``MLflowLogger`` against a real local ``mlflow server`` (sqlite; needs the
              ``mlflow`` package), started as ``bench_mlflow.py`` does
+    floor    no trainbus at all, against the same real server: the hand-written loop
+             computing the same values, each "on" batch appending its 10 points (dicts) to
+             a list, and every 1,000 points or 1 s the list handed with
+             ``call_soon_threadsafe`` to a task on an asyncio loop in a second thread, which
+             ``json.dumps`` it and POSTs it with httpx to ``runs/log-batch``: the least a
+             logger that sends from an event loop in the training process does
 
 Every point must arrive: at the end the stub's count of metrics received and the server's
 store (``mlflow_points.wait_readable``, then an exact count) are checked against 10 per on
@@ -86,6 +92,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 import bench_mlflow as bench  # noqa: E402
 import mlflow_points as mp  # noqa: E402
+from mlflow_floor import train_floor  # noqa: E402
 from paired_stats import median_interval, spread, verdict  # noqa: E402
 
 TARGET = 0.1  # ms per batch
@@ -195,6 +202,20 @@ def run_fit(name: str, w: Any, on: bytearray, stub: bench.StubProcess | None,
     from trainbus.loggers import MLflowLogger
 
     expected = sum(on) * len(mp.KEYS)
+    if name == "floor":
+        load = os.getloadavg()[0]
+        result = train_floor(w, on, server.url, CLOCKS)
+        db = str(server.root / "mlflow.db")
+        out_floor: dict[str, Any] = {
+            "fit_ms": result["fit_ms"], "load_start": load, "load_end": os.getloadavg()[0],
+            "points_expected": expected, "marks": result["marks"],
+            "readable_ms": (mp.wait_readable(db, result["run_id"], expected)
+                            - result["marks"]["wall"][-1]) * 1e3}
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+            out_floor["points_delivered"] = con.execute(
+                "SELECT COUNT(*) FROM metrics WHERE run_uuid = ?",
+                (result["run_id"],)).fetchone()[0]
+        return out_floor
     if name == "nobody":
         destination: Any = None
     elif name == "null":
@@ -284,13 +305,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     parser.add_argument("--drop", type=int, default=20, help="first batches of a window left out")
     parser.add_argument("--warmup", type=int, default=300, help="batches logging, not measured")
     parser.add_argument("--variants", default="null,stub,server",
-                        help="comma-separated: nobody, null, stub, server")
+                        help="comma-separated: nobody, null, stub, server, floor")
     parser.add_argument("--json", type=Path, help="write the windows and figures here")
     args = parser.parse_args(argv)
     names = args.variants.split(",")
-    if unknown := set(names) - {"nobody", "null", "stub", "server"}:
+    if unknown := set(names) - {"nobody", "null", "stub", "server", "floor"}:
         parser.error(f"--variants: unknown {sorted(unknown)}; choose among nobody, null, stub, "
-                     "server")
+                     "server, floor")
     if not 0 < args.drop < args.window:
         parser.error(f"--drop must be between 1 and --window - 1 ({args.window - 1})")
     if args.warmup < 1 or args.blocks < 1:
@@ -307,7 +328,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             stub = bench.StubProcess() if "stub" in names else None
-            if "server" in names:
+            if "server" in names or "floor" in names:
                 from tests.loggers.mlflow_server import MLflowServer
 
                 server = MLflowServer(Path(tmp))

@@ -34,9 +34,10 @@ if TYPE_CHECKING:
 
 __all__ = ["RECORD_BURST", "Records"]
 
-#: At most this many records wait in a destination's lane without waking it; they wait at
-#: most ``RECORD_DEFER_MAX`` (``_inline.py``), and a wait for them wakes them at once.
-RECORD_BURST = 32
+#: At most this many records wait in a destination's lane without waking it (at most half
+#: the bound); they wait at most ``RECORD_DEFER_MAX`` (``_inline.py``), and a wait for them
+#: wakes them at once.
+RECORD_BURST = 64
 
 
 class Records:
