@@ -72,11 +72,9 @@ RETRY_MAX = 1 << 16
 #: Seconds a logged record may wait, unwoken, in its destination's lane. Barriers never
 #: wait for records, so a destination is woken once per burst of records instead of once
 #: per record (a thread hand-off each): at ``RECORD_BURST`` records, after this long, or
-#: when somebody waits for them (``_records.py``). Each wake-up costs the training thread
-#: (the destination's thread takes the GIL): at 10 ms, a record per 1.2 ms batch woke an
-#: MLflow logger every 8 batches, and that cost +0.13-0.17 ms a batch against +0.05-0.10
-#: at 100 ms (``benchmarks/README.md``, MLflow). 100 ms is still far quicker than any
-#: person watching a console or a dashboard (which draws 4 times a second).
+#: when somebody waits for them (``_records.py``). A wake-up hands the GIL to the lane's
+#: thread: at 10 ms, MLflowLogger cost +0.13-0.17 ms a 1.2 ms batch, at 100 ms +0.05-0.10
+#: (``benchmarks/README.md``); 100 ms is still quick for a console or dashboard.
 RECORD_DEFER_MAX = 100e-3
 #: How often the timer thread looks at deferred items while there are any.
 _TIMER_PERIOD = 2e-3
