@@ -10,7 +10,8 @@ thread: ``workloads.py``'s ``mlp``), one epoch of 200 batches per arm, arms in a
 order each round:
 
     plain       the hand-written loop (``workloads.plain_fit``), no hooks
-    roundtrip   plain + at each batch end one ``loop.call_soon_threadsafe`` to a loop
+    roundtrip   the same loop with ``plain_fit``'s hooks at the 12 per-batch points (only the
+                last one does anything) + at each batch end one ``loop.call_soon_threadsafe`` to a loop
                 running in another thread and a wait for its answer (a ``SimpleQueue``):
                 the round trip alone, no handler
     floor       roundtrip + the 12 per-batch events appended to a list (one append each)
@@ -95,35 +96,23 @@ class LoopThread:
 
 
 def mechanism_fit(w: wl.Workload, loop: LoopThread, handlers: bool) -> Callable[[Any], None]:
-    """One epoch of the plain loop with a round trip at each batch end; with ``handlers``,
-    the 12 events noted and their 120 calls run on the loop in that round trip."""
+    """One epoch of the plain loop (``workloads.plain_fit`` with hooks at the 12 per-batch
+    points) with a round trip at each batch end; with ``handlers``, each point notes its
+    event and the batch's 120 calls run on the loop in that round trip."""
     opt = w.optimizer()
-    model, loss_fn = w.model, w.loss_fn
+    events: list[int] = []
+    hooks: dict[str, list[Callable[[Any], None]]] = {}
+    for i, point in enumerate(wl.PER_BATCH_POINTS):
+        if handlers:
+            hooks[point] = [lambda state, i=i: events.append(i)]
+    last = wl.PER_BATCH_POINTS[-1]
 
-    def fit(data: Any) -> None:
-        for x, y in data:
-            events: list[int] = []
-            note = events.append if handlers else (lambda _: None)
-            note(0)
-            note(1)
-            note(2)
-            opt.zero_grad(set_to_none=True)
-            note(3)
-            out = model(x)
-            note(4)
-            note(5)
-            loss = loss_fn(out, y)
-            note(6)
-            note(7)
-            loss.backward()
-            note(8)
-            opt.step()
-            note(9)
-            note(10)
-            note(11)
-            loop.round_trip(events)
+    def round_trip(state: Any) -> None:
+        loop.round_trip(events)  # returns once the loop has run them
+        events.clear()
 
-    return fit
+    hooks.setdefault(last, []).append(round_trip)
+    return lambda data: wl.plain_fit(w, data, opt, hooks)
 
 
 def trainbus_fit(w: wl.Workload, callbacks: int) -> Callable[[Any], None]:

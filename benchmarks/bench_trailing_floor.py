@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import statistics
@@ -41,13 +40,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import anyio
-import httpx
 import paired_stats
 import torch
 from bench_trailing import _step, make_data, make_model
-from trailing_callbacks import LATENCY_MS, TrailingUpload
-from upload_server import RawClient, latency_server
+from trailing_callbacks import LATENCY_MS, TrailingUpload, Upload
+from upload_server import latency_server
 
 import trainbus
 
@@ -69,38 +66,25 @@ class FloorUploader:
         self.cond = threading.Condition()
         self.queue: asyncio.Queue[int] | None = None
         self.worker: asyncio.Task[None] | None = None
-        self.httpx: httpx.AsyncClient | None = None
-        self.raw: RawClient | None = None
+        self.upload: Upload | None = None
 
     async def _open(self) -> None:
         self.queue = asyncio.Queue()
         self.worker = asyncio.get_running_loop().create_task(self._work())
-        if self.client == "httpx":
-            self.httpx = httpx.AsyncClient()
-        elif self.client == "raw":
-            self.raw = RawClient(self.url)
+        self.upload = Upload(self.url, self.client)  # (g)'s client and payload
 
     async def _work(self) -> None:
         assert self.queue is not None
         while True:
             batch = await self.queue.get()
             try:
-                await self._upload(batch)
+                assert self.upload is not None
+                await self.upload.send(batch)
             except Exception as exc:  # noted; the training thread raises it
                 self.error = exc
             with self.cond:
                 self.done += 1
                 self.cond.notify_all()
-
-    async def _upload(self, batch: int) -> None:
-        payload = {"batch": batch}
-        if self.httpx is not None:
-            (await self.httpx.post(self.url, json=payload)).raise_for_status()
-        elif self.raw is not None:
-            await self.raw.post(json.dumps(payload).encode())
-        else:
-            json.dumps(payload).encode()
-            await anyio.sleep(LATENCY_MS / 1e3)
 
     def start(self) -> None:
         asyncio.run_coroutine_threadsafe(self._open(), self.loop).result()
@@ -124,10 +108,8 @@ class FloorUploader:
         async def shut() -> None:
             if self.worker is not None:
                 self.worker.cancel()
-            if self.httpx is not None:
-                await self.httpx.aclose()
-            if self.raw is not None:
-                await self.raw.aclose()
+            if self.upload is not None:
+                await self.upload.close(None, None)
 
         asyncio.run_coroutine_threadsafe(shut(), self.loop).result()
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -84,7 +84,7 @@ def train_floor(w: Any, on: bytearray, url: str, clocks: tuple[str, ...]) -> dic
         if points:
             loop.call_soon_threadsafe(put, points)
         loop.call_soon_threadsafe(put, None)
-        asyncio.run_coroutine_threadsafe(asyncio.wait_for(_join(box["worker"]), 300), loop).result()
+        asyncio.run_coroutine_threadsafe(asyncio.wait_for(box["worker"], 300), loop).result()
     finally:
         asyncio.run_coroutine_threadsafe(box["client"].aclose(), loop).result()
         loop.call_soon_threadsafe(loop.stop)
@@ -93,6 +93,3 @@ def train_floor(w: Any, on: bytearray, url: str, clocks: tuple[str, ...]) -> dic
     ended = time.perf_counter()
     return {"marks": marks, "fit_ms": (ended - marks["wall"][-1]) * 1e3, "run_id": run_id}
 
-
-async def _join(task: Any) -> None:
-    await task

@@ -98,7 +98,11 @@ class Upload(trainbus.Callback):
         self.sent = 0
 
     async def batch_end(self, state: Any, logger: Any) -> None:
-        payload = {"batch": int(state.timer.batch)}
+        await self.send(int(state.timer.batch))
+
+    async def send(self, batch: int) -> None:
+        """One POST of ``batch``'s payload with the chosen client (or the bare wait)."""
+        payload = {"batch": batch}
         if self.client == "tuned":
             assert self.httpx is not None
             request = httpx.Request("POST", self.target, content=json.dumps(payload).encode(),
