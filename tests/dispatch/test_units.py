@@ -18,8 +18,8 @@ import torch
 
 from trainbus import Callback, Engine, Event, Logger, State
 from trainbus._bus._coroutine import Resume as _Resume
+from trainbus._bus._eligibility import RETRY_AFTER, RETRY_MAX, STRIKE_OUT, ban, learn
 from trainbus._bus._gate import Gate
-from trainbus._bus._inline import RETRY_AFTER, RETRY_MAX, STRIKE_OUT, ban, learn
 from trainbus._bus._items import STOP, CallItem, EventItem, LogItem
 from trainbus._bus._lane import ACTIVE, CLAIMED, IDLE, Lane
 from trainbus._bus._slot import Member

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from trainbus._bus._coroutine import FRESH, DispatcherTask, Resume, Spare, item_label
-from trainbus._bus._inline import ban, learn
+from trainbus._bus._eligibility import ban, learn
 from trainbus._bus._items import CallItem, EventItem, LogItem, WorkItem
 from trainbus._bus._lane import IDLE
 from trainbus._bus._running import finish_event, skip_event

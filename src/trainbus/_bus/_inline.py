@@ -26,6 +26,10 @@ appends to a list. So:
   that (events may stop coming): a deferred handler runs within about ``DEFER_MAX``
   (10 ms). The bound is wide enough for a typical batch: at 1 ms, a batch that took a little
   longer (a small MLP on a slow machine) sent every cheap lane to its thread every batch.
+- **Records: run here in bursts.** A destination's records wait unwoken too (up to
+  ``RECORD_DEFER_MAX``, or ``RECORD_BURST`` of them); the producer then runs a cheap plain
+  destination's burst itself (``_records.run_records_here``), and the timer thread, later by
+  ``_TIMER_SLACK``, wakes the lane only when publishing has paused.
 
 A lane runs its items one at a time, in order (D1), whoever runs them: the training thread
 runs a lane's items only while it holds the lane ``CLAIMED`` (``_lane.py``).
@@ -39,8 +43,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from trainbus._bus._eligibility import learn
 from trainbus._bus._items import EventItem
 from trainbus._bus._lane import CLAIMED, IDLE
+from trainbus._bus._records import run_records_here
 from trainbus._bus._running import skip_event
 
 if TYPE_CHECKING:
@@ -52,23 +58,12 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFER_MAX",
     "RECORD_DEFER_MAX",
-    "RETRY_AFTER",
-    "RETRY_MAX",
-    "STRIKE_OUT",
     "InlinePath",
-    "ban",
-    "learn",
 ]
 
 _perf = time.perf_counter
 #: Seconds a deferred item may wait, unwoken, for the next barrier (or other wake-up).
 DEFER_MAX = 10e-3
-#: A call this many times over ``inline_max`` bans its handler from the fast path at once.
-STRIKE_OUT = 10
-#: Calls a handler banned for slowness sits out before a call judges it again; doubled at
-#: each further ban, up to ``RETRY_MAX``.
-RETRY_AFTER = 64
-RETRY_MAX = 1 << 16
 #: Seconds a logged record may wait, unwoken, in its destination's lane. Barriers never
 #: wait for records, so a destination is woken once per burst of records instead of once
 #: per record (a thread hand-off each): at ``RECORD_BURST`` records, after this long, or
@@ -78,44 +73,9 @@ RETRY_MAX = 1 << 16
 RECORD_DEFER_MAX = 100e-3
 #: How often the timer thread looks at deferred items while there are any.
 _TIMER_PERIOD = 2e-3
-
-
-def learn(slot: Slot, elapsed: float, inline_max: float) -> None:
-    """Update a handler's eligibility after a call that took ``elapsed`` seconds (an
-    ``async def`` one: a call that finished without suspending).
-
-    A handler banned for slow calls sits out ``RETRY_AFTER`` calls, then the next call
-    judges it afresh; each new ban doubles the wait (at most ``RETRY_MAX`` calls). A
-    preempted cheap handler (a loaded machine) so comes back, and a slow one costs
-    nothing: it runs where it did, and only a fast call takes it back.
-    """
-    if not inline_max or slot.is_blocking:
-        return
-    if slot.inline_banned:
-        if slot.inline_wait:  # sitting out (or, below zero, for good: it suspends)
-            if slot.inline_wait > 0:
-                slot.inline_wait -= 1
-            return
-        slot.inline_banned = False  # judged again from this call on
-    if elapsed <= inline_max:
-        slot.inline_ok = True
-        slot.inline_strike = False
-    elif slot.inline_strike or elapsed > STRIKE_OUT * inline_max:
-        slot.inline_ok = False
-        slot.inline_banned = True
-        slot.inline_strike = False
-        slot.inline_wait = min(RETRY_AFTER << slot.inline_bans, RETRY_MAX)
-        slot.inline_bans += 1
-    else:  # once just over the limit: a preempted thread, or the handler's first slow call
-        slot.inline_strike = True
-
-
-def ban(slot: Slot) -> None:
-    """Take an ``async def`` handler that suspended (it does I/O) off the fast path for good:
-    the loop is woken for it at once, every time."""
-    slot.inline_ok = False
-    slot.inline_banned = True
-    slot.inline_wait = -1
+#: The timer thread wakes overdue records this much later than the producer would: a
+#: producer still publishing runs them itself (``run_records``); the timer is for a pause.
+_TIMER_SLACK = 20e-3
 
 
 class InlinePath:
@@ -192,8 +152,15 @@ class InlinePath:
         )
 
     def flush_overdue(self) -> None:
-        """Wake the lanes of whichever list has waited too long (see :meth:`overdue`)."""
-        self._wake(self._take_overdue(_perf()))
+        """Wake the lanes of whichever list has waited too long (see :meth:`overdue`); a
+        cheap destination's records run here instead (producer only, :meth:`run_records`)."""
+        lanes = self._take_overdue(_perf())
+        self._wake([lane for lane in lanes if not self.run_records(lane)])
+
+    def run_records(self, lane: Lane) -> bool:
+        """Run an idle cheap destination's leading records here (the producer); return
+        whether it did, else the caller wakes the lane (``_records.run_records_here``)."""
+        return run_records_here(lane, self.gate, self.inline_max)
 
     def flush_records(self) -> None:
         """Wake every destination holding deferred records (somebody waits for them)."""
@@ -201,12 +168,12 @@ class InlinePath:
             lanes, self.record_lanes = self.record_lanes, []
         self._wake(lanes)
 
-    def _take_overdue(self, now: float) -> list[Lane]:
+    def _take_overdue(self, now: float, slack: float = 0.0) -> list[Lane]:
         with self._lock:
             lanes: list[Lane] = []
             if self.lanes and now - self.since >= DEFER_MAX:
                 lanes, self.lanes = self.lanes, []
-            if self.record_lanes and now - self.records_since >= RECORD_DEFER_MAX:
+            if self.record_lanes and now - self.records_since >= RECORD_DEFER_MAX + slack:
                 lanes += self.record_lanes
                 self.record_lanes = []
             return lanes
@@ -376,10 +343,11 @@ class InlinePath:
             with self._lock:  # sleep until the first list is due, at least a period
                 due = min(
                     self.since + DEFER_MAX if self.lanes else math.inf,
-                    self.records_since + RECORD_DEFER_MAX if self.record_lanes else math.inf,
+                    self.records_since + RECORD_DEFER_MAX + _TIMER_SLACK
+                    if self.record_lanes else math.inf,
                 )
             time.sleep(_TIMER_PERIOD if due == math.inf else max(due - _perf(), _TIMER_PERIOD))
-            lanes = self._take_overdue(_perf())
+            lanes = self._take_overdue(_perf(), _TIMER_SLACK)
             with self._lock:
                 if self._closed:
                     return

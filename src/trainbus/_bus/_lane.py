@@ -301,15 +301,16 @@ class Lane:
                 waker()
 
     def add_record(self, item: WorkItem, defer: Callable[[Lane], bool] | None = None,
-                   burst: int = 1) -> None:
+                   burst: int = 1, here: Callable[[Lane], bool] | None = None) -> None:
         """Queue a record (any thread) and wake the lane, or, with ``defer``, leave an idle
-        lane asleep while fewer than ``burst`` records wait and ``defer(lane)`` lists it."""
+        lane asleep while fewer than ``burst`` records wait and ``defer(lane)`` lists it;
+        with ``here`` (the producer), ``here(lane)`` runs them instead of a wake-up if it can."""
         with self.lock:
             self.log_enq += 1
         self.pending.append(item)
         if self.state == IDLE and not (
             defer is not None and self.log_enq - self.log_done < burst and defer(self)
-        ):
+        ) and not (here is not None and here(self)):
             self.wake()
 
     def wait_for_room(self, bound: int, give_up: Callable[[], bool]) -> None:

@@ -96,6 +96,7 @@ class Session:
             lambda: self.producer.ident,
             self.producer.wait_for_records,
             self.inline.defer_records,
+            self.inline.run_records,
         )
         self.closing = Closing(state, logger, self.lanes, options, self._emit)
         self._drivers: dict[int, ThreadDriver] = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from trainbus._bus._inline import learn
+from trainbus._bus._eligibility import learn
 from trainbus._bus._items import CallItem, EventItem, LogItem, StopItem
 from trainbus._bus._running import finish_event, skip_event
 
@@ -107,7 +107,10 @@ class ThreadDriver:
                 slot.fn(record)
         except BaseException as exc:
             self.gate.fail(exc, slot.handler, None, self.lane)
-        slot.account(_perf() - t0)
+        elapsed = _perf() - t0
+        slot.account(elapsed)
+        if not slot.is_async:  # a cheap one may then run on the producer (``_inline.py``)
+            learn(slot, elapsed, self.inline_max)
 
     def drain_broken(self, error: BaseException) -> None:
         """After an internal error: account items without running them, until ``STOP``.
