@@ -93,8 +93,8 @@ def _position(step: int, ts: Timestamp | None) -> str:
 class ConsoleLogger(LoggerDestination):
     """Prints the latest metrics at an interval, in one compact line per step.
 
-    Its methods are plain functions: they run on the destination's own thread, never on
-    the event loop. Hyperparameters are printed once (again only if one changes).
+    Its methods are plain functions: they run on the destination's own thread (or, while
+    they stay cheap, in bursts on the training thread), never on the event loop. Hyperparameters are printed once (again only if one changes).
 
     Args:
         log_interval: How often to print: ``"1ep"`` (default), ``"50ba"``, a

@@ -10,7 +10,7 @@ Each line is ``{"name", "value", "step", "wall_time", "level", "kind"}``:
 - ``kind``: ``"metric"``, or ``"hyperparameter"`` for ``log_hyperparameters`` values.
 
 The file is opened (append mode, parent folders created) at ``fit_start``, written
-through a buffer on the destination's own thread, flushed when ``flush_interval`` seconds
+through a buffer off the event loop, flushed when ``flush_interval`` seconds
 have passed since the last flush and a point is written, and flushed and ``fsync``-ed at
 ``close``, which runs also when training fails: a failure loses no logged point.
 
@@ -138,8 +138,8 @@ def to_json_value(value: Any) -> Any:
 class JSONLinesLogger(LoggerDestination):
     """Appends every logged point to a JSON-lines file.
 
-    Its methods are plain functions, so writes happen on the destination's own thread,
-    never on the event loop. Points are written in the order they were logged; every
+    Its methods are plain functions, so writes happen on the destination's own thread (or,
+    while they stay cheap, in bursts on the training thread), never on the event loop. Points are written in the order they were logged; every
     point logged before ``fit()`` returns (or raises) is in the file, flushed and
     ``fsync``-ed, when it does.
 
