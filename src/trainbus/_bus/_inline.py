@@ -154,8 +154,13 @@ class InlinePath:
     def flush_overdue(self) -> None:
         """Wake the lanes of whichever list has waited too long (see :meth:`overdue`); a
         cheap destination's records run here instead (producer only, :meth:`run_records`)."""
-        lanes = self._take_overdue(_perf())
-        self._wake([lane for lane in lanes if not self.run_records(lane)])
+        rest: list[Lane] = []
+        for lane in self._take_overdue(_perf()):
+            if self.run_records(lane):
+                lane.deferred = lane.records_deferred = False  # unlisted, as in _wake
+            else:
+                rest.append(lane)
+        self._wake(rest)
 
     def run_records(self, lane: Lane) -> bool:
         """Run an idle cheap destination's leading records here (the producer); return

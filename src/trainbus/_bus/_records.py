@@ -149,7 +149,6 @@ def run_records_here(lane: Lane, gate: Gate, inline_max: float) -> bool:
         or gate.stopping or not lane.try_claim(allow_pending=True)
     ):
         return False
-    lane.records_deferred = False
     pending = lane.pending
     calls = 0
     start = t0 = _perf()
