@@ -4,11 +4,11 @@ A destination whose ``log_record`` is a plain ``def`` runs on a thread lane of i
 the bus hands it records in bursts with a cheap thread wake-up instead of an event-loop
 iteration (a loop lane costs the loop two iterations per record: the self-pipe
 wake-up, then the dispatcher task), or, once its calls proved cheap, the training thread
-runs the burst itself (``docs/concurrency.md``). Either way one thread at a time. :class:`Inbox` is how such a destination passes
-what it made of the records to its batching, which lives on the loop: the lane thread
-appends (``put``), and wakes the loop only once a request's worth of items has come
-(or hyperparameters, which are sealed at once); the loop takes everything at that
-wake-up, at each ``flush_interval`` and at ``close``.
+runs the burst itself (``docs/concurrency.md``). Either way one thread at a time.
+:class:`Inbox` is how such a destination passes what it made of the records to its
+batching, which lives on the loop: the lane appends (``put``), and wakes the loop only once
+a request's worth of items has come (or hyperparameters, which are sealed at once); the
+loop takes everything at that wake-up, at each ``flush_interval`` and at ``close``.
 
 Thread safety: ``put`` runs on whoever runs the lane (one thread at a time: its own, or
 the training thread while it holds the lane) and ``take`` on the loop; the ``deque`` is

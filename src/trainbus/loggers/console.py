@@ -94,7 +94,8 @@ class ConsoleLogger(LoggerDestination):
     """Prints the latest metrics at an interval, in one compact line per step.
 
     Its methods are plain functions: they run on the destination's own thread (or, while
-    they stay cheap, in bursts on the training thread), never on the event loop. Hyperparameters are printed once (again only if one changes).
+    they stay cheap, in bursts on the training thread), never on the event loop.
+    Hyperparameters are printed once (again only if one changes).
 
     Args:
         log_interval: How often to print: ``"1ep"`` (default), ``"50ba"``, a

@@ -139,9 +139,9 @@ class JSONLinesLogger(LoggerDestination):
     """Appends every logged point to a JSON-lines file.
 
     Its methods are plain functions, so writes happen on the destination's own thread (or,
-    while they stay cheap, in bursts on the training thread), never on the event loop. Points are written in the order they were logged; every
-    point logged before ``fit()`` returns (or raises) is in the file, flushed and
-    ``fsync``-ed, when it does.
+    while they stay cheap, in bursts on the training thread), never on the event loop.
+    Points are written in the order they were logged; every point logged before ``fit()``
+    returns (or raises) is in the file, flushed and ``fsync``-ed, when it does.
 
     Args:
         path: The file; parent folders are created. Each ``fit()`` appends to it,

@@ -52,8 +52,9 @@ class TensorBoardLogger(LoggerDestination):
     """Writes logged scalars to TensorBoard event files in ``log_dir``.
 
     Its methods are plain functions: they run on the destination's own thread (or, while
-    they stay cheap, in bursts on the training thread), never on the event loop. Each ``fit()`` writes a new event file in ``log_dir`` (TensorBoard
-    reads them as one run); ``close`` flushes and closes it, also after a failure.
+    they stay cheap, in bursts on the training thread), never on the event loop. Each
+    ``fit()`` writes a new event file in ``log_dir`` (TensorBoard reads them as one run);
+    ``close`` flushes and closes it, also after a failure.
 
     Args:
         log_dir: The run's folder (created if missing); point ``tensorboard --logdir``
