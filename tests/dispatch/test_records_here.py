@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from tests.dispatch._probes import WATCHDOG
+from tests.dispatch.test_wakeups import count_thread_wakes
 from trainbus import Callback, Engine, Event, Logger, LoggerDestination, State
-from trainbus._bus import _session
 from trainbus._scalars import _HOST_COPY_ATTR, DeferredScalar
 
 pytestmark = pytest.mark.anyio
@@ -46,18 +46,6 @@ class Sink(LoggerDestination):
 def make_engine(callbacks: list[Callback]) -> Engine:
     state = State(model=torch.nn.Linear(1, 1), max_duration="1ep")
     return Engine(state, Logger(state), callbacks, warn_slow=False)
-
-
-def count_thread_wakes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    woken: list[str] = []
-    original = _session._put_token
-
-    def put_token(lane: Any) -> None:
-        woken.append(lane.name)
-        original(lane)
-
-    monkeypatch.setattr(_session, "_put_token", put_token)
-    return woken
 
 
 def batches(engine: Engine, n: int, log: Any, producer: list[int]) -> None:
