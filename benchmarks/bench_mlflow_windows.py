@@ -64,6 +64,7 @@ Variants (two fits each, in this order; ``--variants``):
              ``call_soon_threadsafe`` to a task on an asyncio loop in a second thread, which
              ``json.dumps`` it and POSTs it with httpx to ``runs/log-batch``: the least a
              logger that sends from an event loop in the training process does
+    floor-stub the floor against the stub (the same requests, with no server on these cores)
 
 Every point must arrive: at the end the stub's count of metrics received and the server's
 store (``mlflow_points.wait_readable``, then an exact count) are checked against 10 per on
@@ -202,15 +203,21 @@ def run_fit(name: str, w: Any, on: bytearray, stub: bench.StubProcess | None,
     from trainbus.loggers import MLflowLogger
 
     expected = sum(on) * len(mp.KEYS)
-    if name == "floor":
+    if name in ("floor", "floor-stub"):
+        on_stub = name == "floor-stub" and stub is not None
+        counted = stub.counts() if on_stub and stub is not None else None
         load = os.getloadavg()[0]
-        result = train_floor(w, on, server.url, CLOCKS)
-        db = str(server.root / "mlflow.db")
+        result = train_floor(w, on, stub.url if on_stub and stub is not None else server.url,
+                             CLOCKS)
         out_floor: dict[str, Any] = {
             "fit_ms": result["fit_ms"], "load_start": load, "load_end": os.getloadavg()[0],
-            "points_expected": expected, "marks": result["marks"],
-            "readable_ms": (mp.wait_readable(db, result["run_id"], expected)
-                            - result["marks"]["wall"][-1]) * 1e3}
+            "points_expected": expected, "marks": result["marks"]}
+        if counted is not None and stub is not None:
+            out_floor["points_delivered"] = stub.counts()["points"] - counted["points"]
+            return out_floor
+        db = str(server.root / "mlflow.db")
+        out_floor["readable_ms"] = (mp.wait_readable(db, result["run_id"], expected)
+                                    - result["marks"]["wall"][-1]) * 1e3
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
             out_floor["points_delivered"] = con.execute(
                 "SELECT COUNT(*) FROM metrics WHERE run_uuid = ?",
@@ -305,13 +312,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     parser.add_argument("--drop", type=int, default=20, help="first batches of a window left out")
     parser.add_argument("--warmup", type=int, default=300, help="batches logging, not measured")
     parser.add_argument("--variants", default="null,stub,server",
-                        help="comma-separated: nobody, null, stub, server, floor")
+                        help="comma-separated: nobody, null, stub, server, floor, floor-stub")
     parser.add_argument("--json", type=Path, help="write the windows and figures here")
     args = parser.parse_args(argv)
     names = args.variants.split(",")
-    if unknown := set(names) - {"nobody", "null", "stub", "server", "floor"}:
+    if unknown := set(names) - {"nobody", "null", "stub", "server", "floor", "floor-stub"}:
         parser.error(f"--variants: unknown {sorted(unknown)}; choose among nobody, null, stub, "
-                     "server, floor")
+                     "server, floor, floor-stub")
     if not 0 < args.drop < args.window:
         parser.error(f"--drop must be between 1 and --window - 1 ({args.window - 1})")
     if args.warmup < 1 or args.blocks < 1:
@@ -327,7 +334,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     stub = server = None
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            stub = bench.StubProcess() if "stub" in names else None
+            stub = bench.StubProcess() if {"stub", "floor-stub"} & set(names) else None
             if "server" in names or "floor" in names:
                 from tests.loggers.mlflow_server import MLflowServer
 

@@ -31,7 +31,7 @@ def train_floor(w: Any, on: bytearray, url: str, clocks: tuple[str, ...]) -> dic
                                  json={"name": f"floor-{uuid.uuid4().hex[:6]}"})
         experiment.raise_for_status()
         created = client.post(f"{api}/runs/create", json={
-            "experiment_id": experiment.json()["experiment_id"],
+            "experiment_id": experiment.json().get("experiment_id"),  # the stub has none
             "start_time": int(time.time() * 1e3)})
         created.raise_for_status()
     run_id = created.json()["run"]["info"]["run_id"]
