@@ -204,16 +204,15 @@ def run_fit(name: str, w: Any, on: bytearray, stub: bench.StubProcess | None,
 
     expected = sum(on) * len(mp.KEYS)
     if name in ("floor", "floor-stub"):
-        on_stub = name == "floor-stub" and stub is not None
-        counted = stub.counts() if on_stub and stub is not None else None
+        target = stub if name == "floor-stub" else None
+        counted = target.counts()["points"] if target is not None else 0
         load = os.getloadavg()[0]
-        result = train_floor(w, on, stub.url if on_stub and stub is not None else server.url,
-                             CLOCKS)
+        result = train_floor(w, on, target.url if target is not None else server.url, CLOCKS)
         out_floor: dict[str, Any] = {
             "fit_ms": result["fit_ms"], "load_start": load, "load_end": os.getloadavg()[0],
             "points_expected": expected, "marks": result["marks"]}
-        if counted is not None and stub is not None:
-            out_floor["points_delivered"] = stub.counts()["points"] - counted["points"]
+        if target is not None:
+            out_floor["points_delivered"] = target.counts()["points"] - counted
             return out_floor
         db = str(server.root / "mlflow.db")
         out_floor["readable_ms"] = (mp.wait_readable(db, result["run_id"], expected)

@@ -80,7 +80,8 @@ async def test_a_cheap_destinations_records_run_on_the_training_thread_in_order(
     here = sum(t == producer[0] for t in sink.threads)
     # The first burst runs on its thread (it learns the handler is cheap); the rest here.
     assert here >= 640 - 2 * 64, f"only {here} of 640 records ran on the training thread"
-    assert all(t == producer[0] for t in sink.threads[200:600])
+    # At the end fewer than a burst (64) may still wait; close hands those to its thread.
+    assert all(t == producer[0] for t in sink.threads[200:640 - 64])
     assert marks[600] == marks[200], "the destination's thread was woken for records"
     stats = engine.statistics().callbacks[0]
     assert stats.inline == here

@@ -165,7 +165,14 @@ class InlinePath:
     def run_records(self, lane: Lane) -> bool:
         """Run an idle cheap destination's leading records here (the producer); return
         whether it did, else the caller wakes the lane (``_records.run_records_here``)."""
-        return run_records_here(lane, self.gate, self.inline_max)
+        if not run_records_here(lane, self.gate, self.inline_max):
+            return False
+        if lane.records_deferred:  # a full burst ran: unlist it, so that its clock restarts
+            with self._lock:
+                if lane.records_deferred and lane in self.record_lanes:
+                    lane.records_deferred = False
+                    self.record_lanes.remove(lane)
+        return True
 
     def flush_records(self) -> None:
         """Wake every destination holding deferred records (somebody waits for them)."""

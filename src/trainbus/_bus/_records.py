@@ -175,8 +175,8 @@ def run_records_here(lane: Lane, gate: Gate, inline_max: float) -> bool:
                 calls += 1
             lane.count_log_done()
     finally:
+        if calls:  # before the release: then the lane's thread may write the slot
+            slot.inline_calls += calls
+            learn(slot, (t0 - start) / calls, inline_max)
         lane.release()
-    if calls:
-        slot.inline_calls += calls
-        learn(slot, (t0 - start) / calls, inline_max)
     return True
