@@ -44,7 +44,7 @@ import os, subprocess, sys
 sys.path.insert(0, {bench!r})
 import anyio
 import bench_bus as bb
-import trainbus._bus._inline as inline
+import trainbus.bus._inline as inline
 n, kind, batches = {n}, {kind!r}, {batches}
 # Under valgrind everything runs ~50x slower; the fast path's time limits are scaled alike,
 # so that it decides as in a native run (else every handler looks slow and goes to its thread).

@@ -43,7 +43,7 @@ def _drive(coro: Any) -> Any:
 def measure(n: int = 2000, repeats: int = 5) -> dict[str, float]:
     """Microseconds of thread CPU per record: log_record, the request body, the total."""
     import trainbus.loggers.mlflow as module
-    from trainbus._logger import LogRecord
+    from trainbus.core.logger import LogRecord
     from trainbus.loggers import MLflowLogger
 
     async def no_send(client: Any, method: str, url: Any, headers: Any, body: Any) -> int:

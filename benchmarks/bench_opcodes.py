@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 import anyio  # noqa: E402
 import bench_bus as bb  # noqa: E402
 
-import trainbus._bus._inline as inline  # noqa: E402
+import trainbus.bus._inline as inline  # noqa: E402
 
 
 def count(kind: str, callbacks: int, batches: int) -> tuple[int, collections.Counter[tuple[str, str, str]]]:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import workloads
 
 from trainbus import Callback, TraceRecorder, Trainer
-from trainbus._bus import PRODUCER_ROW
+from trainbus.bus import PRODUCER_ROW
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

@@ -1,4 +1,4 @@
-"""The bus package's shape (issue 11): no import circle among its modules, small modules.
+"""The package's shape (issues 11, 29): no import circle anywhere in it, no oversized module.
 
 Imports are read with :mod:`ast`, not by importing: an import under
 ``if TYPE_CHECKING:`` or inside a function is a dependency as much as one at the top
@@ -15,8 +15,7 @@ import pytest
 import trainbus
 
 PACKAGE_DIR = Path(trainbus.__file__).parent
-BUS_DIR = PACKAGE_DIR / "_bus"
-MAX_LINES = 400
+MAX_LINES = 600  # advisory: a module past it probably holds two concepts
 
 
 def module_names(package_dir: Path, package: str) -> dict[str, Path]:
@@ -90,16 +89,14 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_the_bus_is_a_package_whose_modules_import_each_other_without_a_circle() -> None:
-    if not (BUS_DIR / "__init__.py").is_file():
-        pytest.fail(f"src/trainbus/_bus/ is not a package (no {BUS_DIR / '__init__.py'})")
-    graph = import_graph(BUS_DIR, "trainbus._bus")
-    assert len(graph) > 1, f"the bus package has only {sorted(graph)}"
+def test_no_module_of_trainbus_takes_part_in_an_import_circle() -> None:
+    graph = import_graph(PACKAGE_DIR, "trainbus")
+    assert "trainbus.bus" in graph and len(graph) > 20, sorted(graph)
     cycle = find_cycle(graph)
-    assert cycle is None, "import circle among the bus modules: " + " -> ".join(cycle or [])
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])
 
 
-def test_no_module_of_trainbus_is_over_400_lines() -> None:
+def test_no_module_of_trainbus_is_over_600_lines() -> None:
     sizes = {
         f"src/{path.relative_to(PACKAGE_DIR.parent).as_posix()}": len(
             path.read_text("utf-8").splitlines()

@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import make_trainer
 from trainbus import Callback, CallbackSignatureError, Event, blocking
-from trainbus._callback import resolve_callback
+from trainbus.core.callback import resolve_callback
 
 
 class Sync(Callback):

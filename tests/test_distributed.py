@@ -22,7 +22,6 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import trainbus
 from trainbus import Callback, Trainer
-from trainbus._distributed import DistInfo, runs_here, shard_loader
 from trainbus.callbacks import CheckpointSaver, EventStream
 from trainbus.loggers import (
     ConsoleLogger,
@@ -32,6 +31,7 @@ from trainbus.loggers import (
     MLflowLogger,
     TensorBoardLogger,
 )
+from trainbus.runtime.distributed import DistInfo, runs_here, shard_loader
 
 from .helpers import TinyModel, make_loader
 
@@ -156,7 +156,7 @@ def test_a_collective_that_ends_just_before_exit_does_not_abort_the_rank(
 ) -> None:
     # Issue 16 (pytorch/pytorch#190489): the gloo worker thread's release of the last
     # gather ran into Python's finalization: SIGABRT, "terminate called without an active
-    # exception". The script sets the race up; without trainbus._gloo_exit about half the
+    # exception". The script sets the race up; without trainbus.runtime.gloo_exit about half the
     # launches aborted.
     proc = _launch(tmp_path, *filter(None, [init]), script=LAST_COLLECTIVE)
     assert "terminate called" not in proc.stderr, proc.stderr
@@ -169,7 +169,7 @@ def test_a_collective_that_ends_just_before_exit_does_not_abort_the_rank(
 def test_the_gloo_exit_handler_is_installed_once_per_process() -> None:
     import atexit
 
-    from trainbus import _gloo_exit
+    from trainbus.runtime import gloo_exit as _gloo_exit
 
     already, count = _gloo_exit.registered(), atexit._ncallbacks()
     _gloo_exit.register()

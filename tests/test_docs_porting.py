@@ -17,7 +17,7 @@ import pytest
 
 from tests.docs_pages import Page
 from trainbus import Callback, Event, Logger, State, blocking
-from trainbus._callback import resolve_callback
+from trainbus.core.callback import resolve_callback
 
 PAGE = Page.read("porting-from-composer.md")
 DOC = PAGE.path

@@ -24,11 +24,11 @@ from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from trainbus import CheckpointLoadError, CheckpointWarning, Trainer
-from trainbus._dcp import folder_name, is_interrupted
-from trainbus._dcp import save as sharded_save
-from trainbus._resume import find_checkpoint
-from trainbus._timer import Timestamp
 from trainbus.callbacks import CheckpointSaver
+from trainbus.checkpoint.resume import find_checkpoint
+from trainbus.checkpoint.sharded import folder_name, is_interrupted
+from trainbus.checkpoint.sharded import save as sharded_save
+from trainbus.core.timer import Timestamp
 
 from .helpers import TinyModel, make_loader
 
@@ -103,7 +103,7 @@ def test_the_saver_destroys_its_process_group_at_close_and_the_exit_handler_is_o
 ) -> None:
     for r in _ranks(trained):  # the run launched exited 0 (it gathers right before its exit)
         assert r["groups_after_fit"] == 1  # the default group; DCP's own one is gone
-        assert r["exit_handler"]  # gloo: trainbus._gloo_exit's atexit handler is installed
+        assert r["exit_handler"]  # gloo: trainbus.runtime.gloo_exit's atexit handler is installed
 
 
 @pytest.mark.slow

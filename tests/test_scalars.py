@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from trainbus._scalars import DeferredScalar
+from trainbus.core.scalars import DeferredScalar
 
 
 class Event:

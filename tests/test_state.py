@@ -259,7 +259,7 @@ def test_state_dict_round_trip(tmp_path: Path) -> None:
 
 def test_a_frame_replacement_copies_every_other_field() -> None:
     """``_Frame.replace`` is written out field by field: a new field must be copied too."""
-    from trainbus._state import _empty_frame, _Frame
+    from trainbus.core.state import _empty_frame, _Frame
 
     frame = _empty_frame()
     for i, name in enumerate(_Frame.__slots__):

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from trainbus._time import Time, TimeUnit, ensure_time
-from trainbus._timer import Timer, Timestamp
+from trainbus.core.time import Time, TimeUnit, ensure_time
+from trainbus.core.timer import Timer, Timestamp
 
 UNITS_LISTED = "ep, ba, sp, tok, dur"
 

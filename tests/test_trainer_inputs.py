@@ -26,8 +26,8 @@ from trainbus import (
     Trainer,
     UnknownHandlerWarning,
 )
-from trainbus._callback import resolve_callback
-from trainbus._handler_names import warn_unknown_handlers
+from trainbus.core.callback import resolve_callback
+from trainbus.core.handler_names import warn_unknown_handlers
 from trainbus.loggers import InMemoryLogger
 
 

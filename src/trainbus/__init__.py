@@ -16,40 +16,40 @@ Example:
 
 from __future__ import annotations
 
-from trainbus._bus import BusStatistics as BusStatistics
-from trainbus._bus import CallbackStatistics as CallbackStatistics
-from trainbus._bus import TraceRecorder as TraceRecorder
-from trainbus._callback import Callback as Callback
-from trainbus._callback import blocking as blocking
-from trainbus._distributed import rank_zero_only as rank_zero_only
-from trainbus._engine import Engine as Engine
-from trainbus._events import Event as Event
-from trainbus._exceptions import CallbackSignatureError as CallbackSignatureError
-from trainbus._exceptions import CallbackTimeoutWarning as CallbackTimeoutWarning
-from trainbus._exceptions import CheckpointLoadError as CheckpointLoadError
-from trainbus._exceptions import CheckpointWarning as CheckpointWarning
-from trainbus._exceptions import EngineThreadError as EngineThreadError
-from trainbus._exceptions import FitInProgressError as FitInProgressError
-from trainbus._exceptions import SlowCallbackWarning as SlowCallbackWarning
-from trainbus._exceptions import TrainbusError as TrainbusError
-from trainbus._exceptions import TrainbusWarning as TrainbusWarning
-from trainbus._exceptions import UnknownHandlerWarning as UnknownHandlerWarning
-from trainbus._filters import every as every
-from trainbus._filters import once as once
-from trainbus._logger import Logger as Logger
-from trainbus._logger import LoggerDestination as LoggerDestination
-from trainbus._logger import LogLevel as LogLevel
-from trainbus._logger import LogRecord as LogRecord
-from trainbus._preemption import Preemption as Preemption
-from trainbus._preemption import TrainingPreempted as TrainingPreempted
-from trainbus._serializable import Serializable as Serializable
-from trainbus._state import State as State
-from trainbus._time import Time as Time
-from trainbus._time import TimeUnit as TimeUnit
-from trainbus._timer import Timer as Timer
-from trainbus._timer import Timestamp as Timestamp
-from trainbus._trailing import trailing as trailing
-from trainbus._trainer import Trainer as Trainer
+from trainbus.bus import BusStatistics as BusStatistics
+from trainbus.bus import CallbackStatistics as CallbackStatistics
+from trainbus.bus import TraceRecorder as TraceRecorder
+from trainbus.bus.engine import Engine as Engine
+from trainbus.core.callback import Callback as Callback
+from trainbus.core.callback import blocking as blocking
+from trainbus.core.events import Event as Event
+from trainbus.core.exceptions import CallbackSignatureError as CallbackSignatureError
+from trainbus.core.exceptions import CallbackTimeoutWarning as CallbackTimeoutWarning
+from trainbus.core.exceptions import CheckpointLoadError as CheckpointLoadError
+from trainbus.core.exceptions import CheckpointWarning as CheckpointWarning
+from trainbus.core.exceptions import EngineThreadError as EngineThreadError
+from trainbus.core.exceptions import FitInProgressError as FitInProgressError
+from trainbus.core.exceptions import SlowCallbackWarning as SlowCallbackWarning
+from trainbus.core.exceptions import TrainbusError as TrainbusError
+from trainbus.core.exceptions import TrainbusWarning as TrainbusWarning
+from trainbus.core.exceptions import UnknownHandlerWarning as UnknownHandlerWarning
+from trainbus.core.filters import every as every
+from trainbus.core.filters import once as once
+from trainbus.core.logger import Logger as Logger
+from trainbus.core.logger import LoggerDestination as LoggerDestination
+from trainbus.core.logger import LogLevel as LogLevel
+from trainbus.core.logger import LogRecord as LogRecord
+from trainbus.core.serializable import Serializable as Serializable
+from trainbus.core.state import State as State
+from trainbus.core.time import Time as Time
+from trainbus.core.time import TimeUnit as TimeUnit
+from trainbus.core.timer import Timer as Timer
+from trainbus.core.timer import Timestamp as Timestamp
+from trainbus.core.trailing import trailing as trailing
+from trainbus.runtime.distributed import rank_zero_only as rank_zero_only
+from trainbus.runtime.preemption import Preemption as Preemption
+from trainbus.runtime.preemption import TrainingPreempted as TrainingPreempted
+from trainbus.training.trainer import Trainer as Trainer
 
 __version__ = "0.1.0.dev0"
 

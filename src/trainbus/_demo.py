@@ -22,14 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainbus._callback import Callback, blocking
-from trainbus._logger import LoggerDestination
-from trainbus._trainer import Trainer
+from trainbus.core.callback import Callback, blocking
+from trainbus.core.logger import LoggerDestination
+from trainbus.training.trainer import Trainer
 
 if TYPE_CHECKING:
-    from trainbus._logger import Logger
-    from trainbus._state import State
     from trainbus.callbacks.dashboard import Dashboard
+    from trainbus.core.logger import Logger
+    from trainbus.core.state import State
 
 __all__ = [
     "DemoResult",

@@ -17,9 +17,9 @@ import torch
 
 from tests.helpers import TinyModel, make_loader
 from trainbus import Callback, CheckpointWarning, Trainer
-from trainbus._checkpoint import safe_globals
-from trainbus._resume import find_checkpoint
 from trainbus.callbacks import CheckpointSaver
+from trainbus.checkpoint.format import safe_globals
+from trainbus.checkpoint.resume import find_checkpoint
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

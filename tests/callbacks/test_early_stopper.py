@@ -11,8 +11,8 @@ import torch
 
 from tests.helpers import TinyModel, make_trainer
 from trainbus import Time, Timestamp
-from trainbus._callback import resolve_callback
 from trainbus.callbacks import EarlyStopper
+from trainbus.core.callback import resolve_callback
 
 
 class ScriptedModel(TinyModel):

@@ -12,7 +12,6 @@ import torch
 
 from tests.helpers import make_trainer
 from trainbus import Callback, Event, Timestamp
-from trainbus._callback import resolve_callback
 from trainbus.callbacks import (
     EventStream,
     StreamEvent,
@@ -22,6 +21,7 @@ from trainbus.callbacks import (
     Subscription,
 )
 from trainbus.callbacks.event_stream import DEFAULT_STREAM_EVENTS
+from trainbus.core.callback import resolve_callback
 
 pytestmark = pytest.mark.anyio
 

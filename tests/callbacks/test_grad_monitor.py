@@ -10,8 +10,8 @@ import torch
 
 from tests.helpers import TinyModel, make_trainer
 from trainbus import Callback, Logger, State, Time, blocking
-from trainbus._callback import resolve_callback
 from trainbus.callbacks import GradMonitor
+from trainbus.core.callback import resolve_callback
 from trainbus.loggers import InMemoryLogger
 
 

@@ -7,8 +7,8 @@ import torch
 
 from tests.helpers import TinyModel, make_loader
 from trainbus import Trainer
-from trainbus._callback import resolve_callback
 from trainbus.callbacks import LRMonitor
+from trainbus.core.callback import resolve_callback
 from trainbus.loggers import InMemoryLogger
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tests.helpers import make_trainer
-from trainbus._callback import resolve_callback
 from trainbus.callbacks import MemoryMonitor
+from trainbus.core.callback import resolve_callback
 from trainbus.loggers import InMemoryLogger
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from tests.helpers import make_trainer
 from trainbus import Callback
-from trainbus._callback import resolve_callback
 from trainbus.callbacks import ProgressBar
+from trainbus.core.callback import resolve_callback
 from trainbus.loggers import InMemoryLogger
 
 

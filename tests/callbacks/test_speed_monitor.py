@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.helpers import make_trainer
-from trainbus._callback import resolve_callback
 from trainbus.callbacks import SpeedMonitor
+from trainbus.core.callback import resolve_callback
 from trainbus.loggers import InMemoryLogger
 
 

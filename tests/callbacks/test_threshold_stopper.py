@@ -9,8 +9,8 @@ import pytest
 
 from tests.callbacks.test_early_stopper import ScriptedLoss, ScriptedModel
 from tests.helpers import make_trainer
-from trainbus._callback import resolve_callback
 from trainbus.callbacks import ThresholdStopper
+from trainbus.core.callback import resolve_callback
 
 
 def fit_batches(stopper: ThresholdStopper, model: Any, n: int = 12, **kw: Any) -> int:

@@ -19,7 +19,7 @@ import torch
 from tests.dispatch._probes import WATCHDOG
 from tests.dispatch.test_wakeups import count_thread_wakes
 from trainbus import Callback, Engine, Event, Logger, LoggerDestination, State
-from trainbus._scalars import _HOST_COPY_ATTR, DeferredScalar
+from trainbus.core.scalars import _HOST_COPY_ATTR, DeferredScalar
 
 pytestmark = pytest.mark.anyio
 

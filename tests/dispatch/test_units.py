@@ -17,17 +17,17 @@ import pytest
 import torch
 
 from trainbus import Callback, Engine, Event, Logger, State
-from trainbus._bus._coroutine import Resume as _Resume
-from trainbus._bus._eligibility import RETRY_AFTER, RETRY_MAX, STRIKE_OUT, ban, learn
-from trainbus._bus._gate import Gate
-from trainbus._bus._items import STOP, CallItem, EventItem, LogItem
-from trainbus._bus._lane import ACTIVE, CLAIMED, IDLE, Lane
-from trainbus._bus._slot import Member
-from trainbus._bus._statistics import Counters
-from trainbus._bus._stopped import Stopped
-from trainbus._bus._threads import ThreadDriver
-from trainbus._callback import resolve_callback
-from trainbus._logger import LogRecord
+from trainbus.bus._coroutine import Resume as _Resume
+from trainbus.bus._eligibility import RETRY_AFTER, RETRY_MAX, STRIKE_OUT, ban, learn
+from trainbus.bus._gate import Gate
+from trainbus.bus._items import STOP, CallItem, EventItem, LogItem
+from trainbus.bus._lane import ACTIVE, CLAIMED, IDLE, Lane
+from trainbus.bus._slot import Member
+from trainbus.bus._statistics import Counters
+from trainbus.bus._stopped import Stopped
+from trainbus.bus._threads import ThreadDriver
+from trainbus.core.callback import resolve_callback
+from trainbus.core.logger import LogRecord
 
 
 class Plain(Callback):

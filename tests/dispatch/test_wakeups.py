@@ -20,7 +20,7 @@ import torch
 
 from tests.dispatch._probes import WATCHDOG
 from trainbus import Callback, Engine, Event, Logger, LoggerDestination, State
-from trainbus._bus import _session
+from trainbus.bus import _session
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ the optimizer's full state dicts, the scheduler's learning rate, the batch count
 saver's list of checkpoints, the number of process groups left after ``fit`` and whether
 trainbus's gloo exit handler is installed. ``--load PATH`` resumes (a checkpoint folder, or
 the saver's). Like a user's script, it gathers the full state dicts right before it exits
-(the case of issue 16: ``trainbus._gloo_exit``).
+(the case of issue 16: ``trainbus.runtime.gloo_exit``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Launch it with ``python -m torch.distributed.run --standalone --nproc_per_node=2
 Trainer does). Each rank trains one batch, then, as a script that gathers its full model to
 save it would, all-gathers a tensor and returns at once.
 
-It sets up the race of pytorch/pytorch#190489 (``trainbus._gloo_exit`` explains the bug):
+It sets up the race of pytorch/pytorch#190489 (``trainbus.runtime.gloo_exit`` explains the bug):
 the gather's input is a Tensor subclass (as FSDP's ``DTensor`` and the functional
 collectives' ``AsyncCollectiveTensor`` are) whose only reference the gloo worker thread
 holds (on rank 0: rank 1 joins the gather only after rank 0 dropped it), so that thread's

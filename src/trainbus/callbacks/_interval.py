@@ -17,11 +17,11 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from trainbus._events import Event
-from trainbus._time import Time, TimeUnit, ensure_time
+from trainbus.core.events import Event
+from trainbus.core.time import Time, TimeUnit, ensure_time
 
 if TYPE_CHECKING:
-    from trainbus._state import State
+    from trainbus.core.state import State
 
 __all__ = ["Interval"]
 

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainbus._callback import Callback, blocking
-from trainbus._scalars import DeferredScalar
+from trainbus.core.callback import Callback, blocking
+from trainbus.core.scalars import DeferredScalar
 
 if TYPE_CHECKING:
-    from trainbus._logger import Logger
-    from trainbus._state import State
+    from trainbus.core.logger import Logger
+    from trainbus.core.state import State
 
 __all__ = [
     "Comparison",

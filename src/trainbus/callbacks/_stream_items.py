@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from trainbus._events import Event
-from trainbus._timer import Timestamp
+from trainbus.core.events import Event
+from trainbus.core.timer import Timestamp
 
 __all__ = [
     "StreamBusSnapshot",

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 import anyio.lowlevel
 
-from trainbus._exceptions import StreamOverflowError
 from trainbus.callbacks._stream_items import StreamGap, StreamItem
+from trainbus.core.exceptions import StreamOverflowError
 
 if TYPE_CHECKING:
     from trainbus.callbacks.event_stream import EventStream

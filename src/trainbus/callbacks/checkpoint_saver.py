@@ -2,7 +2,7 @@
 
 At a due ``BATCH_CHECKPOINT`` / ``EPOCH_CHECKPOINT`` the saver's ``@blocking`` handler runs on
 the training thread itself and takes a consistent copy of the run in host memory
-(:func:`trainbus._checkpoint.capture`). A writer thread owned by the saver then serialises,
+(:func:`trainbus.checkpoint.format.capture`). A writer thread owned by the saver then serialises,
 writes, ``fsync``s and renames it into place while training goes on. One save is in flight at a
 time: a save that comes due while the previous one is still being written *waits* for it (no
 checkpoint is ever skipped). ``docs/checkpoints.md`` explains the guarantees.
@@ -17,20 +17,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainbus import _dcp
-from trainbus._callback import Callback, blocking
-from trainbus._checkpoint import BufferPool, Capture, capture
-from trainbus._events import Event
-from trainbus._resume import epoch_rng, wait_for_handlers
-from trainbus._time import Time
-from trainbus._timer import Timestamp
 from trainbus.callbacks._interval import Interval
+from trainbus.checkpoint import sharded as _dcp
+from trainbus.checkpoint.format import BufferPool, Capture, capture
+from trainbus.checkpoint.resume import epoch_rng, wait_for_handlers
+from trainbus.core.callback import Callback, blocking
+from trainbus.core.events import Event
+from trainbus.core.time import Time
+from trainbus.core.timer import Timestamp
 
 if TYPE_CHECKING:
     import os
 
-    from trainbus._logger import Logger
-    from trainbus._state import State
+    from trainbus.core.logger import Logger
+    from trainbus.core.state import State
 
 __all__ = ["CheckpointSaver", "SaverStatistics"]
 

@@ -9,7 +9,7 @@ and joined at ``close``. Uploads use
 parts in flight; the GIL is released while bytes move). At most ``max_in_flight`` uploads
 are unfinished: a further hand-off waits, which holds the saver's writer, so the next save
 waits too (no checkpoint is skipped, memory and disk stay bounded). How a checkpoint
-becomes complete remotely, and how resuming finds it: :mod:`trainbus._s3`.
+becomes complete remotely, and how resuming finds it: :mod:`trainbus.checkpoint.s3`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainbus._callback import Callback, blocking
-from trainbus._s3 import (
+from trainbus.callbacks.checkpoint_saver import CheckpointSaver, _rank
+from trainbus.checkpoint.s3 import (
     MANIFEST_FORMAT,
     PinnedFile,
     S3Options,
@@ -33,12 +33,12 @@ from trainbus._s3 import (
     parse_s3_url,
     transient,
 )
-from trainbus._timer import Timestamp
-from trainbus.callbacks.checkpoint_saver import CheckpointSaver, _rank
+from trainbus.core.callback import Callback, blocking
+from trainbus.core.timer import Timestamp
 
 if TYPE_CHECKING:
-    from trainbus._logger import Logger
-    from trainbus._state import State
+    from trainbus.core.logger import Logger
+    from trainbus.core.state import State
 
 __all__ = ["CheckpointUploader", "UploaderStatistics"]
 

@@ -22,18 +22,18 @@ from collections import deque
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from trainbus._events import Event
-from trainbus._logger import LoggerDestination, LogRecord
 from trainbus.callbacks._stream_items import StreamEvent, StreamMetrics, json_ready
 from trainbus.callbacks.event_stream import DEFAULT_STREAM_EVENTS, EventStream
+from trainbus.core.events import Event
+from trainbus.core.logger import LoggerDestination, LogRecord
 
 if TYPE_CHECKING:
-    from trainbus._engine import Engine
-    from trainbus._logger import Logger
-    from trainbus._state import State
-    from trainbus._trainer import Trainer
+    from trainbus.bus.engine import Engine
     from trainbus.callbacks._bus_feed import BusFeed
+    from trainbus.core.logger import Logger
+    from trainbus.core.state import State
     from trainbus.serve._dashboard import ConnectionHub
+    from trainbus.training.trainer import Trainer
 
 __all__ = ["Dashboard"]
 

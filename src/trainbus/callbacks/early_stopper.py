@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trainbus._time import Time, TimeUnit, ensure_time
-from trainbus._timer import Timestamp
 from trainbus.callbacks._monitor import Comparison, MetricCheck, read_metric, resolve_comparison
+from trainbus.core.time import Time, TimeUnit, ensure_time
+from trainbus.core.timer import Timestamp
 
 if TYPE_CHECKING:
-    from trainbus._state import State
+    from trainbus.core.state import State
 
 __all__ = ["EarlyStopper"]
 

@@ -27,9 +27,6 @@ from collections.abc import Iterable
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from trainbus._events import Event
-from trainbus._exceptions import StreamOverflowError
-from trainbus._logger import LoggerDestination, LogRecord
 from trainbus.callbacks._stream_items import (
     StreamBusSnapshot,
     StreamEvent,
@@ -45,12 +42,15 @@ from trainbus.callbacks._subscription import (
     _check_buffer_size,
     _check_policy,
 )
+from trainbus.core.events import Event
+from trainbus.core.exceptions import StreamOverflowError
+from trainbus.core.logger import LoggerDestination, LogRecord
 
 if TYPE_CHECKING:
-    from trainbus._engine import Engine
-    from trainbus._logger import Logger
-    from trainbus._state import State
+    from trainbus.bus.engine import Engine
     from trainbus.callbacks._bus_feed import BusFeed
+    from trainbus.core.logger import Logger
+    from trainbus.core.state import State
 
 __all__ = [
     "DEFAULT_STREAM_EVENTS",

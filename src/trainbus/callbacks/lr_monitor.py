@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trainbus._callback import Callback, blocking
+from trainbus.core.callback import Callback, blocking
 
 if TYPE_CHECKING:
-    from trainbus._logger import Logger
-    from trainbus._state import State
+    from trainbus.core.logger import Logger
+    from trainbus.core.state import State
 
 __all__ = ["LRMonitor"]
 

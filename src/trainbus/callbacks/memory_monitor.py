@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainbus._callback import Callback, blocking
-from trainbus._events import Event
-from trainbus._time import Time
 from trainbus.callbacks._interval import Interval
+from trainbus.core.callback import Callback, blocking
+from trainbus.core.events import Event
+from trainbus.core.time import Time
 
 if TYPE_CHECKING:
-    from trainbus._logger import Logger
-    from trainbus._state import State
+    from trainbus.core.logger import Logger
+    from trainbus.core.state import State
 
 __all__ = ["MemoryMonitor"]
 

@@ -15,15 +15,15 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-from trainbus._events import Event
-from trainbus._logger import LoggerDestination
-from trainbus._scalars import DeferredScalar
-from trainbus._time import Time, TimeUnit
 from trainbus.callbacks._interval import Interval
+from trainbus.core.events import Event
+from trainbus.core.logger import LoggerDestination
+from trainbus.core.scalars import DeferredScalar
+from trainbus.core.time import Time, TimeUnit
 
 if TYPE_CHECKING:
-    from trainbus._logger import Logger
-    from trainbus._state import State
+    from trainbus.core.logger import Logger
+    from trainbus.core.state import State
 
 __all__ = ["ProgressBar"]
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from trainbus.callbacks._monitor import Comparison, MetricCheck, read_metric, resolve_comparison
 
 if TYPE_CHECKING:
-    from trainbus._state import State
+    from trainbus.core.state import State
 
 __all__ = ["ThresholdStopper"]
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from trainbus._logger import LoggerDestination, LogRecord
+from trainbus.core.logger import LoggerDestination, LogRecord
 from trainbus.loggers._delivery import (
     MetricsUploadWarning,
     Reply,
@@ -51,8 +51,8 @@ if TYPE_CHECKING:
 
     import httpx
 
-    from trainbus._logger import Logger
-    from trainbus._state import State
+    from trainbus.core.logger import Logger
+    from trainbus.core.state import State
 
 __all__ = ["BatchingDestination"]
 

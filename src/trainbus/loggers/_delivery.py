@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from trainbus._exceptions import MetricsUploadWarning
+from trainbus.core.exceptions import MetricsUploadWarning
 
 if TYPE_CHECKING:
     import httpx

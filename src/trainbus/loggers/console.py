@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
-from trainbus._logger import LoggerDestination, LogRecord
-from trainbus._time import Time, TimeUnit, ensure_time
-from trainbus._timer import Timestamp
+from trainbus.core.logger import LoggerDestination, LogRecord
+from trainbus.core.time import Time, TimeUnit, ensure_time
+from trainbus.core.timer import Timestamp
 
 if TYPE_CHECKING:
-    from trainbus._logger import Logger
-    from trainbus._state import State
+    from trainbus.core.logger import Logger
+    from trainbus.core.state import State
 
 __all__ = ["ConsoleLogger"]
 

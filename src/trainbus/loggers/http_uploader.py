@@ -32,8 +32,8 @@ from trainbus.loggers._journal import Journal
 if TYPE_CHECKING:
     import httpx
 
-    from trainbus._logger import Logger, LogRecord
-    from trainbus._state import State
+    from trainbus.core.logger import Logger, LogRecord
+    from trainbus.core.state import State
     from trainbus.loggers._spool import Batch
 
 __all__ = ["HTTPMetricsUploader", "MetricsUploadWarning", "UploaderStatistics", "as_number"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainbus._logger import LoggerDestination, LogLevel, LogRecord, _to_level
-from trainbus._timer import Timestamp
+from trainbus.core.logger import LoggerDestination, LogLevel, LogRecord, _to_level
+from trainbus.core.timer import Timestamp
 
 __all__ = ["InMemoryLogger"]
 

@@ -41,12 +41,12 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
-from trainbus._exceptions import TrainbusWarning
-from trainbus._logger import LoggerDestination, LogRecord
+from trainbus.core.exceptions import TrainbusWarning
+from trainbus.core.logger import LoggerDestination, LogRecord
 
 if TYPE_CHECKING:
-    from trainbus._logger import Logger
-    from trainbus._state import State
+    from trainbus.core.logger import Logger
+    from trainbus.core.state import State
 
 __all__ = ["JSONLinesLogger", "to_json_value"]
 

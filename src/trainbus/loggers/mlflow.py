@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from trainbus._exceptions import TrackingServerError
+from trainbus.core.exceptions import TrackingServerError
 from trainbus.loggers._batching import BatchingDestination
 from trainbus.loggers._delivery import (
     MetricsUploadWarning,
@@ -40,8 +40,8 @@ from trainbus.loggers._delivery import (
 if TYPE_CHECKING:
     import httpx
 
-    from trainbus._logger import Logger, LogRecord
-    from trainbus._state import State
+    from trainbus.core.logger import Logger, LogRecord
+    from trainbus.core.state import State
     from trainbus.loggers._spool import Batch
 
 __all__ = ["MLflowLogger", "TrackingServerError"]

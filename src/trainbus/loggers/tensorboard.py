@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainbus._logger import LoggerDestination, LogRecord
+from trainbus.core.logger import LoggerDestination, LogRecord
 
 if TYPE_CHECKING:
-    from trainbus._logger import Logger
-    from trainbus._state import State
+    from trainbus.core.logger import Logger
+    from trainbus.core.state import State
 
 __all__ = ["TensorBoardLogger"]
 

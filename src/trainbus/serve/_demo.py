@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from trainbus._trainer import Trainer
 from trainbus.serve._jobs import JobContext
+from trainbus.training.trainer import Trainer
 
 __all__ = ["DEMO_DEFAULTS", "DemoMLP", "SyntheticBatches", "demo_job_factory"]
 

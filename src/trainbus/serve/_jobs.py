@@ -20,10 +20,9 @@ from typing import Any, Literal
 import anyio
 import anyio.abc
 
-from trainbus._logger import LoggerDestination, LogRecord
-from trainbus._trainer import Trainer
 from trainbus.callbacks._stream_items import json_ready
 from trainbus.callbacks.event_stream import EventStream
+from trainbus.core.logger import LoggerDestination, LogRecord
 from trainbus.serve._status import (
     JobFactoryError,
     JobStatus,
@@ -31,6 +30,7 @@ from trainbus.serve._status import (
     TooManyJobsError,
     default_max_running,
 )
+from trainbus.training.trainer import Trainer
 
 __all__ = [
     "Job",

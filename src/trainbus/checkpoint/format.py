@@ -1,0 +1,328 @@
+"""What a checkpoint holds, how it is captured, and how it reaches the disk atomically.
+
+Two halves with a hand-off between them:
+
+- :func:`capture` runs on the training thread (in the saver's ``@blocking`` handler). It
+  builds the checkpoint as plain containers whose tensors are *copies in host memory*
+  (or, on CUDA, pinned host buffers whose copies are queued on the current stream, see
+  :class:`Capture`), so training may go on changing the live tensors at once.
+- :func:`write_atomic` runs on the saver's writer thread: ``torch.save`` to a hidden
+  temporary file in the target folder, ``fsync``, then ``os.replace`` onto the final
+  name and ``fsync`` of the folder. A crash at any point leaves either the old file (or
+  none) or the complete new one under the final name; never a torn file.
+
+The format is a dict (``FORMAT_KEY`` marks it) loadable with
+``torch.load(..., weights_only=True)`` under :func:`safe_globals`: only tensors, plain
+containers and the few trainbus types listed in :data:`SAFE_GLOBALS`.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import copy
+import os
+import pathlib
+import random
+import secrets
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainbus.core.time import Time, TimeUnit
+from trainbus.core.timer import _make_timestamp
+
+if TYPE_CHECKING:
+    from trainbus.core.callback import Callback
+    from trainbus.core.state import State
+
+__all__ = [
+    "BufferPool",
+    "FORMAT_KEY",
+    "FORMAT_VERSION",
+    "TEMP_MARKER",
+    "Capture",
+    "callback_keys",
+    "capture",
+    "capture_rng",
+    "restore_deque",
+    "safe_globals",
+    "temp_path_for",
+    "to_host",
+    "write_atomic",
+]
+
+#: The key (and version) that marks a dict as a trainbus checkpoint.
+FORMAT_KEY = "trainbus_checkpoint"
+FORMAT_VERSION = 1
+#: Temporary files are named ``.<final name>.<TEMP_MARKER><random>``: hidden, and never
+#: taken for a checkpoint when resuming from a folder.
+TEMP_MARKER = "partial-"
+
+
+class _PortableDeque(collections.deque[Any]):
+    """A deque that pickles through :func:`restore_deque` (``weights_only`` cannot extend one)."""
+
+    def __reduce__(self) -> Any:
+        return (restore_deque, (list(self), self.maxlen))
+
+
+def restore_deque(items: list[Any], maxlen: int | None) -> collections.deque[Any]:
+    """Rebuild a ``collections.deque`` saved in a checkpoint (an allow-listed global)."""
+    return collections.deque(items, maxlen)
+
+
+#: What ``torch.load(weights_only=True)`` may build besides tensors and plain containers.
+SAFE_GLOBALS: list[Any] = [restore_deque, _make_timestamp, Time, TimeUnit, frozenset]
+
+
+def safe_globals() -> Any:
+    """A context in which checkpoints load with ``weights_only=True`` (our types allowed)."""
+    scoped = getattr(torch.serialization, "safe_globals", None)
+    if scoped is not None:
+        return scoped(SAFE_GLOBALS)
+    torch.serialization.add_safe_globals(SAFE_GLOBALS)  # torch < 2.5: no scoped form
+    return contextlib.nullcontext()
+
+
+#: Host buffers by ``(shape, dtype, pinned)``, reused from one capture to the next.
+BufferPool = dict[tuple[Any, ...], list[torch.Tensor]]
+
+
+@dataclass
+class Capture:
+    """A checkpoint captured on the training thread, ready for the writer.
+
+    Attributes:
+        payload: The checkpoint dict; its tensors live in host memory.
+        ready: On CUDA, an event recorded after the queued device-to-host copies; the
+            writer waits for it before reading ``payload``. ``None`` when the copies are
+            already complete (CPU tensors are copied synchronously).
+        host_bytes: Bytes of tensor data copied to the host.
+        buffers: The host buffers the payload's tensors live in, by shape and dtype: once
+            the payload is written, pass them as the next capture's ``pool``.
+    """
+
+    payload: dict[str, Any]
+    ready: Any = None
+    host_bytes: int = 0
+    buffers: BufferPool = field(default_factory=dict)
+
+    def wait(self) -> None:
+        """Block until every queued device-to-host copy has landed (writer thread)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+            self.ready = None
+
+    def write(self, path: pathlib.Path) -> int:
+        """:meth:`wait`, then :func:`write_atomic` the payload to ``path``; its size."""
+        self.wait()
+        return write_atomic(path, self.payload)
+
+
+@dataclass
+class _Copier:
+    """Copies tensors to host memory; device tensors via pinned buffers, not blocking.
+
+    ``pool`` holds host buffers of an earlier capture that the writer is done with:
+    copying into a buffer that is already mapped costs a ``memcpy``; a fresh allocation
+    also pays a page fault per page (about as much again). ``used`` collects the buffers
+    of this capture, to be the next capture's pool.
+    """
+
+    pool: BufferPool = field(default_factory=dict)
+    used: BufferPool = field(default_factory=dict)
+    device_copies: bool = False
+    nbytes: int = 0
+    memo: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    def _buffer(self, t: torch.Tensor, pinned: bool) -> torch.Tensor:
+        key = (tuple(t.shape), t.dtype, pinned)
+        free = self.pool.get(key)
+        out = free.pop() if free else torch.empty(t.shape, dtype=t.dtype, pin_memory=pinned)
+        self.used.setdefault(key, []).append(out)
+        return out
+
+    def tensor(self, t: torch.Tensor) -> torch.Tensor:
+        key = id(t)
+        if key in self.memo:  # the same tensor twice stays one tensor
+            return self.memo[key][1]
+        t_in, t = t, t.detach()
+        self.nbytes += t.numel() * t.element_size()
+        if t.layout is not torch.strided or t.device.type not in ("cpu", "cuda"):
+            out = t.to("cpu", copy=True)  # sparse tensors, other devices: plain copy
+        elif t.device.type == "cpu":
+            out = self._buffer(t, pinned=False)
+            out.copy_(t)
+        else:
+            out = self._buffer(t, pinned=True)
+            out.copy_(t, non_blocking=True)
+            self.device_copies = True
+        self.memo[key] = (t_in, out)  # keeps t_in alive, so its id is not reused
+        return out
+
+
+def to_host(obj: Any, copier: _Copier | None = None) -> Any:
+    """A deep copy of ``obj`` with every tensor copied to host memory.
+
+    Containers are rebuilt (dicts keep their type, ``OrderedDict`` included); a
+    ``deque`` becomes one that loads under ``weights_only``; other values are deep-copied
+    so a callback that mutates its state after ``state_dict()`` returned cannot change
+    the checkpoint being written.
+    """
+    copier = _Copier() if copier is None else copier
+    if isinstance(obj, torch.Tensor):
+        return copier.tensor(obj)
+    if isinstance(obj, collections.OrderedDict):
+        return collections.OrderedDict((k, to_host(v, copier)) for k, v in obj.items())
+    if isinstance(obj, dict):
+        return {k: to_host(v, copier) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_host(v, copier) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(to_host(v, copier) for v in obj)
+    if isinstance(obj, collections.deque):
+        return _PortableDeque((to_host(v, copier) for v in obj), obj.maxlen)
+    if obj is None or isinstance(obj, str | int | float | bool | bytes):
+        return obj
+    return copy.deepcopy(obj)
+
+
+def callback_keys(callbacks: list[Callback]) -> Iterator[tuple[str, Callback]]:
+    """``(key, callback)`` pairs: ``"<module>.<Class>#<n>"``, n counting that class.
+
+    Two instances of one class get ``#0`` and ``#1``; adding a callback of another class
+    to the run does not change the keys of the others.
+    """
+    seen: collections.Counter[str] = collections.Counter()
+    for cb in callbacks:
+        cls = type(cb)
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        yield f"{name}#{seen[name]}", cb
+        seen[name] += 1
+
+
+def capture_rng() -> dict[str, Any]:
+    """The states of Python's, NumPy's (when installed), torch's and CUDA's generators."""
+    version, internal, gauss = random.getstate()
+    rng: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "torch": torch.get_rng_state(),
+    }
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy ships with torch wheels
+        pass
+    else:
+        np_state = np.random.get_state(legacy=False)
+        if isinstance(np_state, dict):
+            rng["numpy"] = {
+                "bit_generator": np_state["bit_generator"],
+                "key": [int(k) for k in np_state["state"]["key"]],
+                "pos": int(np_state["state"]["pos"]),
+                "has_gauss": int(np_state["has_gauss"]),
+                "gauss": float(np_state["gauss"]),
+            }
+    cuda_initialized: Callable[[], bool] = torch.cuda.is_initialized
+    if torch.cuda.is_available() and cuda_initialized():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def capture(
+    state: State,
+    *,
+    weights_only: bool = False,
+    epoch_rng: torch.Tensor | None = None,
+    callback_states: Callable[[Callback], Any] | None = None,
+    pool: BufferPool | None = None,
+    include_model: bool = True,
+) -> Capture:
+    """Capture a consistent checkpoint of ``state`` (on the training thread).
+
+    Args:
+        state: The live training state (or a handler's view of it).
+        weights_only: Capture the model's weights and the timestamp only.
+        epoch_rng: torch's generator state when the current epoch's data iterator was
+            made, so a mid-epoch resume can rebuild the same shuffled order.
+        callback_states: ``callback -> state_dict`` (default: ``cb.state_dict()``).
+        pool: Host buffers of an earlier capture, no longer in use, to copy into (see
+            :attr:`Capture.buffers`); buffers whose shape and dtype match are reused.
+        include_model: Capture the model and the optimizers (``False`` for a sharded
+            checkpoint, which saves them with ``torch.distributed.checkpoint``).
+    """
+    copier = _Copier(pool={k: list(v) for k, v in (pool or {}).items()})
+    timer = state.timer.state_dict()
+    payload: dict[str, Any] = {
+        FORMAT_KEY: FORMAT_VERSION,
+        "weights_only": weights_only,
+        "timestamp": dict(timer),
+    }
+    if include_model:
+        payload["model"] = to_host(state.model.state_dict(), copier)
+    if not weights_only:
+        scaler = getattr(state, "scaler", None)
+        get_state = callback_states or (lambda cb: cb.state_dict())
+        callbacks: dict[str, Any] = {}
+        for key, cb in callback_keys(state.callbacks):
+            cb_state = get_state(cb)
+            if cb_state:
+                callbacks[key] = to_host(cb_state, copier)
+        if include_model:
+            payload["optimizers"] = [to_host(o.state_dict(), copier) for o in state.optimizers]
+        payload.update(
+            schedulers=[to_host(s.state_dict(), copier) for s in state.schedulers],
+            scaler=None if scaler is None else to_host(scaler.state_dict(), copier),
+            timer=dict(timer),
+            rng=capture_rng(),  # fresh objects already
+            epoch_rng=None if epoch_rng is None else epoch_rng.clone(),
+            callbacks=callbacks,
+        )
+    ready = None
+    if copier.device_copies:
+        ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        ready.record()
+    return Capture(payload, ready, copier.nbytes, copier.used)
+
+
+def _fsync_dir(folder: pathlib.Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some platforms cannot open a directory; the rename still happened
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def temp_path_for(path: pathlib.Path) -> pathlib.Path:
+    """A hidden, unique temporary name beside ``path``."""
+    return path.with_name(f".{path.name}.{TEMP_MARKER}{secrets.token_hex(4)}")
+
+
+def write_atomic(path: pathlib.Path, payload: Mapping[str, Any]) -> int:
+    """Serialise ``payload`` to ``path`` so that ``path`` is never a torn file.
+
+    Writes a hidden temporary file in the same folder, flushes and ``fsync``s it, renames
+    it onto ``path`` (atomic on POSIX and Windows) and ``fsync``s the folder. On any error
+    the temporary file is removed and the error raised. Returns the file's size.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path_for(path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(dict(payload), f)
+            f.flush()
+            os.fsync(f.fileno())
+            size = f.tell()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return size

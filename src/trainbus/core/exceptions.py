@@ -1,0 +1,117 @@
+"""Exceptions and warnings raised by trainbus.
+
+Hierarchy::
+
+    TrainbusError (Exception)
+    ├── EngineThreadError (TrainbusError, RuntimeError)   wrong thread: would deadlock
+    ├── FitInProgressError (TrainbusError, RuntimeError)  fit() while a fit is running
+    ├── CallbackSignatureError (TrainbusError, TypeError) a handler cannot be called
+    ├── StreamOverflowError                               an EventStream subscriber fell behind
+    └── TrackingServerError (TrainbusError, RuntimeError) a tracking server refused a request
+    TrainbusWarning (UserWarning)
+    ├── SlowCallbackWarning                               handlers slower than the batch
+    ├── MetricsUploadWarning                              points refused or not delivered
+    ├── CallbackTimeoutWarning                            a callback missed close_timeout
+    └── UnknownHandlerWarning                             a handler-like method no event calls
+
+Each class shows as the public module users import it from (``trainbus.X``, or
+``trainbus.loggers.X`` / ``trainbus.callbacks.X``), in tracebacks and ``repr``.
+
+Errors raised by callbacks are never wrapped: ``fit()`` raises the callback's own
+exception, with a note naming the callback and the event.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CallbackSignatureError",
+    "CallbackTimeoutWarning",
+    "EngineThreadError",
+    "FitInProgressError",
+    "MetricsUploadWarning",
+    "SlowCallbackWarning",
+    "StreamOverflowError",
+    "TrackingServerError",
+    "TrainbusError",
+    "TrainbusWarning",
+    "UnknownHandlerWarning",
+]
+
+
+class TrainbusError(Exception):
+    """Base class of the errors trainbus itself raises."""
+
+
+class EngineThreadError(TrainbusError, RuntimeError):
+    """A blocking engine call was made from a thread where it would deadlock."""
+
+
+class FitInProgressError(TrainbusError, RuntimeError):
+    """``fit()`` was called while the same trainer is already fitting."""
+
+
+class CallbackSignatureError(TrainbusError, TypeError):
+    """A callback's handler does not accept the arguments trainbus passes it."""
+
+
+class TrainbusWarning(UserWarning):
+    """Base class of the warnings trainbus emits."""
+
+
+class SlowCallbackWarning(TrainbusWarning):
+    """A callback's handlers take longer than the batch they observe."""
+
+
+class StreamOverflowError(TrainbusError):
+    """A subscriber fell ``buffer_size`` items behind under ``on_overflow="disconnect"``."""
+
+
+class TrackingServerError(TrainbusError, RuntimeError):
+    """A tracking server (MLflow) refused a request that retrying cannot fix."""
+
+
+class MetricsUploadWarning(TrainbusWarning):
+    """Points were refused by the server, or not delivered before ``close_timeout``."""
+
+
+class CallbackTimeoutWarning(TrainbusWarning):
+    """A callback missed its ``close_timeout`` and was abandoned, or keeps training waiting."""
+
+
+class UnknownHandlerWarning(TrainbusWarning):
+    """A callback method looks like a handler (``on_batch_end``) but no event calls it."""
+
+
+# -- checkpoints (trainbus.callbacks.CheckpointSaver, Trainer(load_path=...)) -----------------
+
+__all__ += ["CheckpointLoadError", "CheckpointWarning"]
+
+
+class CheckpointLoadError(TrainbusError, RuntimeError):
+    """A checkpoint is missing, truncated, corrupt, or does not match the model; names the path."""
+
+
+class CheckpointWarning(TrainbusWarning):
+    """A callback's state is in the checkpoint but not in the run, or the other way round."""
+
+
+# Tracebacks and ``repr`` show where users import a class from, not this private module:
+# ``trainbus.FitInProgressError``, not ``trainbus.core.exceptions.FitInProgressError``. Each is
+# importable from the module named here, so pickling (e.g. across processes) still works.
+for _cls in (
+    TrainbusError,
+    EngineThreadError,
+    FitInProgressError,
+    CallbackSignatureError,
+    TrainbusWarning,
+    SlowCallbackWarning,
+    CallbackTimeoutWarning,
+    UnknownHandlerWarning,
+    CheckpointLoadError,
+    CheckpointWarning,
+):
+    _cls.__module__ = "trainbus"
+StreamOverflowError.__module__ = "trainbus.callbacks"
+MetricsUploadWarning.__module__ = "trainbus.loggers"
+TrackingServerError.__module__ = "trainbus.loggers"
+del _cls

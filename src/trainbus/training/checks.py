@@ -1,0 +1,181 @@
+"""The Trainer's argument checks that need more than one line: each names the argument and the fix.
+
+Everything here runs in ``Trainer.__init__`` before the model moves, the seed is set or
+any callback sees ``INIT``, so a bad argument costs nothing but the error.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from trainbus.core.callback import Callback
+from trainbus.core.time import Time, TimeUnit, ensure_time
+
+__all__ = [
+    "check_callbacks",
+    "check_eval_interval",
+    "check_grad_clip_norm",
+    "check_max_duration",
+    "check_optimizers",
+    "check_run_name",
+]
+
+
+def check_max_duration(value: Time[Any] | str | int, *, name: str = "max_duration") -> Time[Any]:
+    """``value`` as a :class:`Time` that trains something: finite, positive, not in ``dur``."""
+    duration = ensure_time(value, name=name)
+    if duration.unit is TimeUnit.DURATION:
+        raise ValueError(
+            f"{name}={value!r} is a fraction of itself; use ep, ba, sp or tok units, e.g. '2ep'"
+        )
+    amount = float(duration.value)
+    if not math.isfinite(amount):
+        raise ValueError(
+            f"{name}={value!r} is not a finite amount; give a number of epochs or batches, "
+            "e.g. '10ep' or Time(500, 'ba')"
+        )
+    if amount <= 0:
+        raise ValueError(
+            f"{name}={value!r} trains nothing; give a positive duration, e.g. '1ep' or '100ba'"
+        )
+    return duration
+
+
+def check_eval_interval(value: Time[Any] | str | int) -> Time[int]:
+    """``value`` as a whole positive number of epochs or batches."""
+    interval = ensure_time(value, name="eval_interval")
+    hint = "e.g. '1ep' or '100ba'"
+    if interval.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH) or not interval.value > 0:
+        raise ValueError(
+            f"eval_interval={value!r} must be a positive number of epochs or batches, {hint}"
+        )
+    amount = float(interval.value)
+    if not math.isfinite(amount) or amount != int(amount):
+        raise ValueError(
+            f"eval_interval={value!r} must be a whole number of epochs or batches: evaluation "
+            f"runs after a whole epoch or batch; {hint} (to evaluate twice per epoch, give "
+            "half the epoch's batches in 'ba')"
+        )
+    return Time(int(amount), interval.unit)
+
+
+def check_run_name(run_name: object) -> None:
+    """``run_name`` is ``None`` or a ``str``."""
+    if run_name is not None and not isinstance(run_name, str):
+        raise TypeError(
+            f"run_name must be a str, got {run_name!r} ({type(run_name).__qualname__}); "
+            f"e.g. run_name='{run_name}', or None for a generated name"
+        )
+
+
+def check_grad_clip_norm(grad_clip_norm: object) -> float | None:
+    """``grad_clip_norm`` as a positive finite float, or ``None`` (no clipping)."""
+    if grad_clip_norm is None:
+        return None
+    if (
+        isinstance(grad_clip_norm, bool)
+        or not isinstance(grad_clip_norm, int | float)
+        or not math.isfinite(grad_clip_norm)
+        or grad_clip_norm <= 0
+    ):
+        raise ValueError(
+            f"grad_clip_norm={grad_clip_norm!r} must be a positive number (the largest L2 norm "
+            "of all gradients together), e.g. 1.0, or None for no clipping"
+        )
+    return float(grad_clip_norm)
+
+
+def _is_callback_class(obj: object) -> bool:
+    return isinstance(obj, type) and issubclass(obj, Callback)
+
+
+def check_callbacks(callbacks: Sequence[Any], loggers: Sequence[Any]) -> None:
+    """No callback class instead of an instance; no instance given twice."""
+    seen: dict[int, str] = {}
+    named = [(f"callbacks[{i}]", cb) for i, cb in enumerate(callbacks)]
+    named += [(f"loggers[{i}]", dest) for i, dest in enumerate(loggers)]
+    for where, cb in named:
+        if _is_callback_class(cb):
+            raise TypeError(
+                f"{where} is the class {cb.__qualname__}, not an instance; pass an instance: "
+                f"{cb.__qualname__}()"
+            )
+        first = seen.setdefault(id(cb), where)
+        if first != where:
+            raise ValueError(
+                f"{where} is the same {type(cb).__qualname__} instance as {first}, so it would "
+                "see every event twice; pass it once (or create a second instance)"
+            )
+
+
+def check_optimizers(optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    """Refuse optimizers that only work with a closure (the trainer steps without one)."""
+    for i, opt in enumerate(optimizers):
+        if isinstance(opt, torch.optim.LBFGS):
+            raise TypeError(
+                f"optimizers[{i}] is LBFGS, which re-evaluates the batch through a closure; "
+                "trainbus calls optimizer.step() without one (docs/training-loop.md). Use a "
+                "first-order optimizer such as torch.optim.AdamW"
+            )
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            f"device={device!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'"
+        ) from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available; use 'auto' or 'cpu'")
+    if resolved.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device={device!r} is not supported; use 'auto', 'cpu' or 'cuda'")
+    return resolved
+
+
+def _check_loader(loader: Any, name: str) -> None:
+    if not isinstance(loader, Iterable):
+        raise TypeError(
+            f"{name} must be iterable (a torch DataLoader or any iterable of batches), "
+            f"got {type(loader).__qualname__}"
+        )
+    try:
+        empty = len(loader) == 0  # type: ignore[arg-type]
+    except TypeError:
+        return  # no len(): an empty epoch is reported when it happens
+    if empty:
+        raise ValueError(f"{name} is empty; give it at least one batch (check drop_last)")
+
+
+def _default_run_name() -> str:
+    return f"trainbus-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def _as_list(callbacks: Any, name: str) -> list[Any]:
+    if isinstance(callbacks, Callback):
+        return [callbacks]
+    if isinstance(callbacks, str) or not isinstance(callbacks, Iterable):
+        raise TypeError(
+            f"{name} must be a list of trainbus.Callback instances, got "
+            f"{type(callbacks).__qualname__}; pass {name}=[MyCallback()]"
+        )
+    return list(callbacks)
+
+
+def _optimizer_list(optimizers: Any) -> list[torch.optim.Optimizer]:
+    opts = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else optimizers
+    opts = list(opts) if isinstance(opts, Iterable) else [opts]
+    if not opts or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
+        raise TypeError(
+            f"optimizers={optimizers!r} must be a torch.optim.Optimizer or a list of them; "
+            "e.g. optimizers=torch.optim.SGD(model.parameters(), lr=0.1), or None for AdamW"
+        )
+    return opts

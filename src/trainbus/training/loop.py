@@ -1,0 +1,296 @@
+"""The training loop body: what runs on the training thread during ``fit()``.
+
+It knows nothing about threads or event loops: it computes, updates the state, and
+calls ``publish(event)`` at each point of Composer's event order (SPEC section 2).
+``publish`` may block (barriers, backpressure) or raise to unwind (errors, cancellation).
+The step is Composer v0.6's: gradients zeroed after ``BEFORE_TRAIN_BATCH``, unscaled and
+clipped before ``AFTER_TRAIN_BATCH``, applied after it (``docs/training-loop.md``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainbus.checkpoint.resume import epoch_batches
+from trainbus.core.events import Event
+from trainbus.core.logger import LogLevel
+from trainbus.core.scalars import DeferredScalar
+from trainbus.core.time import Time, TimeUnit
+from trainbus.runtime.distributed import reduce_eval, sync_gradients
+from trainbus.training.batch import BatchCalls
+
+if TYPE_CHECKING:
+    from trainbus.core.logger import Logger
+    from trainbus.core.state import State
+
+__all__ = ["LoopConfig", "TrainingLoop"]
+
+E = Event
+
+
+@dataclass(frozen=True, slots=True)
+class LoopConfig:
+    """What the loop needs besides the state; built and validated by the Trainer."""
+
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None
+    eval_interval: Time[int]
+    autocast_dtype: torch.dtype | None
+    log_train_loss: bool
+    grad_clip_norm: float | None = None
+
+
+def batch_size_of(batch: Any) -> int:
+    """The number of samples in ``batch`` (the first tensor's leading dimension)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, tuple | list):  # the common case, before the ABC checks
+        return batch_size_of(batch[0]) if batch else 1
+    if isinstance(batch, Mapping):
+        for value in batch.values():
+            return batch_size_of(value)
+    if isinstance(batch, Sequence) and not isinstance(batch, str) and batch:
+        return batch_size_of(batch[0])
+    return 1
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move every tensor in ``batch`` to ``device`` without blocking the host."""
+    if isinstance(batch, torch.Tensor):
+        # Already there (CPU training): ``to`` would return it too, at a dispatch's cost.
+        return batch if batch.device == device else batch.to(device, non_blocking=True)
+    if isinstance(batch, tuple | list):
+        return type(batch)(to_device(v, device) for v in batch)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: to_device(v, device) for k, v in batch.items()})  # type: ignore[call-arg]
+    return batch
+
+
+def split_microbatches(batch: Any, n: int) -> list[Any]:
+    """Split ``batch`` into ``n`` microbatches along the leading dimension."""
+    if n == 1:
+        return [batch]
+    if isinstance(batch, torch.Tensor):
+        return list(torch.chunk(batch, n))
+    if isinstance(batch, Mapping):
+        parts = {k: split_microbatches(v, n) for k, v in batch.items()}
+        count = min(len(p) for p in parts.values())
+        return [type(batch)({k: p[i] for k, p in parts.items()}) for i in range(count)]  # type: ignore[call-arg]
+    if isinstance(batch, tuple | list):
+        columns = [split_microbatches(v, n) for v in batch]
+        count = min(len(c) for c in columns)
+        return [type(batch)(c[i] for c in columns) for i in range(count)]
+    raise TypeError(
+        f"grad_accum={n} needs batches of tensors, tuples, lists or dicts to split, "
+        f"got {type(batch).__qualname__}; use grad_accum=1"
+    )
+
+
+def _len_or_none(loader: Any) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+class TrainingLoop:
+    """Runs epochs of training (and evaluation) on the calling thread."""
+
+    def __init__(
+        self,
+        state: State,
+        logger: Logger,
+        config: LoopConfig,
+        publish: Callable[..., None],
+    ) -> None:
+        self.state = state
+        self.logger = logger
+        self.config = config
+        self.publish = publish
+        self.model = state.model
+        self.calls = BatchCalls(state.model, config.loss_fn)
+        # Training goes through the DDP wrapper (state.ddp_model is state.model without one).
+        self.train_calls = BatchCalls(state.model, config.loss_fn, module=state.ddp_model)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        dtype = self.config.autocast_dtype
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.state.device.type, dtype=dtype)
+
+    def _forward_loss(self, micro: Any) -> torch.Tensor:
+        """Forward and loss of one microbatch, with their events.
+
+        Events with nothing computed between them are published together: they share
+        one state snapshot and wake each lane once.
+        """
+        publish, state = self.publish, self.state
+        publish(E.BEFORE_FORWARD)
+        with self._autocast():
+            outputs = self.train_calls.forward(micro)
+        state.outputs = outputs
+        publish(E.AFTER_FORWARD, E.BEFORE_LOSS)
+        with self._autocast():
+            loss = self.calls.loss(outputs, micro)
+        # Handlers get the loss without its graph: float(state.loss) just works, and the
+        # host copy of a GPU loss starts here, on the training thread (D14).
+        state.loss = DeferredScalar.start(loss.detach())
+        publish(E.AFTER_LOSS, E.BEFORE_BACKWARD)
+        return loss
+
+    def _train_batch(self, batch: Any, lead: tuple[Event, ...]) -> torch.Tensor:
+        """One step, in Composer v0.6's order; returns the batch's (detached) loss.
+
+        ``lead`` ends with ``BEFORE_TRAIN_BATCH``; then the gradients are zeroed, the
+        microbatches run forward, loss and backward (scaled by the grad scaler, if any),
+        the gradients are unscaled and clipped, ``AFTER_TRAIN_BATCH`` sees them complete
+        and not yet applied, and only then do the optimizers and schedulers step.
+        """
+        state, publish = self.state, self.publish
+        publish(*lead)
+        for opt in state.optimizers:
+            opt.zero_grad(set_to_none=True)
+        scaler = state.scaler
+        total = state.batch_num_samples
+        micro_losses = []
+        micros = split_microbatches(batch, state.grad_accum)
+        for i, micro in enumerate(micros):
+            with sync_gradients(state.ddp_model, last=i == len(micros) - 1):  # DDP: once
+                loss = self._forward_loss(micro)
+                if len(micros) == 1:
+                    micro_losses.append(state.loss)  # already detached
+                else:
+                    loss = loss * (batch_size_of(micro) / total if total else 1.0)
+                    micro_losses.append(loss.detach())
+                if scaler is not None:
+                    loss = scaler.scale(loss)  # fp16: small gradients do not underflow
+                loss.backward()  # type: ignore[no-untyped-call]
+            publish(E.AFTER_BACKWARD)
+        if scaler is not None:
+            for opt in state.optimizers:
+                scaler.unscale_(opt)
+        if self.config.grad_clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip_norm)
+        publish(E.AFTER_TRAIN_BATCH)
+        for opt in state.optimizers:
+            if scaler is None:
+                opt.step()
+            else:
+                scaler.step(opt)  # skipped when the unscaled gradients hold inf or nan
+        if scaler is not None:
+            scaler.update()
+        for sched in state.schedulers:
+            sched.step()
+        return micro_losses[0] if len(micro_losses) == 1 else torch.stack(micro_losses).sum()
+
+    def _done(self) -> bool:
+        state = self.state
+        if state.stop_requested:
+            return True
+        end = state.max_duration
+        return bool(state.timestamp.get(end.unit).value >= end.value)
+
+    def _eval_due(self, unit: TimeUnit) -> bool:
+        interval = self.config.eval_interval
+        if self.state.eval_dataloader is None or interval.unit is not unit:
+            return False
+        return int(self.state.timestamp.get(unit)) % int(interval.value) == 0
+
+    def run(self, *, deliver_init: bool) -> None:
+        """Train until ``state.max_duration`` or a stop request; publish every event."""
+        state, publish = self.state, self.publish
+        state.ddp_model.train()  # the user's module, and its DDP wrapper if any
+        if deliver_init:
+            publish(E.INIT)
+        publish(E.FIT_START)
+        while not self._done():
+            skip = int(state.timestamp.batch_in_epoch)
+            if skip == 0:
+                publish(E.EPOCH_START)
+            finished_epoch = self._run_epoch(skip)
+            if not finished_epoch:
+                break
+            state._timer.on_epoch_complete()
+            publish(E.EPOCH_END)
+            if self._eval_due(TimeUnit.EPOCH):
+                self.evaluate()
+            publish(E.EPOCH_CHECKPOINT)
+        publish(E.FIT_END)
+
+    def _run_epoch(self, skip: int) -> bool:
+        """One epoch (or its rest); returns whether it ran to the end of the data."""
+        state, publish, logger = self.state, self.publish, self.logger
+        device = state.device
+        batches: Iterator[Any] = epoch_batches(state, skip)  # set_epoch, resume position
+        seen = skip
+        num_batches = _len_or_none(state.train_dataloader)
+        for raw in batches:
+            seen += 1
+            self.calls.check(raw, "train_dataloader")
+            batch = to_device(raw, device)
+            state.batch = batch
+            state.batch_num_samples = batch_size_of(batch)
+            loss = self._train_batch(
+                batch, (E.AFTER_DATALOADER, E.BATCH_START, E.BEFORE_TRAIN_BATCH)
+            )
+            state._timer.on_batch_complete(state.batch_num_samples, state.batch_num_tokens)
+            if self.config.log_train_loss:  # at step n for batch n, as BATCH_END handlers
+                logger.log_metrics({"loss/train": DeferredScalar.start(loss)})
+            publish(E.BATCH_END, E.BATCH_CHECKPOINT)
+            if self._eval_due(TimeUnit.BATCH):
+                self.evaluate()
+            if self._done():
+                # The data ran out with this batch: the epoch is complete (EPOCH_END
+                # fires), as when max_duration in batches is a whole number of epochs.
+                return seen == num_batches
+        if seen == 0:
+            raise ValueError(
+                "train_dataloader produced no batches; check the dataset and drop_last"
+            )
+        return True
+
+    @torch.no_grad()
+    def evaluate(self) -> None:
+        """One pass over ``eval_dataloader``: mean loss and model metrics, logged."""
+        state, publish = self.state, self.publish
+        model = self.model
+        model.eval()
+        publish(E.EVAL_START)
+        total = 0
+        sums: dict[str, torch.Tensor] = {}
+        metric_fn = getattr(model, "eval_metrics", None)
+        for raw in state.eval_dataloader:
+            self.calls.check(raw, "eval_dataloader")
+            batch = to_device(raw, state.device)
+            n = batch_size_of(batch)
+            state.batch = batch
+            publish(E.EVAL_BATCH_START, E.EVAL_BEFORE_FORWARD)
+            with self._autocast():
+                outputs = self.calls.forward(batch)
+            state.outputs = outputs
+            publish(E.EVAL_AFTER_FORWARD)
+            with self._autocast():
+                loss = self.calls.loss(outputs, batch)
+            values: dict[str, Any] = {"loss": loss}
+            if callable(metric_fn):
+                values.update(metric_fn(outputs, batch))
+            for name, value in values.items():
+                v = torch.as_tensor(value, device=state.device).detach().float() * n
+                sums[name] = sums[name] + v if name in sums else v
+            total += n
+            publish(E.EVAL_BATCH_END)
+        sums, count = reduce_eval(sums, total, state.device)  # under torchrun: all ranks
+        divisor = count.clamp(min=1) if isinstance(count, torch.Tensor) else max(count, 1)
+        means = {name: DeferredScalar.start(s / divisor) for name, s in sums.items()}
+        metrics = dict(state.current_metrics)
+        metrics["eval"] = means
+        state.current_metrics = metrics
+        model.train()
+        self.logger.log_metrics(
+            {f"eval/{name}": value for name, value in means.items()}, level=LogLevel.EPOCH
+        )
+        publish(E.EVAL_END)

@@ -1,0 +1,399 @@
+"""The Trainer: validated configuration, ``await trainer.fit()`` and ``fit_sync()``."""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal
+
+import anyio
+import torch
+
+from trainbus.bus import (
+    DEFAULT_CLOSE_TIMEOUT,
+    DEFAULT_INLINE_MAX,
+    DEFAULT_WAIT_WARNING,
+    BusOptions,
+    LoopHandle,
+    no_running_loop,
+)
+from trainbus.bus.engine import Engine
+from trainbus.checkpoint.resume import attach_handler_drain, read_checkpoint, restore_checkpoint
+from trainbus.core.callback import Callback, resolve_callback
+from trainbus.core.events import Event
+from trainbus.core.exceptions import EngineThreadError, FitInProgressError
+from trainbus.core.logger import Logger, LoggerDestination
+from trainbus.core.state import State
+from trainbus.core.time import Time
+from trainbus.runtime.distributed import (
+    DEFAULT_DIST_TIMEOUT,
+    abort_on_failure,
+    check_checkpointing,
+    is_sharded,
+    runs_here,
+    setup,
+    shard_loader,
+    sigterm_stops,
+    unwrap,
+    wrap_model,
+)
+from trainbus.runtime.interrupt import sigint_handled
+from trainbus.runtime.preemption import Preemption, check_preemption
+from trainbus.training.checks import (
+    _as_list,
+    _check_loader,
+    _default_run_name,
+    _optimizer_list,
+    _resolve_device,
+    check_callbacks,
+    check_eval_interval,
+    check_grad_clip_norm,
+    check_max_duration,
+    check_optimizers,
+    check_run_name,
+)
+from trainbus.training.loop import LoopConfig, TrainingLoop
+
+__all__ = ["Trainer"]
+
+_PRECISIONS: dict[str | None, torch.dtype | None] = {
+    None: None,
+    "fp32": None,
+    "bf16": torch.bfloat16,
+    "amp_bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "amp_fp16": torch.float16,
+    "amp": torch.float16,  # Composer v0.6's name for fp16 autocast with a grad scaler
+}
+
+
+class Trainer:
+    """Trains a model on a worker thread while callbacks run on the event loop.
+
+    Args:
+        model: A ``torch.nn.Module``. If it defines ``loss(outputs, batch)`` (Composer's
+            convention) ``forward`` receives the whole batch, whatever it is; otherwise
+            batches are ``(inputs, targets)`` pairs (``model(inputs)``,
+            ``loss_fn(outputs, targets)``) or dicts (``model(batch)``,
+            ``loss_fn(outputs, batch)``). See ``docs/training-loop.md``.
+        train_dataloader: An iterable of batches (a ``DataLoader``).
+        max_duration: How long to train: a :class:`Time`, ``"10ep"``/``"500ba"``/... or
+            an int (epochs).
+        eval_dataloader: Batches for evaluation, or ``None``.
+        eval_interval: How often to evaluate: ``"1ep"``, ``"100ba"``, or an int (epochs).
+        optimizers: An optimizer or a list; default ``torch.optim.AdamW(lr=1e-3)``.
+        schedulers: A scheduler or a list; stepped after every batch.
+        callbacks: :class:`Callback` instances, offered events in this order.
+        loggers: :class:`LoggerDestination` instances (offered events after callbacks).
+        loss_fn: The loss for models without a ``loss`` method: ``loss_fn(outputs,
+            targets)`` for pairs, ``loss_fn(outputs, batch)`` for dict batches.
+        device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
+        precision: ``None``/``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast; ``"amp"``,
+            Composer's name, is ``"fp16"``). fp16 also scales the loss with a
+            ``torch.amp.GradScaler`` (``state.scaler``); the gradients are unscaled
+            before ``AFTER_TRAIN_BATCH``.
+        grad_accum: Microbatches per batch; forward/loss/backward events repeat for each.
+        grad_clip_norm: Clip the L2 norm of all gradients together to this value after
+            the last backward (and unscaling), before ``AFTER_TRAIN_BATCH``; ``None``
+            (the default) does not clip. Composer v0.6's name.
+        barriers: Events (or one Event) at which training waits for every earlier
+            handler (D4); ``()`` for none but close.
+        max_lag: Batches by which handlers may trail the barrier (D4).
+        queue_size: Handler calls that may wait per callback before training waits (D12).
+        run_name: The run's name for loggers; generated when not given.
+        seed: Seeds Python's and torch's random generators.
+        log_train_loss: Log ``loss/train`` after every batch when there are loggers.
+        warn_slow_callbacks: Warn when a callback's handlers are slower than a batch.
+        inline_max: Seconds. A plain handler whose calls have all taken at most this
+            long is queued without waking its thread, and the training thread runs it at
+            the next barrier event (where it waits anyway), skipping a thread wake-up. Its
+            first call runs on its callback's thread; a call over ten times the limit, or
+            two in a row over it, move it back there for good. ``0`` sends every plain
+            handler to its thread.
+        close_timeout: Seconds each callback's ``close`` and ``post_close`` may take, and
+            a cancelled ``fit()`` waits for a stuck handler, before it is reported
+            (:class:`~trainbus.CallbackTimeoutWarning`) and abandoned; every other
+            callback still closes. ``math.inf`` waits for ever.
+        wait_warning: Seconds the training thread may wait at a barrier (or a close for a
+            callback) before a :class:`~trainbus.CallbackTimeoutWarning` names the callback
+            and the handler it waits for; ``math.inf`` never warns.
+        load_path: A checkpoint file, or a ``CheckpointSaver`` folder (its newest
+            complete checkpoint; an empty folder starts fresh), or ``"s3://bucket/prefix"``
+            written by a ``CheckpointUploader``, to resume from. See ``docs/checkpoints.md``.
+        dist_timeout: Seconds a collective waits for the other ranks before it fails, when
+            the trainer initialises the process group under ``torchrun`` (Composer's
+            name). See ``docs/distributed.md``: under ``torchrun`` the model is wrapped in
+            ``DistributedDataParallel``, the data sharded, evaluation metrics reduced
+            across ranks, and rank-zero-only callbacks act on rank zero only.
+        preemption: ``True`` or a :class:`~trainbus.Preemption`: on SIGTERM (while
+            ``fit()`` runs in the main thread) save a checkpoint, stop at the next batch,
+            close every logger within a grace period, and make ``fit_sync()`` exit with
+            status 143. See ``docs/crash-consistency.md``.
+
+    Example:
+        >>> trainer = Trainer(model, loader, "2ep", loss_fn=F.cross_entropy,
+        ...                   callbacks=[Upload()], loggers=[JSONLinesLogger("m.jsonl")])
+        >>> await trainer.fit()          # in async code
+        >>> trainer.fit_sync()           # in a script
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        train_dataloader: Iterable[Any],
+        max_duration: Time[Any] | str | int,
+        *,
+        eval_dataloader: Iterable[Any] | None = None,
+        eval_interval: Time[Any] | str | int = "1ep",
+        optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
+        schedulers: Any = None,
+        callbacks: Sequence[Callback] | Callback = (),
+        loggers: Sequence[LoggerDestination] | LoggerDestination = (),
+        loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+        device: str | torch.device = "auto",
+        precision: str | None = None,
+        grad_accum: int = 1,
+        grad_clip_norm: float | None = None,
+        barriers: Iterable[Event | str] = (Event.BATCH_END,),
+        max_lag: int = 0,
+        queue_size: int = 128,
+        run_name: str | None = None,
+        seed: int | None = None,
+        log_train_loss: bool = True,
+        warn_slow_callbacks: bool = True,
+        inline_max: float = DEFAULT_INLINE_MAX,
+        close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
+        wait_warning: float = DEFAULT_WAIT_WARNING,
+        load_path: str | os.PathLike[str] | None = None,
+        dist_timeout: float = DEFAULT_DIST_TIMEOUT,
+        preemption: Preemption | bool = False,
+    ) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(
+                f"model must be a torch.nn.Module, got {type(model).__qualname__}; "
+                "wrap your function in an nn.Module"
+            )
+        model, ddp_wrapper = unwrap(model)  # state.model is the user's module, never DDP
+        if not callable(getattr(model, "loss", None)) and loss_fn is None:
+            raise ValueError(
+                "no loss: define model.loss(outputs, batch) (Composer's convention) or pass "
+                "loss_fn=..., e.g. loss_fn=torch.nn.functional.cross_entropy"
+            )
+        if loss_fn is not None and not callable(loss_fn):
+            raise TypeError(
+                f"loss_fn must be callable, got {type(loss_fn).__qualname__}; "
+                "pass a function (outputs, targets) -> loss, e.g. F.cross_entropy"
+            )
+        _check_loader(train_dataloader, "train_dataloader")
+        if eval_dataloader is not None:
+            _check_loader(eval_dataloader, "eval_dataloader")
+        duration = check_max_duration(max_duration)
+        interval = check_eval_interval(eval_interval)
+        check_run_name(run_name)
+        clip = check_grad_clip_norm(grad_clip_norm)
+        self.preemption = check_preemption(preemption)
+        if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
+            raise ValueError(f"grad_accum={grad_accum!r} must be a positive int, e.g. 1 or 4")
+        if precision not in _PRECISIONS:
+            raise ValueError(
+                f"precision={precision!r} is unknown; use None, 'fp32', 'bf16' or 'fp16' "
+                "('amp' is accepted for 'fp16', as in Composer)"
+            )
+        bus_options = BusOptions.validated(  # one place validates the bus's options
+            barriers=barriers,
+            max_lag=max_lag,
+            queue_size=queue_size,
+            inline_max=inline_max,
+            warn_slow=warn_slow_callbacks,
+            close_timeout=close_timeout,
+            wait_warning=wait_warning,
+        )
+        resolved_device = _resolve_device(device)
+        callbacks = _as_list(callbacks, "callbacks")
+        loggers = _as_list(loggers, "loggers")
+        check_callbacks(callbacks, loggers)
+        check_checkpointing(model, callbacks)
+        opt_list = [] if optimizers is None else _optimizer_list(optimizers)
+        check_optimizers(opt_list)
+        for i, dest in enumerate(loggers):
+            if not isinstance(dest, LoggerDestination):
+                resolve_callback(dest, where=f"loggers[{i}]")  # raises for non-callbacks
+                raise TypeError(
+                    f"loggers[{i}] is a {type(dest).__qualname__}, not a LoggerDestination; "
+                    "pass plain callbacks in callbacks=[...]"
+                )
+        dist_info, resolved_device = setup(resolved_device, dist_timeout)
+        train_dataloader = shard_loader(
+            train_dataloader, dist_info, name="train_dataloader", seed=seed or 0
+        )
+        if eval_dataloader is not None:
+            eval_dataloader = shard_loader(
+                eval_dataloader, dist_info, name="eval_dataloader", seed=seed or 0
+            )
+
+        if seed is not None:
+            random.seed(seed)
+            torch.manual_seed(seed)
+        model.to(resolved_device)
+        ddp_model = wrap_model(model, ddp_wrapper, dist_info, resolved_device)
+        if not opt_list:
+            opt_list = [torch.optim.AdamW(model.parameters(), lr=1e-3)]
+        if schedulers is None:
+            sched_list: list[Any] = []
+        elif isinstance(schedulers, list | tuple):
+            sched_list = list(schedulers)
+        else:
+            sched_list = [schedulers]
+
+        self.state = State(
+            model=model,
+            max_duration=duration,
+            optimizers=opt_list,
+            schedulers=sched_list,
+            train_dataloader=train_dataloader,
+            eval_dataloader=eval_dataloader,
+            precision=precision or "fp32",
+            grad_accum=grad_accum,
+            callbacks=[*callbacks, *loggers],
+            device=resolved_device,
+            run_name=run_name or _default_run_name(),
+        )
+        self.state.ddp_model = ddp_model
+        self.state.rank, self.state.world_size = dist_info.rank, dist_info.world_size
+        self.state.local_rank = dist_info.local_rank
+        self._distributed = dist_info.distributed
+        if _PRECISIONS[precision] is torch.float16:  # bf16 has fp32's range: no scaler
+            self.state.scaler = torch.amp.GradScaler(resolved_device.type)
+        self.logger = Logger(self.state)
+        self.engine = Engine(
+            self.state,
+            self.logger,
+            [
+                cb
+                for cb in self.state.callbacks
+                if runs_here(cb, dist_info, sharded=is_sharded(model))
+            ],
+            barriers=bus_options.barriers,
+            max_lag=bus_options.max_lag,
+            queue_size=bus_options.queue_size,
+            warn_slow=bus_options.warn_slow,
+            inline_max=bus_options.inline_max,
+            close_timeout=bus_options.close_timeout,
+            wait_warning=bus_options.wait_warning,
+        )
+        self._config = LoopConfig(
+            loss_fn=loss_fn,
+            eval_interval=interval,
+            autocast_dtype=_PRECISIONS[precision],
+            log_train_loss=log_train_loss and bool(loggers),
+            grad_clip_norm=clip,
+        )
+        self._init_delivered = False
+        # Read and check the checkpoint before INIT; restore it after, as Composer does.
+        checkpoint = None if load_path is None else read_checkpoint(load_path, self.state)
+        if no_running_loop():  # as Composer does: INIT handlers run in the constructor
+            self.engine._run_once(Event.INIT)
+            self._init_delivered = True
+        if checkpoint is not None:
+            restore_checkpoint(checkpoint, self.state)
+
+    async def fit(self, *, duration: Time[Any] | str | int | None = None) -> None:
+        """Train until ``max_duration`` (or for ``duration`` more), then close callbacks.
+
+        The training loop runs on a worker thread; handlers run on this event loop and
+        on their callbacks' threads. Returns when training ended and every callback's
+        ``close`` and ``post_close`` have run; raises a handler's exception (with a note
+        naming the callback and event), or an ``ExceptionGroup`` if several failed.
+        Cancelling the awaiting task stops training within one event and still closes.
+
+        Args:
+            duration: Train this much longer than the timer says now (continues a
+                finished run), instead of up to ``max_duration``.
+        """
+        state = self.state
+        if self.engine.running:
+            raise FitInProgressError(
+                "this trainer is already fitting; await the running fit() before starting "
+                "another, or create a second Trainer"
+            )
+        if duration is not None:
+            extra = check_max_duration(duration, name="duration")
+            now = state.timestamp.get(extra.unit)
+            state.max_duration = Time(int(now.value) + int(extra.value), extra.unit)
+        state._stop.clear()
+        loop = TrainingLoop(state, self.logger, self._config, self.engine._bus.publish)
+        # The saver waits for every handler and record before it captures (CheckpointSaver).
+        attach_handler_drain(state, functools.partial(self.engine._bus.wait_all, records=True))
+        deliver_init = not self._init_delivered
+        self._init_delivered = True
+
+        def produce() -> None:
+            loop.publish = self.engine._bus.publisher()  # this session's, bound
+            try:
+                loop.run(deliver_init=deliver_init)
+            except BaseException:
+                if self._distributed:  # peers waiting in a collective fail now, not later
+                    abort_on_failure()
+                raise
+
+        terminated: list[int] = []
+        if self.preemption is None:
+            with sigterm_stops(state, self._distributed) as terminated:
+                await self.engine.run_cycle(produce)
+        else:  # preemption handles SIGTERM itself: checkpoint, stop, exit 143
+            with self.preemption.installed(state):
+                await self.engine.run_cycle(produce)
+        if terminated:  # torchrun stops the other workers when one fails; all closed
+            raise RuntimeError(
+                f"fit() stopped on rank {state.rank}: the process received SIGTERM (torchrun "
+                "sends it to every worker once one has failed; see that worker's error)"
+            )
+
+    @property
+    def preempted(self) -> bool:
+        """Whether a preemption signal stopped the last ``fit()``."""
+        return self.preemption is not None and self.preemption.signum is not None
+
+    def fit_sync(
+        self,
+        *,
+        duration: Time[Any] | str | int | None = None,
+        backend: Literal["asyncio", "trio"] = "asyncio",
+    ) -> None:
+        """Run :meth:`fit` from plain synchronous code (starts an event loop).
+
+        Ctrl-C (on the main thread) stops training at the next event and closes every
+        callback, then raises ``KeyboardInterrupt``; a second Ctrl-C abandons handlers that
+        are stuck and closes the rest under a short deadline.
+
+        Raises:
+            EngineThreadError: Called on a thread that runs an event loop; use
+                ``await trainer.fit()`` there.
+            KeyboardInterrupt: Ctrl-C was pressed (after every callback closed).
+            TrainingPreempted: A preemption signal stopped the run (``preemption=``);
+                a ``SystemExit`` with the configured status.
+        """
+        if not no_running_loop():
+            raise EngineThreadError(
+                "fit_sync() starts its own event loop, but this thread already runs one; "
+                "use `await trainer.fit()` instead"
+            )
+        running: list[tuple[LoopHandle, anyio.CancelScope]] = []
+
+        async def fit() -> None:
+            with anyio.CancelScope() as scope:
+                running.append((LoopHandle(), scope))
+                await self.fit(duration=duration)
+
+        def cancel() -> None:  # from the SIGINT handler: cancel on the loop
+            for loop, scope in running:
+                loop.call_soon(scope.cancel)
+
+        with sigint_handled(self.engine, cancel) as presses:
+            anyio.run(fit, backend=backend)
+        if self.preemption is not None:
+            self.preemption.raise_if_triggered()  # exits with its status unless caught
+        if presses is not None and presses.count:
+            raise KeyboardInterrupt
