@@ -75,6 +75,49 @@ async def test_a_watching_stream_publishes_bus_snapshots_and_a_last_one_before_f
     assert snaps[-1].to_sse().split("\n")[1] == "event: bus"
 
 
+class SlowClose(Callback):
+    """Its ``close`` returns only ``gap`` seconds after a subscriber saw ``fit_end``.
+
+    Plain callbacks close before logger destinations, so the stream's ``close`` runs at
+    least ``gap`` after its ``FIT_END`` handler: many snapshot intervals later.
+    """
+
+    def __init__(self, gap: float) -> None:
+        self.gap = gap
+        self.fit_end_seen = threading.Event()
+        self.waited: bool | None = None
+
+    def close(self, state: Any, logger: Any) -> None:
+        self.waited = self.fit_end_seen.wait(timeout=DEADLINE)
+        time.sleep(self.gap)  # the gap itself (what is waited for is the event above)
+
+
+@pytest.mark.asyncio
+async def test_no_snapshot_follows_fit_end_when_the_close_comes_long_after_it() -> None:
+    """Regression: a gap longer than ``interval`` between FIT_END and the stream's close
+    made ``close`` publish one more snapshot, after ``fit_end``."""
+    stream = EventStream(history=10_000)
+    slow = SlowClose(gap=0.2)
+    trainer = trainer_with(stream, batches=5, callbacks=[slow])
+    stream.watch(trainer.engine, interval=0.02)  # the gap is ten intervals
+    seen: list[Any] = []
+
+    async def watch() -> None:
+        async for item in stream.subscribe():
+            seen.append(item)
+            if isinstance(item, StreamEvent) and item.event.value == "fit_end":
+                slow.fit_end_seen.set()
+
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            await trainer.fit()
+    assert slow.waited is True
+    assert isinstance(seen[-1], StreamEvent) and seen[-1].event.value == "fit_end"
+    assert isinstance(seen[-2], StreamBusSnapshot)  # the last snapshot, just before it
+    assert seen[-2].statistics["batches"] == 5
+
+
 @pytest.mark.asyncio
 async def test_the_feed_keeps_the_recorder_flat() -> None:
     stream = EventStream()

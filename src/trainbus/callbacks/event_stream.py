@@ -224,10 +224,12 @@ class EventStream(LoggerDestination):
         self._feed_next = time.monotonic() + self._feed_interval
 
     def _feed_tick(self, *, final: bool = False) -> None:
+        if self._feed_final:  # the run's last snapshot is out: none after it, timer or not
+            return
         now = time.monotonic()
-        if (final and not self._feed_final) or now >= self._feed_next:
+        if final or now >= self._feed_next:
             self._feed_next = now + self._feed_interval
-            self._feed_final = self._feed_final or final
+            self._feed_final = final
             self.publish_snapshot()
 
     def publish_snapshot(self) -> StreamBusSnapshot | None:
@@ -363,5 +365,7 @@ class EventStream(LoggerDestination):
     async def close(self, state: State, logger: Logger) -> None:
         """End every subscription: the run is over."""
         if self._feed is not None and not self._ended:
-            self._feed_tick(final=True)  # a run stopped before FIT_END: its last snapshot
+            # A run stopped before FIT_END: its last snapshot. After FIT_END's, nothing: the
+            # last snapshot comes before ``fit_end`` however long the other closes took.
+            self._feed_tick(final=True)
         self.end()
