@@ -290,20 +290,49 @@ def test_fit_with_duration_continues_a_finished_run() -> None:
     trainer = make_trainer(2, 1, [rec], model=model)
     trainer.fit_sync()
     assert rec.rows[-1] == ("fit_end", 1, 2, 0)
-    trainer.fit_sync()  # max_duration already reached: a cycle with no batches
-    assert rec.count(E.BATCH_END) == 2
     trainer.fit_sync(duration="1ep")
     assert rec.count(E.INIT) == 1
-    assert rec.count(E.FIT_START) == rec.count(E.FIT_END) == 3
+    assert rec.count(E.FIT_START) == rec.count(E.FIT_END) == 2
     assert rec.count(E.EPOCH_START) == 2
     assert rec.count(E.BATCH_END) == 4
     assert [r for r in rec.rows if r[0] == "batch_end"][2:] == [
         ("batch_end", 1, 3, 1), ("batch_end", 1, 4, 2),
     ]  # fmt: skip
     assert rec.rows[-1] == ("fit_end", 2, 4, 0)
-    assert calls == [("close", "rec"), ("post_close", "rec")] * 3
+    assert calls == [("close", "rec"), ("post_close", "rec")] * 2
     assert model.training_forwards == 4
     assert trainer.state.max_duration == trainbus.Time(2, trainbus.TimeUnit.EPOCH)
+
+
+def test_a_second_fit_of_a_finished_run_names_duration_instead_of_training_nothing() -> None:
+    """Regression: a second ``fit_sync()`` after a finished run ran an empty cycle and
+    said nothing."""
+    rec = Recorder()
+    trainer = make_trainer(2, 1, [rec])
+    trainer.fit_sync()
+    with pytest.raises(RuntimeError, match=r"max_duration='1ep'.*duration='1ep'"):
+        trainer.fit_sync()
+    with pytest.raises(RuntimeError, match="pass duration="):
+        anyio.run(trainer.fit)
+    assert rec.count(E.FIT_START) == 1  # no cycle ran: no event, no close
+    trainer.fit_sync(duration="1ep")  # what the message says works
+    assert rec.count(E.BATCH_END) == 4
+
+
+def test_a_run_stopped_early_continues_with_a_plain_fit() -> None:
+    """Only a run that reached max_duration refuses: one stopped early has batches left."""
+
+    class StopAtTwo(trainbus.Callback):
+        def batch_end(self, state: Any, logger: Any) -> None:
+            if int(state.timer.batch) == 2:
+                state.stop_training()
+
+    rec = Recorder()
+    trainer = make_trainer(4, 1, [rec, StopAtTwo()])
+    trainer.fit_sync()
+    assert rec.count(E.BATCH_END) == 2
+    trainer.fit_sync()
+    assert rec.count(E.BATCH_END) == 4
 
 
 def test_fit_with_a_bad_duration_names_the_argument() -> None:

@@ -139,6 +139,13 @@ BAD_INPUTS: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ("grad-clip-str", {"grad_clip_norm": "1.0"}, ValueError, r"grad_clip_norm='1\.0' must be"),
     ("optimizer-lbfgs", {"optimizers": torch.optim.LBFGS(TinyModel().parameters())}, TypeError,
      r"optimizers\[0\] is LBFGS.*closure.*torch\.optim\.AdamW"),
+    # issue 28, point 5: an optimizer over another model's parameters trained nothing, silently
+    ("optimizer-other-model", {"optimizers": torch.optim.SGD(TinyModel().parameters(), lr=0.1)},
+     ValueError, r"optimizers\[0\] \(SGD\) holds 2 parameter tensor\(s\), none of them the "
+     r"model's \(TinyModel\).*optimizers=torch\.optim\.AdamW\(model\.parameters\(\)"),
+    ("optimizers-other-model", {"optimizers": [torch.optim.SGD(TinyModel().parameters(), lr=0.1),
+                                               torch.optim.Adam(TinyModel().parameters())]},
+     ValueError, r"optimizers \(SGD, Adam\) holds 4 parameter tensor\(s\), none of them"),
 ]  # fmt: skip
 
 
@@ -182,11 +189,13 @@ def test_good_max_durations_are_accepted(given: Any, expected: Time[Any]) -> Non
 
 def test_good_arguments_in_their_other_forms() -> None:
     one = Destination()
+    model = TinyModel()
     trainer = _trainer(
+        model=model,
         callbacks=EventLog(),  # a single callback
         loggers=one,  # a single destination
         barriers=Event.BATCH_END,  # a single event
-        optimizers=[torch.optim.SGD(TinyModel().parameters(), lr=0.1)],
+        optimizers=[torch.optim.SGD(model.parameters(), lr=0.1)],
         precision="fp32",
         eval_interval=1,
     )
@@ -434,3 +443,102 @@ def test_a_fractional_or_infinite_time_is_refused_where_it_is_written(
     # fail after an epoch (or train forever); it is now refused where it is built.
     with pytest.raises(ValueError, match=match):
         Time(value, unit)
+
+
+def test_an_optimizer_over_the_model_and_extra_parameters_is_accepted() -> None:
+    """A learnable loss beside the model is fine: only an optimizer set that holds none of
+    the model's parameters is refused."""
+    model = TinyModel()
+    temperature = torch.nn.Parameter(torch.ones(()))
+    opt = torch.optim.SGD([*model.parameters(), temperature], lr=0.1)
+    _trainer(model=model, optimizers=opt).fit_sync()
+    assert model.training_forwards == 2
+
+
+# -- issue 28, point 4: what the first batch's model and loss calls got, named -------------
+
+
+class TupleModel(torch.nn.Module):
+    """Returns ``(logits, hidden)``: ``cross_entropy`` cannot take that tuple."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.lin(x), x
+
+
+class FloatLoss(TinyModel):
+    def loss(self, outputs: torch.Tensor, batch: Any) -> Any:
+        return super().loss(outputs, batch).item()
+
+
+def _per_sample(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(outputs, y, reduction="none")
+
+
+def _as_float(outputs: torch.Tensor, y: torch.Tensor) -> float:
+    return F.cross_entropy(outputs, y).item()
+
+
+def _detached(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(outputs.detach(), y)
+
+
+FIRST_BATCH_ERRORS: list[tuple[str, dict[str, Any], type[Exception], str, bool]] = [
+    # (id, overrides, exception, message, chained: raised from torch's own error)
+    ("per-sample-losses", {"model": torch.nn.Linear(4, 3), "loss_fn": _per_sample}, ValueError,
+     r"loss_fn returned a Tensor of shape \(4,\) \(one loss per sample\?\), but the loss must "
+     r"be a scalar: reduce it, e\.g\. return losses\.mean\(\).*reduction='mean'", False),
+    ("float-loss", {"model": torch.nn.Linear(4, 3), "loss_fn": _as_float}, TypeError,
+     r"loss_fn returned a float \(\d.*\), but the loss must be a scalar torch\.Tensor.*return "
+     r"the tensor itself, without \.item\(\)", False),
+    ("float-model-loss", {"model": FloatLoss()}, TypeError, r"model\.loss returned a float", False),
+    ("detached-loss", {"model": torch.nn.Linear(4, 3), "loss_fn": _detached}, ValueError,
+     r"loss_fn returned a Tensor that does not require grad.*\.detach\(\)", False),
+    ("dict-batch-tensor-model", {"model": torch.nn.Linear(4, 3), "loss_fn": F.cross_entropy,
+                                 "train_dataloader": _dict_loader(2)}, TypeError,
+     r"model\(batch\) got a dict with keys 'x', 'y' \(trainbus passes a dict batch whole to the "
+     r"model\), and the model refused it: linear\(\): argument 'input'.*must be Tensor, not "
+     r"dict; make forward take the dict, e\.g\. def forward\(self, batch\).*or have the loader "
+     r"yield \(inputs, targets\) pairs", True),
+    ("tuple-outputs", {"model": TupleModel(), "loss_fn": F.cross_entropy}, TypeError,
+     r"loss_fn\(outputs, targets\) got outputs = a tuple of 2 \(Tensor, Tensor\) from the "
+     r"model, and loss_fn refused them: .*must be Tensor, not tuple; return one tensor from "
+     r"forward, or pick it in the loss, e\.g\. .*F\.cross_entropy\(outputs\[0\], y\)", True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("overrides", "exc", "match", "chained"),
+    [pytest.param(o, e, m, c, id=name) for name, o, e, m, c in FIRST_BATCH_ERRORS],
+)
+def test_the_first_batch_names_what_the_model_or_the_loss_got_and_what_to_pass(
+    overrides: dict[str, Any], exc: type[Exception], match: str, chained: bool
+) -> None:
+    """Regression: each of these raised torch's own error from deep inside the step
+    ("grad can be implicitly created only for scalar outputs", "'float' object has no
+    attribute 'detach'", "linear(): argument 'input' must be Tensor, not dict", ...)."""
+    log = EventLog()
+    trainer = _trainer(callbacks=[log], **overrides)
+    with pytest.raises(exc, match=match) as info:
+        trainer.fit_sync()
+    assert (info.value.__cause__ is not None) is chained
+    assert Event.AFTER_BACKWARD not in log.names  # it failed at the first batch
+
+
+def test_only_the_first_batch_is_checked() -> None:
+    """After the first batch, the calls go straight to the model and the loss: a loss that
+    turns into per-sample losses later gets torch's own error, not the check's."""
+    calls = 0
+
+    def later_per_sample(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        return F.cross_entropy(outputs, y, reduction="mean" if calls == 1 else "none")
+
+    trainer = _trainer(model=torch.nn.Linear(4, 3), loss_fn=later_per_sample)
+    with pytest.raises(RuntimeError, match="grad can be implicitly created only for scalar"):
+        trainer.fit_sync()
+    assert calls == 2

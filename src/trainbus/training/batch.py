@@ -11,6 +11,13 @@ Three conventions, decided once per trainer (``docs/training-loop.md``, "Batches
 
 Anything else fails at the batch that breaks the rule, before any event of that batch,
 with a message that says what a batch must be.
+
+The first call of the model and of the loss is also checked, once (afterwards they cost
+one attribute test): a model that refuses its input (a dict batch for a model that takes
+a tensor), a loss that refuses the model's outputs (a tuple of outputs given to
+``cross_entropy``), and a loss that is not one scalar tensor (per-sample losses, a Python
+float) fail with a message naming the argument, what it got and what to pass, instead of
+torch's error from deep inside the step.
 """
 
 from __future__ import annotations
@@ -31,6 +38,21 @@ def _describe(batch: Any) -> str:
     return f"a {type(batch).__qualname__}"
 
 
+def _describe_value(value: Any) -> str:
+    """What a value is, for an error message: its type and, for containers, a glimpse."""
+    if isinstance(value, torch.Tensor):
+        return f"a Tensor of shape {tuple(value.shape)}"
+    if isinstance(value, Mapping):
+        keys = ", ".join(repr(k) for k in list(value)[:6])
+        return f"a {type(value).__name__} with keys {keys}"
+    if isinstance(value, tuple | list):
+        inner = ", ".join(type(v).__name__ for v in value[:4]) + (", ..." if len(value) > 4 else "")
+        return f"a {type(value).__name__} of {len(value)} ({inner})"
+    if isinstance(value, int | float):
+        return f"a {type(value).__qualname__} ({value!r})"
+    return f"a {type(value).__qualname__}"
+
+
 class BatchCalls:
     """Calls the model and the loss on a batch by the trainer's convention.
 
@@ -41,7 +63,7 @@ class BatchCalls:
             ``DistributedDataParallel`` wrapper of ``model`` under ``torchrun``).
     """
 
-    __slots__ = ("loss_fn", "model", "model_loss")
+    __slots__ = ("checked_forward", "checked_loss", "loss_fn", "model", "model_loss")
 
     def __init__(
         self,
@@ -55,6 +77,13 @@ class BatchCalls:
             model_loss if callable(model_loss) else None
         )
         self.loss_fn = loss_fn
+        self.checked_forward = False  # the first call of each is checked (module docstring)
+        self.checked_loss = False
+
+    @property
+    def loss_name(self) -> str:
+        """How the loss is called, for messages: ``model.loss`` or ``loss_fn``."""
+        return "model.loss" if self.model_loss is not None else "loss_fn"
 
     def check(self, batch: Any, where: str) -> None:
         """Raise ``TypeError`` if ``batch`` (from the loader named ``where``) fits no rule."""
@@ -73,15 +102,92 @@ class BatchCalls:
 
     def forward(self, batch: Any) -> Any:
         """The model's outputs: on the whole batch, or on the inputs of a pair."""
+        if not self.checked_forward:
+            return self._first_forward(batch)
         if self.model_loss is not None or isinstance(batch, Mapping):
             return self.model(batch)
         return self.model(batch[0])
 
     def loss(self, outputs: Any, batch: Any) -> torch.Tensor:
         """``model.loss(outputs, batch)``, ``loss_fn(outputs, targets)`` or ``(outputs, batch)``."""
+        if not self.checked_loss:
+            return self._first_loss(outputs, batch)
         if self.model_loss is not None:
             return self.model_loss(outputs, batch)
         assert self.loss_fn is not None
         if isinstance(batch, Mapping):
             return self.loss_fn(outputs, batch)
         return self.loss_fn(outputs, batch[1])
+
+    # -- the first call of each, checked -------------------------------------------------
+
+    def _first_forward(self, batch: Any) -> Any:
+        whole = self.model_loss is not None or isinstance(batch, Mapping)
+        given = batch if whole else batch[0]
+        try:
+            outputs = self.model(given)
+        except TypeError as exc:
+            if not isinstance(given, Mapping):
+                raise
+            hint = (
+                "make forward take the dict, e.g. def forward(self, batch): return "
+                "self.net(batch['x'])"
+            )
+            if self.model_loss is None:
+                hint += (
+                    ", or have the loader yield (inputs, targets) pairs: model(inputs), "
+                    "loss_fn(outputs, targets)"
+                )
+            raise TypeError(
+                f"model(batch) got {_describe_value(given)} (trainbus passes a dict batch "
+                f"whole to the model), and the model refused it: {exc}; {hint}"
+            ) from exc
+        self.checked_forward = True
+        return outputs
+
+    def _first_loss(self, outputs: Any, batch: Any) -> torch.Tensor:
+        name = self.loss_name
+        call: Callable[[Any, Any], torch.Tensor]
+        if self.model_loss is not None:
+            call, args, second = self.model_loss, "model.loss(outputs, batch)", batch
+        else:
+            assert self.loss_fn is not None
+            call = self.loss_fn
+            if isinstance(batch, Mapping):
+                args, second = "loss_fn(outputs, batch)", batch
+            else:
+                args, second = "loss_fn(outputs, targets)", batch[1]
+        try:
+            loss: Any = call(outputs, second)
+        except TypeError as exc:
+            if not isinstance(outputs, tuple | list | Mapping):
+                raise
+            raise TypeError(
+                f"{args} got outputs = {_describe_value(outputs)} from the model, and "
+                f"{name} refused them: {exc}; return one tensor from forward, or pick it in "
+                f"the loss, e.g. loss_fn=lambda outputs, y: F.cross_entropy(outputs[0], y)"
+            ) from exc
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(
+                f"{name} returned {_describe_value(loss)}, but the loss must be a scalar "
+                "torch.Tensor that backward() can reach the weights from: return the tensor "
+                "itself, without .item(), float(...) or torch.tensor(...) around it"
+            )
+        if loss.numel() != 1:
+            raise ValueError(
+                f"{name} returned a Tensor of shape {tuple(loss.shape)} (one loss per sample?), "
+                "but the loss must be a scalar: reduce it, e.g. return losses.mean(), or "
+                "F.cross_entropy(outputs, y) with its default reduction='mean' instead of "
+                "reduction='none'"
+            )
+        if torch.is_grad_enabled() and not loss.requires_grad and any(
+            p.requires_grad for p in self.model.parameters()
+        ):
+            raise ValueError(
+                f"{name} returned a Tensor that does not require grad: it was computed from "
+                "detached values (.detach(), .item(), .numpy(), torch.tensor(...)), so "
+                "backward() cannot reach the model's weights; compute it from the outputs "
+                f"with torch operations ({args}, second argument: {_describe_value(second)})"
+            )
+        self.checked_loss = True
+        return loss

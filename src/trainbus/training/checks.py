@@ -23,6 +23,7 @@ __all__ = [
     "check_grad_clip_norm",
     "check_max_duration",
     "check_optimizers",
+    "check_optimizers_train_the_model",
     "check_run_name",
 ]
 
@@ -123,6 +124,32 @@ def check_optimizers(optimizers: Sequence[torch.optim.Optimizer]) -> None:
                 "trainbus calls optimizer.step() without one (docs/training-loop.md). Use a "
                 "first-order optimizer such as torch.optim.AdamW"
             )
+
+
+def check_optimizers_train_the_model(
+    optimizers: Sequence[torch.optim.Optimizer], model: torch.nn.Module
+) -> None:
+    """Refuse optimizers of which none holds a parameter of ``model``: they train nothing.
+
+    An optimizer built over another model's parameters (a copy, a model built twice) steps
+    tensors the loss never reaches, so the run would train nothing and say nothing. Extra
+    parameters beside the model's (a learnable loss) are fine.
+    """
+    if not optimizers:
+        return
+    mine = {id(p) for p in model.parameters()}
+    if not mine:
+        return  # a model without parameters: nothing to check against
+    if any(id(p) in mine for opt in optimizers for g in opt.param_groups for p in g["params"]):
+        return
+    which = "optimizers" if len(optimizers) > 1 else "optimizers[0]"
+    held = sum(len(g["params"]) for opt in optimizers for g in opt.param_groups)
+    raise ValueError(
+        f"{which} ({', '.join(type(o).__qualname__ for o in optimizers)}) holds {held} "
+        f"parameter tensor(s), none of them the model's ({type(model).__qualname__}), so "
+        "training would change nothing; build it over the model you pass: e.g. "
+        "optimizers=torch.optim.AdamW(model.parameters(), lr=1e-3), with that same model"
+    )
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:

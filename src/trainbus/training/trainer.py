@@ -52,6 +52,7 @@ from trainbus.training.checks import (
     check_grad_clip_norm,
     check_max_duration,
     check_optimizers,
+    check_optimizers_train_the_model,
     check_run_name,
 )
 from trainbus.training.loop import LoopConfig, TrainingLoop
@@ -67,6 +68,12 @@ _PRECISIONS: dict[str | None, torch.dtype | None] = {
     "amp_fp16": torch.float16,
     "amp": torch.float16,  # Composer v0.6's name for fp16 autocast with a grad scaler
 }
+
+
+def _reached(state: State) -> bool:
+    """Whether the timer has reached ``state.max_duration``."""
+    end = state.max_duration
+    return bool(state.timestamp.get(end.unit).value >= end.value)
 
 
 class Trainer:
@@ -217,6 +224,7 @@ class Trainer:
         check_checkpointing(model, callbacks)
         opt_list = [] if optimizers is None else _optimizer_list(optimizers)
         check_optimizers(opt_list)
+        check_optimizers_train_the_model(opt_list, model)
         for i, dest in enumerate(loggers):
             if not isinstance(dest, LoggerDestination):
                 resolve_callback(dest, where=f"loggers[{i}]")  # raises for non-callbacks
@@ -291,6 +299,7 @@ class Trainer:
             grad_clip_norm=clip,
         )
         self._init_delivered = False
+        self._finished = False  # whether a fit() of this trainer reached max_duration
         # Read and check the checkpoint before INIT; restore it after, as Composer does.
         checkpoint = None if load_path is None else read_checkpoint(load_path, self.state)
         if no_running_loop():  # as Composer does: INIT handlers run in the constructor
@@ -311,6 +320,10 @@ class Trainer:
         Args:
             duration: Train this much longer than the timer says now (continues a
                 finished run), instead of up to ``max_duration``.
+
+        Raises:
+            RuntimeError: The last ``fit()`` reached ``max_duration`` and no ``duration``
+                is given: there is nothing left to train (pass ``duration=``).
         """
         state = self.state
         if self.engine.running:
@@ -322,6 +335,13 @@ class Trainer:
             extra = check_max_duration(duration, name="duration")
             now = state.timestamp.get(extra.unit)
             state.max_duration = Time(int(now.value) + int(extra.value), extra.unit)
+        elif self._finished and _reached(state):
+            end = state.max_duration
+            raise RuntimeError(
+                f"fit() has nothing left to train: the last fit() reached max_duration="
+                f"'{end.value}{end.unit.value}'; to continue the run, pass duration=..., e.g. "
+                "trainer.fit(duration='1ep') (or fit_sync(duration='1ep'))"
+            )
         state._stop.clear()
         loop = TrainingLoop(state, self.logger, self._config, self.engine._bus.publish)
         # The saver waits for every handler and record before it captures (CheckpointSaver).
@@ -345,6 +365,7 @@ class Trainer:
         else:  # preemption handles SIGTERM itself: checkpoint, stop, exit 143
             with self.preemption.installed(state):
                 await self.engine.run_cycle(produce)
+        self._finished = _reached(state)  # a later fit() without duration= would do nothing
         if terminated:  # torchrun stops the other workers when one fails; all closed
             raise RuntimeError(
                 f"fit() stopped on rank {state.rank}: the process received SIGTERM (torchrun "
