@@ -26,9 +26,11 @@ from trainbus.core.events import Event as Event
 from trainbus.core.exceptions import CallbackSignatureError as CallbackSignatureError
 from trainbus.core.exceptions import CallbackTimeoutWarning as CallbackTimeoutWarning
 from trainbus.core.exceptions import CheckpointLoadError as CheckpointLoadError
+from trainbus.core.exceptions import CheckpointSaveError as CheckpointSaveError
 from trainbus.core.exceptions import CheckpointWarning as CheckpointWarning
 from trainbus.core.exceptions import EngineThreadError as EngineThreadError
 from trainbus.core.exceptions import FitInProgressError as FitInProgressError
+from trainbus.core.exceptions import FitNotAwaitedWarning as FitNotAwaitedWarning
 from trainbus.core.exceptions import SlowCallbackWarning as SlowCallbackWarning
 from trainbus.core.exceptions import TrainbusError as TrainbusError
 from trainbus.core.exceptions import TrainbusWarning as TrainbusWarning
@@ -46,6 +48,7 @@ from trainbus.core.time import TimeUnit as TimeUnit
 from trainbus.core.timer import Timer as Timer
 from trainbus.core.timer import Timestamp as Timestamp
 from trainbus.core.trailing import trailing as trailing
+from trainbus.integrations.loop import Bus as Bus
 from trainbus.runtime.distributed import rank_zero_only as rank_zero_only
 from trainbus.runtime.preemption import Preemption as Preemption
 from trainbus.runtime.preemption import TrainingPreempted as TrainingPreempted
@@ -54,17 +57,20 @@ from trainbus.training.trainer import Trainer as Trainer
 __version__ = "0.1.0.dev0"
 
 __all__ = (
+    "Bus",
     "BusStatistics",
     "Callback",
     "CallbackSignatureError",
     "CallbackStatistics",
     "CallbackTimeoutWarning",
     "CheckpointLoadError",
+    "CheckpointSaveError",
     "CheckpointWarning",
     "Engine",
     "EngineThreadError",
     "Event",
     "FitInProgressError",
+    "FitNotAwaitedWarning",
     "LogLevel",
     "LogRecord",
     "Logger",

@@ -1,0 +1,204 @@
+"""``trainbus.Bus`` under a hand-written PyTorch loop (issue 33)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+import trainbus
+from tests.integrations.helpers import (
+    BATCH_SLEEP,
+    BATCHES,
+    EventLog,
+    GradientsAtEvent,
+    InlineUpload,
+    Upload,
+    metrics_service,
+)
+from trainbus import Event
+from trainbus.loggers import InMemoryLogger
+
+pytestmark = pytest.mark.anyio
+
+
+class Loop:
+    """A plain PyTorch loop; with a bus it publishes, and ``per_batch`` runs inline."""
+
+    def __init__(self, bus: trainbus.Bus | None = None, batches: int = BATCHES) -> None:
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                         torch.nn.Linear(32, 4))
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        self.data = [(torch.randn(8, 16), torch.randint(0, 4, (8,))) for _ in range(batches)]
+        self.bus = bus
+        if bus is not None:
+            bus.state.model = self.model
+            bus.state.optimizers = self.opt
+        self.per_batch: Any = None
+        self.elapsed = 0.0
+        self.threads: set[str] = set()
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(self.model(x), y)
+        loss.backward()
+        time.sleep(BATCH_SLEEP)  # stands for the rest of a real batch's compute
+        return loss.detach()
+
+    def train(self, epochs: int = 1) -> str:
+        started = time.perf_counter()
+        self.threads.add(threading.current_thread().name)
+        bus = self.bus
+        for _ in range(epochs):
+            if bus is None:
+                for i, (x, y) in enumerate(self.data):
+                    self.step(x, y)
+                    self.opt.step()
+                    if self.per_batch is not None:
+                        self.per_batch(i + 1)
+                continue
+            with bus.epoch():
+                for x, y in self.data:
+                    with bus.batch((x, y)):
+                        loss = self.step(x, y)
+                        bus.state.loss = loss
+                        bus.publish(Event.AFTER_TRAIN_BATCH)  # gradients complete
+                        self.opt.step()
+                    bus.logger.log_metrics({"loss": loss})  # at step n for batch n
+                    if bus.stop_requested:
+                        break
+        self.elapsed = time.perf_counter() - started
+        return "trained"
+
+
+async def test_an_async_upload_per_batch_overlaps_the_loop_and_inline_it_does_not() -> None:
+    with metrics_service() as service:
+        plain = Loop()
+        plain.train()  # warm-up: torch's first calls
+        bare = min(_timed(Loop()) for _ in range(2))
+        overlapped = []
+        for _ in range(2):
+            upload = Upload(service.url)
+            loop = Loop(trainbus.Bus(callbacks=[upload]))
+            assert await loop.bus.run(loop.train) == "trained"  # type: ignore[union-attr]
+            assert upload.sent == list(range(1, BATCHES + 1))
+            overlapped.append(loop.elapsed)
+        inline_loop = Loop()
+        inline = InlineUpload(service.url)
+        inline_loop.per_batch = inline
+        inline_loop.train()
+        inline.close()
+    # The same upload inline costs its latency every batch; on the bus it hides.
+    assert inline_loop.elapsed / bare > 1.45, (inline_loop.elapsed, bare)
+    assert min(overlapped) / bare < 1.3, (overlapped, bare)
+
+
+def _timed(loop: Loop) -> float:
+    loop.train()
+    return loop.elapsed
+
+
+async def test_blocking_sees_gradients_and_memory_logger_gets_the_loops_metrics() -> None:
+    grads, memory, log = GradientsAtEvent(), InMemoryLogger(), EventLog()
+    bus = trainbus.Bus(callbacks=[grads, log], loggers=[memory], max_duration="2ep")
+    loop = Loop(bus, batches=3)
+    async with bus:
+        await bus.run(loop.train, epochs=2)
+    assert grads.seen == [(b, True) for b in range(6)]  # before BATCH_END's count
+    assert memory.get_timeseries("loss")["step"] == [1, 2, 3, 4, 5, 6]
+    assert loop.threads and "MainThread" not in loop.threads
+    names = [e for e, _ in log.events]
+    assert names[:3] == ["init", "fit_start", "epoch_start"]
+    assert names[3:12] == [
+        "after_dataloader", "batch_start", "before_train_batch", "after_train_batch",
+        "batch_end", "batch_checkpoint", "after_dataloader", "batch_start", "before_train_batch",
+    ]
+    assert ("batch_end", 3) in log.events and ("epoch_end", 3) in log.events
+    assert names[-3:] == ["epoch_end", "epoch_checkpoint", "fit_end"]
+    assert names.count("init") == 1 and names.count("batch_end") == 6
+    stats = bus.statistics()
+    assert stats.batches == 6 and {c.name for c in stats.callbacks} >= {"EventLog"}
+
+
+async def test_a_second_run_is_a_new_cycle_without_init() -> None:
+    log = EventLog()
+    bus = trainbus.Bus(callbacks=[log])
+    loop = Loop(bus, batches=1)
+    await bus.run(loop.train)
+    await bus.run(loop.train)
+    names = [e for e, _ in log.events]
+    assert names.count("init") == 1 and names.count("fit_start") == 2
+    assert log.events[-2] == ("epoch_checkpoint", 2)
+
+
+async def test_a_handler_error_stops_the_loop_and_is_raised_from_run() -> None:
+    class Fails(trainbus.Callback):
+        closed = False
+
+        def batch_end(self, state: trainbus.State, logger: trainbus.Logger) -> None:
+            if int(state.timer.batch) == 2:
+                raise RuntimeError("boom at batch 2")
+
+        def close(self, state: trainbus.State, logger: trainbus.Logger) -> None:
+            Fails.closed = True
+
+    bus = trainbus.Bus(callbacks=[Fails()])
+    loop = Loop(bus, batches=6)
+    with pytest.raises(RuntimeError, match="boom at batch 2"):
+        await bus.run(loop.train)
+    assert Fails.closed and int(bus.state.timer.batch) < 6
+
+
+async def test_stop_training_from_a_handler_reaches_the_loop() -> None:
+    class Stopper(trainbus.Callback):
+        def batch_end(self, state: trainbus.State, logger: trainbus.Logger) -> None:
+            if int(state.timer.batch) == 2:
+                state.stop_training()
+
+    bus = trainbus.Bus(callbacks=[Stopper()])
+    loop = Loop(bus, batches=6)
+    await bus.run(loop.train)
+    assert int(bus.state.timer.batch) == 2
+
+
+def test_run_sync_from_a_script() -> None:
+    log = EventLog()
+    bus = trainbus.Bus(callbacks=[log])
+    loop = Loop(bus, batches=2)
+    assert bus.run_sync(loop.train, backend="trio") == "trained"
+    assert ("batch_end", 2) in log.events
+
+
+async def test_run_sync_refuses_inside_a_loop() -> None:
+    bus = trainbus.Bus()
+    with pytest.raises(trainbus.EngineThreadError, match=r"await bus\.run"):
+        bus.run_sync(lambda: None)
+
+
+async def test_cancelling_run_stops_the_training_thread() -> None:
+    bus = trainbus.Bus(callbacks=[EventLog()])
+    started = threading.Event()
+
+    def train() -> None:
+        while True:
+            started.set()
+            with bus.batch(torch.zeros(2, 1)):
+                time.sleep(0.005)
+
+    with anyio.move_on_after(0.3):
+        await bus.run(train)
+    assert started.is_set() and bus.engine.closed
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(TypeError, match="not an instance"):
+        trainbus.Bus(callbacks=[EventLog])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="LoggerDestination"):
+        trainbus.Bus(loggers=[EventLog()])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="max_lag"):
+        trainbus.Bus(max_lag=-1)
