@@ -1,8 +1,8 @@
-"""The ```python examples of docs/callbacks.md run.
+"""The ```python examples of docs/callbacks.md run as a reader runs them.
 
-The blocks before the first ``## `` heading are the shared setup; each ``## `` section is
-one test case that runs the setup and then its own blocks, in order, in one namespace,
-in a fresh working folder. Fence an example as ```text when it is not meant to run.
+Every block, top to bottom, in one namespace and one working folder (``Page.run_all``); the
+blocks before the first ``## `` heading are the shared setup. Fence an example as ```text
+when it is not meant to run.
 """
 
 from __future__ import annotations
@@ -31,12 +31,10 @@ def test_every_callback_has_a_section_with_an_example() -> None:
     assert {title for title, blocks in SECTIONS.items() if blocks} >= DOCUMENTED
 
 
-@pytest.mark.parametrize("title", sorted(t for t, blocks in SECTIONS.items() if blocks))
-def test_section_examples_run(
-    title: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_the_page_runs_top_to_bottom_in_one_folder_and_every_section_prints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, object] = {"__name__": f"docs_callbacks_{title}"}
-    PAGE.run(title, namespace)
-    out = capsys.readouterr().out
-    assert out  # every section prints what it shows
+    printed = PAGE.run_all_printing(capsys)
+    silent = [title for title in SECTIONS if not printed.get(title)]
+    assert silent == []  # every section prints what it shows

@@ -1,7 +1,8 @@
-"""The ```python examples of docs/checkpoints.md run.
+"""The ```python examples of docs/checkpoints.md run as a reader runs them.
 
-The blocks before the first ``## `` heading are the shared setup; each ``## `` section runs
-the setup and then its own blocks, in order, in one namespace, in a fresh working folder.
+Every block, top to bottom, in one namespace and one working folder (``Page.run_all``):
+sections that reused a folder collided there (``FileExistsError``) although each ran fine
+alone in a fresh one. What each section prints is checked against the page.
 """
 
 from __future__ import annotations
@@ -40,16 +41,16 @@ def test_sections_with_examples() -> None:
     assert {title for title, blocks in SECTIONS.items() if blocks} == set(EXPECTED)
 
 
-@pytest.mark.parametrize("title", sorted(EXPECTED))
-def test_section_examples_run_and_print_what_the_page_says(
-    title: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_the_page_runs_top_to_bottom_in_one_folder_and_prints_what_it_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, object] = {"__name__": f"docs_checkpoints_{title}"}
-    PAGE.run(title, namespace)
-    out = capsys.readouterr().out
-    for expected in EXPECTED[title]:
-        assert expected in out
-    if title != "Load errors":  # the page says what the code prints
-        for expected in EXPECTED[title]:
-            assert f"`{expected}`" in DOC.read_text(encoding="utf-8")
+    printed = PAGE.run_all_printing(capsys)
+    for title, expected_lines in EXPECTED.items():
+        for expected in expected_lines:
+            assert expected in printed[title], (title, expected)
+    text = DOC.read_text(encoding="utf-8")
+    for title, expected_lines in EXPECTED.items():
+        if title != "Load errors":  # the page says what the code prints
+            for expected in expected_lines:
+                assert f"`{expected}`" in text

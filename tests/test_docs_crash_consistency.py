@@ -1,7 +1,7 @@
 """The ```python examples of docs/crash-consistency.md run and print what the page says.
 
-The blocks before the first ``## `` heading are the shared setup; each section with
-examples runs the setup and then its own blocks, in one namespace, in a fresh folder.
+Every block, top to bottom, in one namespace and one working folder (``Page.run_all``), as
+a reader runs them.
 """
 
 from __future__ import annotations
@@ -27,13 +27,11 @@ def test_sections_with_examples() -> None:
     assert {title for title, blocks in SECTIONS.items() if blocks} == set(EXPECTED)
 
 
-@pytest.mark.parametrize("title", sorted(EXPECTED))
-def test_section_examples_run_and_print_what_the_page_says(
-    title: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_the_page_runs_top_to_bottom_in_one_folder_and_prints_what_it_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, object] = {"__name__": f"docs_crash_{title}"}
-    PAGE.run(title, namespace)
-    out = capsys.readouterr().out
-    for expected in EXPECTED[title]:
-        assert expected in out
+    printed = PAGE.run_all_printing(capsys)
+    for title, expected_lines in EXPECTED.items():
+        for expected in expected_lines:
+            assert expected in printed[title]

@@ -1,9 +1,9 @@
-"""The ```python examples of docs/loggers.md run.
+"""The ```python examples of docs/loggers.md run as a reader runs them.
 
-The blocks before the first ``## `` heading are the shared setup; each ``## `` section is
-one test case that runs the setup and then its own blocks, in order, in one namespace,
-in a fresh working folder. Fence an example as ```text (or anything but ``python``) when
-it is not meant to run.
+Every block, top to bottom, in one namespace and one working folder (``Page.run_all``); the
+blocks before the first ``## `` heading are the shared setup. The MLflow example talks to a
+real ``mlflow server`` (the ``mlflow_server`` fixture), as users do. Fence an example as
+```text (or anything but ``python``) when it is not meant to run.
 """
 
 from __future__ import annotations
@@ -26,17 +26,13 @@ def test_the_page_has_examples() -> None:
     )
 
 
-@pytest.mark.parametrize("title", sorted(SECTIONS))
-def test_section_examples_run(
-    title: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_the_page_runs_top_to_bottom_in_one_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest,
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    if title == "MLflowLogger":  # the page's example talks to a real server, as users do
-        server = request.getfixturevalue("mlflow_server")
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
-    namespace: dict[str, object] = {"__name__": f"docs_loggers_{title}"}
-    PAGE.run(title, namespace)
-    if title == "ConsoleLogger":
-        lines = capsys.readouterr().out.splitlines()
-        assert [line.split("]")[0] for line in lines] == ["[epoch 1 batch 2", "[epoch 1 batch 4"]
+    server = request.getfixturevalue("mlflow_server")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+    printed = PAGE.run_all_printing(capsys)
+    lines = printed["ConsoleLogger"].splitlines()
+    assert [line.split("]")[0] for line in lines] == ["[epoch 1 batch 2", "[epoch 1 batch 4"]

@@ -1,8 +1,9 @@
 """The ```python examples of docs/porting-from-composer.md run, against a real HTTP server.
 
-The blocks before the first ``## `` heading are the shared setup; each ``## `` section with
-``python`` blocks runs the setup and then its blocks, in order, in one namespace. The upload
-example posts to a local ``http.server`` on 127.0.0.1 (port 0) named by ``UPLOAD_URL``.
+The whole page runs top to bottom in one namespace and one folder, as a reader runs it
+(``Page.run_all``); the other tests run the setup (the blocks before the first ``## ``
+heading) and one section's blocks to look at what that section built. The upload example
+posts to a local ``http.server`` on 127.0.0.1 (port 0) named by ``UPLOAD_URL``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -82,6 +84,18 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ProgressServer]:
     with ProgressServer() as srv:
         monkeypatch.setenv("UPLOAD_URL", srv.url)
         yield srv
+
+
+def test_the_page_runs_top_to_bottom_in_one_folder(
+    server: ProgressServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """As a reader runs it: every block in order, one namespace, one folder."""
+    monkeypatch.chdir(tmp_path)
+    printed = PAGE.run_all_printing(capsys)
+    assert printed["Change the imports"] == "8 BATCH 8\n"
+    assert printed[UPLOAD_SECTION] == "2\n"
+    assert [(b["epoch"], b["samples"]) for b in server.bodies] == [(1, 16), (2, 16)]
 
 
 def test_the_page_has_examples() -> None:

@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.helpers import EventLog, make_trainer
 from trainbus import Event
 
@@ -22,7 +24,10 @@ PSEUDOCODE = re.compile(r"^```text\n(.*?)^```", re.DOTALL | re.MULTILINE)
 EXPECTED = re.compile(r"^\s*print\(.*\)\s+# (.*)$", re.MULTILINE)
 
 
-def test_the_examples_run_and_print_what_they_say() -> None:
+def test_the_examples_run_and_print_what_they_say(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # in one fresh folder, as a reader runs the page
     blocks = PYTHON.findall(TEXT)
     assert len(blocks) >= 4
     namespace: dict[str, Any] = {"__name__": "docs_training_loop"}
