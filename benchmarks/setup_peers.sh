@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create one virtual environment per peer framework under benchmarks/.venvs/<name>.
+# Create one virtual environment per peer framework under benchmarks/.venvs/<name>
+# (benchmarks/run.py runs each peer there; a missing one is named in its rows).
 #
 # Every venv gets torch==2.13.0 first (the CPU wheel on disk; any other torch
 # version would download GBs of CUDA), then its framework.  Idempotent: a venv
@@ -16,8 +17,8 @@
 #              that matches torch 2.13; PyPI only has CUDA builds of it, whose
 #              C ops cannot load next to a CPU torch.  composer only needs its
 #              Python side (composer.utils.misc imports torchvision.transforms),
-#              so run_composer.py declares the two ops torchvision 0.28 registers
-#              fakes for (nms, qnms) before importing composer.
+#              so harness/frameworks/composer_fw.py declares the two ops torchvision
+#              0.28 registers fakes for (nms, qnms) before importing composer.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -37,14 +38,15 @@ COMPOSER_DEPS=(
 declare -A CHECK=(
   [lightning]="import pytorch_lightning"
   [ignite]="import ignite.engine"
-  [composer]="import sys; sys.path[:0] = ['$HERE', '$HERE/peers']; import run_composer"
+  [composer]="import sys; sys.path[:0] = ['$HERE']; import harness.frameworks.composer_fw"
 )
 
 install() {  # install NAME: the framework's packages into an existing venv
   local pip="$VENVS/$1/bin/python -m pip install -q --disable-pip-version-check"
   $pip "$TORCH"
   case "$1" in
-    lightning) $pip pytorch-lightning 'mlflow-skinny==3.17.2' ;;  # MLFlowLogger: bench_mlflow.py
+    # mlflow-skinny: Lightning's MLFlowLogger, for the MLflow study (docs/performance-notes.md)
+    lightning) $pip pytorch-lightning 'mlflow-skinny==3.17.2' ;;
     ignite) $pip pytorch-ignite numpy ;;  # numpy only silences torch's import warning
     composer)
       $pip --no-deps 'mosaicml==0.32.*'
