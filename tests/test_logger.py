@@ -10,7 +10,16 @@ import pytest
 import torch
 
 from tests.helpers import TinyModel, make_trainer
-from trainbus import Callback, Logger, LoggerDestination, LogLevel, LogRecord, State, blocking
+from trainbus import (
+    Callback,
+    Logger,
+    LoggerDestination,
+    LogLevel,
+    LogRecord,
+    State,
+    UnknownHandlerWarning,
+    blocking,
+)
 from trainbus.loggers import InMemoryLogger
 
 
@@ -312,3 +321,129 @@ def test_loglevel_order_is_composers() -> None:
 def test_loglevel_rejects_unknown_levels(bad: Any) -> None:
     with pytest.raises(ValueError, match="not a LogLevel"):
         LogLevel(bad)
+
+
+# --- Composer v0.6's log_data, and the methods trainbus would not call (issue 31) -------------
+
+
+class AsyncLogData(LoggerDestination):
+    """An ``async def log_data``: awaited on the loop, with Composer's arguments."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[int, LogLevel, dict[str, Any]]] = []
+
+    async def log_data(self, state: State, log_level: LogLevel, data: dict[str, Any]) -> None:
+        await anyio.sleep(0)
+        self.got.append((int(state.timer.batch), log_level, data))
+
+
+class LogsHyperparameters(Callback):
+    def fit_start(self, state: Any, logger: Logger) -> None:
+        logger.log_hyperparameters({"lr": 0.1})
+
+    def batch_end(self, state: Any, logger: Logger) -> None:
+        logger.log_metrics({"b": int(state.timer.batch)})
+
+
+def test_async_log_data_gets_every_record_hyperparameters_at_fit_level() -> None:
+    dest = AsyncLogData()
+    make_trainer(n_batches=2, callbacks=[LogsHyperparameters()], loggers=[dest],
+                 log_train_loss=False).fit_sync()  # fmt: skip
+    assert dest.got == [
+        (0, LogLevel.FIT, {"lr": 0.1}),
+        (1, LogLevel.BATCH, {"b": 1}),
+        (2, LogLevel.BATCH, {"b": 2}),
+    ]
+
+
+def test_the_record_carries_the_state_of_its_event() -> None:
+    dest = InMemoryLogger()
+
+    class Records(LoggerDestination):
+        def __init__(self) -> None:
+            self.states: list[Any] = []
+
+        def log_record(self, record: LogRecord) -> None:
+            self.states.append(record.state)
+
+    records = Records()
+    trainer = make_trainer(n_batches=2, loggers=[dest, records])
+    trainer.fit_sync()
+    batches = [int(s.timer.batch) for s in records.states]
+    assert batches == [1, 2]  # loss/train of batch n, logged with the state of batch n
+    assert all(s.model is trainer.state.model for s in records.states)  # live objects
+
+
+class BothEntryPoints(LoggerDestination):
+    def log_data(self, state: State, log_level: LogLevel, data: dict[str, Any]) -> None:
+        pass
+
+    def log_record(self, record: LogRecord) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        pass
+
+
+class LogDataCallsLogMetrics(LoggerDestination):
+    def __init__(self) -> None:
+        self.got: list[int] = []
+
+    def log_data(self, state: State, log_level: LogLevel, data: dict[str, Any]) -> None:
+        self.log_metrics(dict(data), int(state.timer.batch))
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        self.got.append(step)
+
+
+class LogRecordCallsSuper(LoggerDestination):
+    def log_record(self, record: LogRecord) -> None:
+        super().log_record(record)
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        pass
+
+
+class ComposerFilters(LoggerDestination):
+    def will_log(self, state: State, log_level: LogLevel) -> bool:
+        return log_level <= LogLevel.EPOCH
+
+    def log_metric(self, timestamp: Any, log_level: LogLevel, data: dict[str, Any]) -> None:
+        pass
+
+
+def test_log_data_takes_every_record_and_names_the_methods_left_uncalled() -> None:
+    with pytest.warns(UnknownHandlerWarning) as caught:
+        make_trainer(loggers=[BothEntryPoints()])
+    messages = sorted(str(w.message) for w in caught)
+    assert len(messages) == 2
+    assert messages[0].startswith(
+        "BothEntryPoints.log_metrics is never called: BothEntryPoints "
+        "defines log_data, which receives every record instead"
+    )
+    assert messages[1].startswith("BothEntryPoints.log_record is never called")
+    assert all(w.filename == __file__ for w in caught)  # points at the methods
+
+
+def test_composer_methods_trainbus_never_calls_are_named() -> None:
+    with pytest.warns(UnknownHandlerWarning) as caught:
+        make_trainer(loggers=[ComposerFilters()])
+    messages = sorted(str(w.message) for w in caught)
+    assert [m.split(" is never")[0] for m in messages] == [
+        "ComposerFilters.log_metric", "ComposerFilters.will_log",
+    ]  # fmt: skip
+    assert "rename it to log_data(self, state, log_level, data)" in messages[0]
+    assert "drop unwanted levels in log_data" in messages[1]
+
+
+def test_entry_points_that_call_the_other_methods_do_not_warn() -> None:
+    calls = LogDataCallsLogMetrics()
+    make_trainer(n_batches=2, loggers=[calls, LogRecordCallsSuper()]).fit_sync()  # no warning
+    assert calls.got == [1, 2]
+
+
+def test_logger_run_name_and_destinations() -> None:
+    memory, calls = InMemoryLogger(), LogDataCallsLogMetrics()
+    trainer = make_trainer(loggers=[memory, calls], run_name="named")
+    assert trainer.logger.run_name == "named"
+    assert trainer.logger.destinations == (memory, calls)

@@ -11,7 +11,17 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainbus import Callback, CheckpointLoadError, Event, Trainer
+from trainbus import (
+    Callback,
+    CheckpointLoadError,
+    CheckpointSaveError,
+    Event,
+    LogLevel,
+    Time,
+    Timestamp,
+    TimeUnit,
+    Trainer,
+)
 from trainbus.callbacks import CheckpointSaver
 
 N_BATCHES = 3
@@ -287,3 +297,107 @@ def test_load_errors_are_raised_before_init(tmp_path: pathlib.Path) -> None:
             device="cpu",
         )
     assert recorder.events == []  # INIT never ran: nothing to close
+
+
+# --- batch-wise evaluation and resuming (issue 31) ---------------------------------------------
+
+
+def eval_run(
+    folder: pathlib.Path, *, load_path: Any = None
+) -> tuple[Trainer, Recorder]:
+    """5 epochs of 4 batches, evaluating and saving every 2 batches: 10 evaluations."""
+    recorder = Recorder()
+    g = torch.Generator().manual_seed(2)
+    data = TensorDataset(torch.randn(16, 4, generator=g), torch.randint(0, 3, (16,), generator=g))
+    trainer = Trainer(
+        DropoutModel(0),
+        DataLoader(data, batch_size=4),
+        "5ep",
+        eval_dataloader=DataLoader(data, batch_size=8),
+        eval_interval="2ba",
+        callbacks=[recorder, CheckpointSaver(folder, save_interval="2ba")],
+        device="cpu",
+        seed=0,
+        load_path=load_path,
+    )
+    trainer.fit_sync()
+    return trainer, recorder
+
+
+def test_a_run_resumed_from_a_batch_checkpoint_fires_every_remaining_evaluation(
+    tmp_path: pathlib.Path,
+) -> None:
+    _, full = eval_run(tmp_path / "full")
+    full_names = [name for name, _ in full.events]
+    assert full_names.count("eval_start") == 10
+    for batch in (2, 4, 10):
+        checkpoint = tmp_path / "full" / f"ep{(batch - 1) // 4}-ba{batch}-rank0.pt"
+        _, resumed = eval_run(tmp_path / f"resumed{batch}", load_path=checkpoint)
+        rest = after_checkpoint(full.events, batch)
+        assert resumed.events[2:] == rest
+        done = full_names[: len(full_names) - len(rest)].count("eval_start")
+        assert done + [n for n, _ in resumed.events].count("eval_start") == 10
+
+
+# --- what a callback may keep in its state (issue 31) ------------------------------------------
+
+
+class KeepsTrainbusValues(Callback):
+    """Counts events by ``Event`` key and keeps trainbus's value types in its state."""
+
+    def __init__(self) -> None:
+        self.counts: dict[Event, int] = {}
+        self.loaded: dict[str, Any] | None = None
+
+    def run_event(self, event: Event, state: Any, logger: Any) -> None:
+        self.counts[event] = self.counts.get(event, 0) + 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "counts": dict(self.counts),
+            "every": Time(2, "ba"),
+            "unit": TimeUnit.EPOCH,
+            "level": LogLevel.BATCH,
+            "last": Timestamp(epoch=1, batch=3),
+            "seen": {Event.BATCH_END, Event.EPOCH_END},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loaded = state
+        self.counts = dict(state["counts"])
+
+
+def test_event_keys_and_trainbus_values_in_a_callback_state_resume(
+    tmp_path: pathlib.Path,
+) -> None:
+    first = KeepsTrainbusValues()
+    saver = CheckpointSaver(tmp_path, save_interval="1ep")
+    Trainer(DropoutModel(0), shuffled_loader(), "1ep", callbacks=[first, saver],
+            device="cpu").fit_sync()  # fmt: skip
+    resumed = KeepsTrainbusValues()
+    Trainer(DropoutModel(0), shuffled_loader(), "2ep", callbacks=[resumed], device="cpu",
+            load_path=tmp_path)  # fmt: skip
+    assert resumed.loaded == first.state_dict() | {"counts": resumed.loaded["counts"]}
+    saved_counts = resumed.loaded["counts"]
+    assert saved_counts[Event.BATCH_END] == N_BATCHES
+    assert all(type(key) is Event for key in saved_counts)
+
+
+class KeepsAnObject(Callback):
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": [1, {"best": pathlib.PurePosixPath("a")}]}
+
+
+def test_a_state_the_loader_would_refuse_is_refused_when_saved(tmp_path: pathlib.Path) -> None:
+    saver = CheckpointSaver(tmp_path, save_interval="1ba")
+    trainer = Trainer(DropoutModel(0), shuffled_loader(), "1ep",
+                      callbacks=[KeepsAnObject(), saver], device="cpu")  # fmt: skip
+    with pytest.raises(CheckpointSaveError) as caught:
+        trainer.fit_sync()
+    message = str(caught.value)
+    assert message.startswith(
+        "callback tests.test_resume.KeepsAnObject#0: state_dict()['history'][1]['best'] is a "
+        "pathlib.PurePosixPath, which a checkpoint cannot hold"
+    )
+    assert "torch.serialization.add_safe_globals([PurePosixPath])" in message
+    assert not list(tmp_path.glob("*.pt"))  # nothing written that could not be resumed

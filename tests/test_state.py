@@ -270,3 +270,42 @@ def test_a_frame_replacement_copies_every_other_field() -> None:
         assert getattr(frame, name) == f"value {i}"  # the old frame is untouched
         others = {n: getattr(new, n) for n in _Frame.__slots__ if n != name}
         assert others == {n: getattr(frame, n) for n in _Frame.__slots__ if n != name}
+
+
+# --- steps_per_epoch (Composer v0.6) ------------------------------------------------------------
+
+
+def test_steps_per_epoch_is_the_loaders_length_until_set() -> None:
+    state = make_state(train_dataloader=make_loader(5))
+    assert state.steps_per_epoch == 5
+    state.steps_per_epoch = 3
+    assert state.steps_per_epoch == 3
+    state.snapshot().steps_per_epoch = 2  # a handler's view sets the live state's
+    assert state.steps_per_epoch == 2
+    state.steps_per_epoch = None
+    assert state.steps_per_epoch == 5
+    assert make_state(train_dataloader=iter([1, 2])).steps_per_epoch is None  # no len()
+
+
+def test_steps_per_epoch_over_the_loader_is_capped_with_a_warning() -> None:
+    state = make_state(train_dataloader=make_loader(5))
+    with pytest.warns(UserWarning, match=r"steps_per_epoch=9 is more than the 5 batches"):
+        state.steps_per_epoch = 9
+    assert state.steps_per_epoch == 5
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, "2"])
+def test_steps_per_epoch_refuses_what_is_not_a_positive_int(bad: Any) -> None:
+    state = make_state(train_dataloader=make_loader(5))
+    with pytest.raises(ValueError, match=rf"steps_per_epoch={bad!r} must be a positive int"):
+        state.steps_per_epoch = bad
+
+
+def test_the_loop_trains_steps_per_epoch_batches_an_epoch() -> None:
+    log = EventLog()
+    trainer = make_trainer(n_batches=4, epochs=2, callbacks=[log])
+    trainer.state.steps_per_epoch = 3
+    trainer.fit_sync()
+    assert int(trainer.state.timer.batch) == 6 and int(trainer.state.timer.epoch) == 2
+    ends = [batch for event, batch in log.events if event is Event.EPOCH_END]
+    assert ends == [3, 6]

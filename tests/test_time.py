@@ -434,3 +434,45 @@ def test_snapshots_are_safe_across_threads() -> None:
     thread.join()
     # Every snapshot is internally consistent, whenever it was taken.
     assert all(int(ts.sample) == 2 * int(ts.batch) for ts in seen)
+
+
+# --- Composer's Time and Timestamp API (issue 31) ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("time", "negated"),
+    [(Time(3, "ba"), Time(-3, "ba")), (Time(0.25, "dur"), Time(-0.25, "dur")),
+     (Time(0, "ep"), Time(0, "ep"))],
+)  # fmt: skip
+def test_unary_minus_plus_and_abs_keep_the_unit(time: Time[Any], negated: Time[Any]) -> None:
+    assert -time == negated and (-time).unit is time.unit
+    assert +time is time
+    assert abs(-time) == abs(time) == time
+    assert Time(5, "ba") + -Time(2, "ba") == Time(3, "ba")
+
+
+def test_timestamp_follows_the_named_tuple_protocol_of_composers() -> None:
+    ts = Timestamp(epoch=1, batch=5, batch_in_epoch=2, sample=20, sample_in_epoch=8,
+                   token=100, token_in_epoch=40)  # fmt: skip
+    fields = ("epoch", "batch", "batch_in_epoch", "sample", "sample_in_epoch", "token",
+              "token_in_epoch")  # fmt: skip
+    assert Timestamp._fields == ts._fields == fields
+    as_dict = ts._asdict()
+    assert list(as_dict) == list(fields)
+    assert as_dict["batch_in_epoch"] == Time(2, "ba") and as_dict["token"] == Time(100, "tok")
+    assert [time.value for time in ts] == [1, 5, 2, 20, 8, 100, 40]  # Composer reads .value
+    assert len(ts) == 7 and ts[1] == Time(5, "ba") and ts[-1] == Time(40, "tok")
+    assert ts[:2] == (Time(1, "ep"), Time(5, "ba"))
+    epoch, batch, *_ = ts
+    assert (epoch, batch) == (Time(1, "ep"), Time(5, "ba"))
+    assert Timestamp._make(ts) == ts and Timestamp._make(as_dict.values()) == ts
+    assert ts._replace(batch=6).batch == Time(6, "ba") and ts.batch == Time(5, "ba")
+    with pytest.raises(TypeError, match=r"Timestamp._make takes 7 counters .* got 2"):
+        Timestamp._make([1, 2])
+
+
+def test_the_timers_snapshot_is_still_one_reference() -> None:
+    timer = Timer()
+    timer.on_batch_complete(samples=4)
+    assert timer.snapshot() is timer.snapshot() is timer.get_timestamp()
+    assert list(timer.snapshot()._asdict().values())[1] == Time(1, "ba")

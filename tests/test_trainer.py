@@ -3,7 +3,9 @@ intervals, durations, stopping, continued fits, losses, metrics, precision, thre
 
 from __future__ import annotations
 
+import sys
 import threading
+import warnings
 from typing import Any
 
 import anyio
@@ -178,8 +180,8 @@ def _eval_points(rec: Recorder) -> list[tuple[str, int, int]]:
 @pytest.mark.parametrize(
     ("interval", "n_batches", "epochs", "expected"),
     [
-        ("2ba", 4, 1, [("batch_checkpoint", 0, 2), ("batch_checkpoint", 0, 4)]),
-        ("3ba", 2, 2, [("batch_checkpoint", 1, 3)]),
+        ("2ba", 4, 1, [("batch_end", 0, 2), ("batch_end", 0, 4)]),  # BATCH_CHECKPOINT after
+        ("3ba", 2, 2, [("batch_end", 1, 3)]),
         ("1ep", 2, 2, [("epoch_end", 1, 2), ("epoch_end", 2, 4)]),
         ("2ep", 1, 4, [("epoch_end", 2, 2), ("epoch_end", 4, 4)]),
         (2, 1, 4, [("epoch_end", 2, 2), ("epoch_end", 4, 4)]),
@@ -514,3 +516,54 @@ def test_log_train_loss_false_logs_nothing() -> None:
     memory = InMemoryLogger()
     make_trainer(2, 1, loggers=[memory], log_train_loss=False).fit_sync()
     assert "loss/train" not in memory.data
+
+
+# --- Composer's order around batch-wise evaluation (issue 31) ----------------------------------
+
+
+def test_batch_checkpoint_fires_after_batch_end_and_the_batch_wise_evaluation() -> None:
+    rec = Recorder()
+    make_trainer(n_batches=2, callbacks=[rec], eval_batches=1, eval_interval="2ba").fit_sync()
+    names = [row[0] for row in rec.rows]
+    second = [i for i, name in enumerate(names) if name == "batch_end"][1]
+    assert names[second : second + 8] == [e.value for e in (
+        E.BATCH_END, E.EVAL_START, E.EVAL_BATCH_START, E.EVAL_BEFORE_FORWARD,
+        E.EVAL_AFTER_FORWARD, E.EVAL_BATCH_END, E.EVAL_END, E.BATCH_CHECKPOINT,
+    )]  # fmt: skip
+    first = names.index("batch_end")  # no evaluation due: BATCH_CHECKPOINT right after
+    assert names[first : first + 2] == ["batch_end", "batch_checkpoint"]
+
+
+# --- fit() called the Composer way (issue 31) -------------------------------------------------
+
+
+def test_fit_called_without_await_warns_at_once_naming_the_line() -> None:
+    log = EventLog()
+    trainer = make_trainer(callbacks=[log])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit()  # Composer v0.6's call, as a statement: nothing awaits it
+        at_once, next_line = list(caught), sys._getframe().f_lineno
+    assert [w.category for w in at_once] == [trainbus.FitNotAwaitedWarning]
+    warning = at_once[0]
+    assert (warning.filename, warning.lineno) == (__file__, next_line - 1)  # the fit() line
+    message = str(warning.message)
+    assert "use `await trainer.fit()`" in message and "`trainer.fit_sync()`" in message
+    assert issubclass(trainbus.FitNotAwaitedWarning, RuntimeWarning)
+    assert [event for event, _ in log.events] == [Event.INIT]  # nothing was trained
+
+
+@pytest.mark.anyio
+async def test_the_awaited_fit_call_trains_as_before() -> None:
+    trainer = make_trainer(n_batches=2)
+    call = trainer.fit()
+    assert "not awaited" in repr(call)
+    await call
+    assert int(trainer.state.timer.batch) == 2
+    async with anyio.create_task_group() as tg:  # start_soon takes it as a coroutine
+        tg.start_soon(lambda: trainer.fit(duration="1ba"))
+    assert int(trainer.state.timer.batch) == 3
+    closed = trainer.fit(duration="1ba")
+    closed.close()  # closing it on purpose: no warning, nothing trained
+    del closed
+    assert int(trainer.state.timer.batch) == 3

@@ -31,8 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainbus.core.events import Event
+from trainbus.core.exceptions import CheckpointSaveError
+from trainbus.core.logger import LogLevel
 from trainbus.core.time import Time, TimeUnit
-from trainbus.core.timer import _make_timestamp
+from trainbus.core.timer import Timestamp, _make_timestamp
 
 if TYPE_CHECKING:
     from trainbus.core.callback import Callback
@@ -47,6 +50,7 @@ __all__ = [
     "callback_keys",
     "capture",
     "capture_rng",
+    "check_loadable",
     "restore_deque",
     "safe_globals",
     "temp_path_for",
@@ -75,7 +79,80 @@ def restore_deque(items: list[Any], maxlen: int | None) -> collections.deque[Any
 
 
 #: What ``torch.load(weights_only=True)`` may build besides tensors and plain containers.
-SAFE_GLOBALS: list[Any] = [restore_deque, _make_timestamp, Time, TimeUnit, frozenset]
+#: Every public trainbus value a callback may keep in its ``state_dict()`` is one of them:
+#: ``Event``, ``LogLevel``, ``Time``, ``TimeUnit``, ``Timestamp`` (``_make_timestamp``), and
+#: ``deque`` (``restore_deque``).
+SAFE_GLOBALS: list[Any] = [
+    restore_deque, _make_timestamp, Time, TimeUnit, Event, LogLevel, frozenset,
+]  # fmt: skip
+
+# What check_loadable accepts: values the pickle stores without a global, types that
+# torch's weights_only loader allows (besides tensors), and ours (by their pickled form).
+_PLAIN_LEAVES = (type(None), bool, int, float, str, bytes)
+_TORCH_LEAVES = (complex, bytearray, torch.Size, torch.dtype, torch.device)
+_OUR_LEAVES = (Time, TimeUnit, Event, LogLevel, Timestamp)
+_CONTAINERS = (
+    dict, list, tuple, set, frozenset, collections.OrderedDict, collections.Counter,
+    collections.deque,
+)  # fmt: skip
+
+
+def _user_safe_types() -> tuple[type, ...]:
+    """The classes a user allowed with ``torch.serialization.add_safe_globals``."""
+    get = getattr(torch.serialization, "get_safe_globals", None)
+    found = []
+    for entry in get() if get is not None else ():
+        obj = entry[0] if isinstance(entry, tuple) else entry
+        if isinstance(obj, type):
+            found.append(obj)
+    return tuple(found)
+
+
+def check_loadable(value: Any, owner: str, path: str = "state_dict()") -> None:
+    """Refuse a callback state that ``torch.load(weights_only=True)`` would not load back.
+
+    Walks dict keys and values, lists, tuples, sets and deques. Accepts tensors, ``None``,
+    ``bool``, ``int``, ``float``, ``str``, ``bytes``, ``complex``, ``bytearray``,
+    ``torch.Size``/``dtype``/``device``, trainbus's ``Event``, ``LogLevel``, ``Time``,
+    ``TimeUnit``, ``Timestamp``, and classes allowed with
+    ``torch.serialization.add_safe_globals``.
+
+    Raises:
+        CheckpointSaveError: names ``owner`` (the callback), the key path and the type.
+    """
+    _check(value, owner, path, None)
+
+
+def _check(value: Any, owner: str, path: str, user: tuple[type, ...] | None) -> None:
+    kind = type(value)
+    if kind in _PLAIN_LEAVES or isinstance(value, torch.Tensor):
+        return
+    if kind in _CONTAINERS:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _check(key, owner, f"{path} key {key!r}", user)
+                _check(item, owner, f"{path}[{key!r}]", user)
+        elif kind in (set, frozenset):
+            for item in value:
+                _check(item, owner, f"{path} item {item!r}", user)
+        else:
+            for i, item in enumerate(value):
+                _check(item, owner, f"{path}[{i}]", user)
+        return
+    if kind in _TORCH_LEAVES or kind in _OUR_LEAVES:
+        return
+    user = _user_safe_types() if user is None else user
+    if kind in user:
+        return
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    raise CheckpointSaveError(
+        f"callback {owner}: {path} is a {name}, which a checkpoint cannot hold "
+        "(Trainer(load_path=...) loads with torch.load(weights_only=True) and would refuse "
+        "it); return plain containers, numbers, strings, tensors or trainbus's Event, "
+        "LogLevel, Time, TimeUnit and Timestamp from state_dict() (e.g. convert it to a "
+        "dict or a str), or allow the class with "
+        f"torch.serialization.add_safe_globals([{kind.__qualname__}])"
+    )
 
 
 def safe_globals() -> Any:
@@ -268,6 +345,7 @@ def capture(
         callbacks: dict[str, Any] = {}
         for key, cb in callback_keys(state.callbacks):
             cb_state = get_state(cb)
+            check_loadable(cb_state, key)  # refused now, not when the run resumes
             if cb_state:
                 callbacks[key] = to_host(cb_state, copier)
         if include_model:

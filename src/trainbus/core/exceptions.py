@@ -6,13 +6,16 @@ Hierarchy::
     ├── EngineThreadError (TrainbusError, RuntimeError)   wrong thread: would deadlock
     ├── FitInProgressError (TrainbusError, RuntimeError)  fit() while a fit is running
     ├── CallbackSignatureError (TrainbusError, TypeError) a handler cannot be called
+    ├── CheckpointLoadError (TrainbusError, RuntimeError) a checkpoint cannot be resumed from
+    ├── CheckpointSaveError (TrainbusError, TypeError)    a callback state it could not load
     ├── StreamOverflowError                               an EventStream subscriber fell behind
     └── TrackingServerError (TrainbusError, RuntimeError) a tracking server refused a request
     TrainbusWarning (UserWarning)
     ├── SlowCallbackWarning                               handlers slower than the batch
     ├── MetricsUploadWarning                              points refused or not delivered
     ├── CallbackTimeoutWarning                            a callback missed close_timeout
-    └── UnknownHandlerWarning                             a handler-like method no event calls
+    ├── UnknownHandlerWarning                             a handler-like method no event calls
+    └── FitNotAwaitedWarning (TrainbusWarning, RuntimeWarning)  trainer.fit() never awaited
 
 Each class shows as the public module users import it from (``trainbus.X``, or
 ``trainbus.loggers.X`` / ``trainbus.callbacks.X``), in tracebacks and ``repr``.
@@ -28,6 +31,7 @@ __all__ = [
     "CallbackTimeoutWarning",
     "EngineThreadError",
     "FitInProgressError",
+    "FitNotAwaitedWarning",
     "MetricsUploadWarning",
     "SlowCallbackWarning",
     "StreamOverflowError",
@@ -82,13 +86,21 @@ class UnknownHandlerWarning(TrainbusWarning):
     """A callback method looks like a handler (``on_batch_end``) but no event calls it."""
 
 
+class FitNotAwaitedWarning(TrainbusWarning, RuntimeWarning):
+    """``trainer.fit()`` was called but never awaited, so nothing was trained."""
+
+
 # -- checkpoints (trainbus.callbacks.CheckpointSaver, Trainer(load_path=...)) -----------------
 
-__all__ += ["CheckpointLoadError", "CheckpointWarning"]
+__all__ += ["CheckpointLoadError", "CheckpointSaveError", "CheckpointWarning"]
 
 
 class CheckpointLoadError(TrainbusError, RuntimeError):
     """A checkpoint is missing, truncated, corrupt, or does not match the model; names the path."""
+
+
+class CheckpointSaveError(TrainbusError, TypeError):
+    """A callback's ``state_dict()`` holds a value the checkpoint could not load back."""
 
 
 class CheckpointWarning(TrainbusWarning):
@@ -107,7 +119,9 @@ for _cls in (
     SlowCallbackWarning,
     CallbackTimeoutWarning,
     UnknownHandlerWarning,
+    FitNotAwaitedWarning,
     CheckpointLoadError,
+    CheckpointSaveError,
     CheckpointWarning,
 ):
     _cls.__module__ = "trainbus"

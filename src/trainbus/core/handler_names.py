@@ -4,6 +4,12 @@ A callback method is called only when its name is an event's value (``batch_end`
 method named like another framework's hook, or one letter off an event, would silently
 never run; :func:`warn_unknown_handlers` warns about it when the callback is resolved,
 pointing at the method and naming the event method it was probably meant to be.
+
+A logger destination receives its records through one entry point (``log_data``, else
+``log_record``, else ``log_metrics``/``log_hyperparameters``);
+:func:`warn_uncalled_destination_methods` warns about every other record method it defines
+that the entry point does not call, and about Composer destination methods trainbus never
+calls (``will_log``, ``log_metric``).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Any
 from trainbus.core.events import Event
 from trainbus.core.exceptions import UnknownHandlerWarning
 
-__all__ = ["warn_unknown_handlers"]
+__all__ = ["warn_uncalled_destination_methods", "warn_unknown_handlers"]
 
 # Other frameworks' names for the events (PyTorch Lightning's hooks), and the event.
 _FOREIGN_NAMES = {
@@ -53,6 +59,92 @@ def _meant_event(name: str, method: Any) -> str | None:
         return close[0] if close else None
     close = difflib.get_close_matches(name, _EVENT_NAMES, n=1, cutoff=0.85)
     return close[0] if close and _takes_state_and_logger(method) else None
+
+
+# Composer destination methods that trainbus never calls, and what to do instead.
+_COMPOSER_UNCALLED = {
+    "will_log": (
+        "records are not filtered before they are queued; drop unwanted levels in "
+        "log_data (e.g. `if log_level > LogLevel.BATCH: return`)"
+    ),
+    "log_metric": (
+        "it is Composer v0.5's name; rename it to log_data(self, state, log_level, data) "
+        "and read the timestamp as state.timestamp"
+    ),
+}
+# The record entry points, most specific first: the first one overridden gets every record.
+_ENTRY_POINTS = ("log_data", "log_record", ("log_metrics", "log_hyperparameters"))
+_RECORD_METHODS = ("log_data", "log_record", "log_metrics", "log_hyperparameters")
+
+
+def _warn_at(klass: type, name: str, attr: Any, message: str) -> None:
+    """Warn with the location of the method itself: that is the line to change."""
+    code = getattr(inspect.unwrap(attr), "__code__", None)
+    if code is None:
+        warnings.warn(message, UnknownHandlerWarning, stacklevel=5)
+    else:
+        warnings.warn_explicit(
+            message, UnknownHandlerWarning, code.co_filename, code.co_firstlineno,
+            module=klass.__module__,
+        )  # fmt: skip
+
+
+def _defined(callback: object, base: type, name: str) -> tuple[type, Any] | None:
+    """``(class, function)`` where ``callback``'s class overrides ``base``'s ``name``."""
+    for klass in type(callback).__mro__:
+        if klass is base or issubclass(base, klass):
+            return None  # reached the base (or above it): not overridden
+        if name in vars(klass):
+            return klass, vars(klass)[name]
+    return None
+
+
+def _names_used(fn: Any) -> set[str]:
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    return set(code.co_names) if code is not None else set()
+
+
+def warn_uncalled_destination_methods(destination: object, base: type) -> None:
+    """Warn for each method ``destination`` defines that trainbus will not call.
+
+    ``base`` is ``LoggerDestination``. The first entry point overridden (``log_data``,
+    ``log_record``, then ``log_metrics``/``log_hyperparameters``) receives every record; any
+    other record method defined is warned about unless the entry point's code refers to it
+    (``self.log_metrics(...)``, or ``super().log_record(record)``, which calls
+    ``log_metrics``/``log_hyperparameters``). Composer methods trainbus never calls
+    (``will_log``, ``log_metric``) are warned about too.
+    """
+    defined = {name: _defined(destination, base, name) for name in _RECORD_METHODS}
+    entry: tuple[str, ...] = ()
+    for point in _ENTRY_POINTS:
+        names = point if isinstance(point, tuple) else (point,)
+        if any(defined[n] is not None for n in names):
+            entry = names
+            break
+    used: set[str] = set()
+    for name in entry:
+        found = defined[name]
+        if found is not None:
+            used |= _names_used(found[1])
+    if "super" in used and "log_record" in entry:
+        used |= {"log_metrics", "log_hyperparameters"}  # what the base log_record calls
+    for name in _RECORD_METHODS:
+        found = defined[name]
+        if found is None or name in entry or name in used:
+            continue
+        klass, attr = found
+        message = (
+            f"{klass.__qualname__}.{name} is never called: {type(destination).__qualname__} "
+            f"defines {entry[0]}, which receives every record instead; move its code into "
+            f"{entry[0]} (or call self.{name}(...) from there)"
+        )
+        _warn_at(klass, name, attr, message)
+    for name, advice in _COMPOSER_UNCALLED.items():
+        found = _defined(destination, base, name)
+        if found is not None:
+            klass, attr = found
+            message = f"{klass.__qualname__}.{name} is never called by trainbus: {advice}"
+            _warn_at(klass, name, attr, message)
 
 
 def warn_unknown_handlers(callback: object, base: type) -> None:

@@ -18,6 +18,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from trainbus.core.callback import Callback, Handler, HandlerTable
+from trainbus.core.handler_names import warn_uncalled_destination_methods
 from trainbus.core.scalars import copy_value, resolve_value
 from trainbus.core.time import Time
 
@@ -70,6 +71,9 @@ class LogRecord:
         level: The :class:`LogLevel`.
         timestamp: The run's counters when the values were logged.
         hyperparameters: Whether this record holds hyperparameters, not metrics.
+        state: The state as of the event whose handler logged the values (a snapshot:
+            ``state.timer``, ``state.batch``, ``state.loss``, ... are that event's), what
+            a Composer ``log_data(state, log_level, data)`` receives.
     """
 
     metrics: dict[str, Any]
@@ -78,6 +82,7 @@ class LogRecord:
     level: LogLevel = LogLevel.BATCH
     timestamp: Timestamp | None = None
     hyperparameters: bool = False
+    state: State | None = field(default=None, repr=False, compare=False)
     _resolved: bool = field(default=False, repr=False, compare=False)
 
     def resolve(self) -> LogRecord:
@@ -212,13 +217,15 @@ class Logger:
                 f"log_metrics(metrics=...) takes a mapping of names to values, "
                 f"got {type(metrics).__qualname__}; wrap the value: {{'name': value}}"
             )
-        ts = self._state.timestamp
+        state = self._state.snapshot()  # a handler's logger: its view, as it is
+        ts = state.timestamp
         record = LogRecord(
             metrics=_copy_metrics(metrics, "log_metrics(metrics=...)"),
             step=int(ts.batch) if step is None else _check_step(step),
             wall_time=time.time(),
             level=_to_level(level),
             timestamp=ts,
+            state=state,
         )
         self._emit(record)
 
@@ -233,7 +240,8 @@ class Logger:
                 "log_hyperparameters(...) takes a mapping of names to values, "
                 f"got {type(hyperparameters).__qualname__}; e.g. {{'lr': 0.1}}"
             )
-        ts = self._state.timestamp
+        state = self._state.snapshot()
+        ts = state.timestamp
         self._emit(
             LogRecord(
                 metrics=_copy_metrics(hyperparameters, "log_hyperparameters(...)"),
@@ -242,8 +250,20 @@ class Logger:
                 level=LogLevel.FIT,
                 timestamp=ts,
                 hyperparameters=True,
+                state=state,
             )
         )
+
+    @property
+    def run_name(self) -> str:
+        """The run's name (``Trainer(run_name=...)``), as Composer's ``logger.run_name``."""
+        name: str = self._state.run_name
+        return name
+
+    @property
+    def destinations(self) -> tuple[LoggerDestination, ...]:
+        """The run's logger destinations, in the order they receive records (Composer's)."""
+        return tuple(cb for cb in self._state.callbacks if isinstance(cb, LoggerDestination))
 
     # -- Composer v0.6 API ------------------------------------------------------------------
 
@@ -306,17 +326,53 @@ class LoggerDestination(Callback):
             return self.log_hyperparameters(record.metrics)
         return self.log_metrics(record.metrics, record.step)
 
+    def log_data(self, state: State, log_level: LogLevel, data: dict[str, Any]) -> Any:
+        """Composer v0.6's entry point: override it to receive every record through it.
+
+        Called once per logged record, in logged order, on the destination's lane (like
+        :meth:`log_record`), with ``state`` as of the event whose handler logged the values
+        (``record.state``), the record's :class:`LogLevel` and its values (hyperparameters
+        arrive at ``LogLevel.FIT``, as Composer's ``logger.data_fit(...)``). A destination
+        that overrides it gets no ``log_record``/``log_metrics``/``log_hyperparameters``
+        calls. May be ``async def``.
+        """
+
+
+def _overrides_method(dest: LoggerDestination, name: str) -> bool:
+    own = inspect.getattr_static(type(dest), name)
+    return name in getattr(dest, "__dict__", {}) or own is not getattr(LoggerDestination, name)
+
 
 def resolve_log_handler(table: HandlerTable) -> Handler | None:
     """For a destination, the handler that receives its log records (else ``None``).
 
-    An overridden ``log_record`` is used as it is; otherwise records are routed to
-    ``log_metrics`` / ``log_hyperparameters``, awaited if either is ``async def``.
+    An overridden ``log_data`` (Composer's) gets every record as ``(record.state,
+    record.level, record.metrics)``; else an overridden ``log_record`` is used as it is;
+    otherwise records are routed to ``log_metrics`` / ``log_hyperparameters``, awaited if
+    either is ``async def``. A method the destination defines that this leaves uncalled is
+    warned about (:func:`~trainbus.core.handler_names.warn_uncalled_destination_methods`).
     """
     dest = table.callback
     if not isinstance(dest, LoggerDestination):
         return None
     cls = type(dest)
+    warn_uncalled_destination_methods(dest, LoggerDestination)
+    if _overrides_method(dest, "log_data"):
+        log_data = dest.log_data
+        data_async = inspect.iscoroutinefunction(log_data)
+        if data_async:
+
+            async def deliver_async(record: LogRecord) -> None:
+                await log_data(record.state, record.level, record.metrics)  # type: ignore[arg-type]
+
+            data_fn: Callable[[LogRecord], Any] = deliver_async
+        else:
+
+            def deliver(record: LogRecord) -> Any:
+                return log_data(record.state, record.level, record.metrics)  # type: ignore[arg-type]
+
+            data_fn = deliver
+        return Handler(dest, f"{cls.__qualname__}.log_data", data_fn, data_async, False)
     if cls.log_record is not LoggerDestination.log_record:
         method = dest.log_record
         fn: Callable[..., Any] = method

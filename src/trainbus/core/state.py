@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +82,14 @@ def _as_list(value: Any) -> list[Any]:
     return [value]
 
 
+def _loader_len(loader: Any) -> int | None:
+    """``len(loader)``, or ``None`` for a loader (an iterable) without a length."""
+    try:
+        return len(loader)
+    except (TypeError, NotImplementedError):
+        return None
+
+
 def _frame_property(name: str, doc: str) -> property:
     def get(self: State) -> Any:
         return getattr(self._frame, name)
@@ -106,6 +115,7 @@ class State(Serializable):
         schedulers: The learning-rate schedulers, always a list.
         max_duration: How long ``fit()`` trains, as a :class:`Time`.
         train_dataloader: The training data loader.
+        steps_per_epoch: Batches trained per epoch (settable; see the property).
         eval_dataloader: The evaluation data loader, or ``None``.
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
         grad_accum: Number of microbatches per batch.
@@ -157,6 +167,7 @@ class State(Serializable):
         self.optimizers = optimizers
         self.schedulers = schedulers
         self.train_dataloader = train_dataloader
+        self._steps_per_epoch: int | None = None
         self.eval_dataloader = eval_dataloader
         self.precision = precision
         self.grad_accum = grad_accum
@@ -189,6 +200,39 @@ class State(Serializable):
                 "e.g. '2ep' or state.timer.batch"
             )
         self._max_duration = duration
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """Batches trained per epoch, as Composer's ``state.steps_per_epoch``.
+
+        ``len(train_dataloader)`` unless set (``None`` for a loader without a length).
+        Assign an int to train only that many batches of each epoch (the loop reads it
+        when an epoch starts, so a change from a handler applies from the next epoch);
+        a value over the loader's length is capped at it with a warning, as in
+        Composer; ``None`` goes back to the whole loader.
+        """
+        if self._steps_per_epoch is not None:
+            return self._steps_per_epoch
+        return _loader_len(self.train_dataloader)
+
+    @steps_per_epoch.setter
+    def steps_per_epoch(self, value: int | None) -> None:
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"steps_per_epoch={value!r} must be a positive int (batches per epoch), "
+                    "or None for the whole train_dataloader"
+                )
+            length = _loader_len(self.train_dataloader)
+            if length is not None and value > length:
+                warnings.warn(
+                    f"steps_per_epoch={value} is more than the {length} batches of "
+                    f"train_dataloader; using {length}",
+                    UserWarning,
+                    stacklevel=2,
+                )
+                value = length
+        self._steps_per_epoch = value
 
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:

@@ -97,7 +97,8 @@ class Time(Generic[TValue]):
     """An amount of training time: a number and a :class:`TimeUnit`.
 
     Times are immutable and hashable. ``+``, ``-`` and ordering (``<``, ``<=``, ...) need
-    the same unit (a plain number is read in the other operand's unit); ``*`` and ``/``
+    the same unit (a plain number is read in the other operand's unit); unary ``-``, ``+``
+    and ``abs()`` keep the unit; ``*`` and ``/``
     take a number; ``Time / Time`` of one unit is their float ratio. Mixing units in
     arithmetic or ordering raises ``TypeError``; ``==`` between Times of different units
     is ``False`` (``Time(1, "ep") == Time(3, "ba")`` cannot be known without the loader),
@@ -263,6 +264,18 @@ class Time(Generic[TValue]):
     def __rsub__(self, other: object) -> Time[Any]:
         value = self._operand(other)
         return NotImplemented if value is None else _new_time(value - self._value, self._unit)
+
+    def __neg__(self) -> Time[TValue]:
+        """``-Time(3, "ba")`` is ``Time(-3, "ba")`` (as in Composer; e.g. for differences)."""
+        return _new_time(-self._value, self._unit)
+
+    def __pos__(self) -> Time[TValue]:
+        """``+time`` is ``time`` itself."""
+        return self
+
+    def __abs__(self) -> Time[TValue]:
+        """``abs(Time(-3, "ba"))`` is ``Time(3, "ba")``."""
+        return self if self._value >= 0 else -self
 
     @overload
     def __mul__(self: Time[int], other: int) -> Time[int]: ...

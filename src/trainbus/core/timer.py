@@ -17,8 +17,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+import operator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, SupportsIndex, overload
 
 from trainbus.core.time import Time, TimeUnit, _new_time, _to_unit
 
@@ -30,6 +31,7 @@ _FIELD_UNITS = {
     "sample_in_epoch": "sp", "token": "tok", "token_in_epoch": "tok",
 }  # fmt: skip
 _FIELDS = tuple(_FIELD_UNITS)
+_UNITS = tuple(TimeUnit(unit) for unit in _FIELD_UNITS.values())
 
 
 def _count(name: str, value: object, unit: str) -> int:
@@ -133,6 +135,11 @@ class Timestamp(_Counters):
     compares the run-wide counter of that unit. Two Timestamps are equal when all their
     counters are.
 
+    It follows the ``NamedTuple`` protocol of Composer's Timestamp without being a
+    ``tuple``: ``_fields``, ``_asdict()``, ``_replace()``, ``_make()``, ``len()``, iteration
+    and indexing give the seven counters as :class:`Time` values, in the order of
+    ``_fields``.
+
     Args:
         epoch, batch, batch_in_epoch, sample, sample_in_epoch, token, token_in_epoch:
             Non-negative ints (or Times of the matching unit); keyword-only.
@@ -174,6 +181,50 @@ class Timestamp(_Counters):
     def copy(self, **changes: int | Time[int]) -> Timestamp:
         """A new Timestamp with some counters replaced, e.g. ``ts.copy(batch=0)``."""
         return Timestamp(**{**self.state_dict(), **changes})
+
+    # -- the NamedTuple protocol, as Composer's Timestamp ------------------------------------
+    # Read-only methods over the slots: building a Timestamp costs what it did (the training
+    # thread builds one a batch), and code written for Composer's NamedTuple works.
+
+    #: The counters' names, in order (``NamedTuple._fields``).
+    _fields: tuple[str, ...] = _FIELDS
+
+    def _asdict(self) -> dict[str, Time[int]]:
+        """The counters by name, as :class:`Time` values (``NamedTuple._asdict``)."""
+        return dict(zip(_FIELDS, self, strict=True))
+
+    def _replace(self, **changes: int | Time[int]) -> Timestamp:
+        """:meth:`copy` under ``NamedTuple``'s name."""
+        return self.copy(**changes)
+
+    @classmethod
+    def _make(cls, counters: Iterable[int | Time[int]]) -> Timestamp:
+        """A Timestamp from the seven counters in :attr:`_fields` order."""
+        values = list(counters)
+        if len(values) != len(_FIELDS):
+            raise TypeError(
+                f"Timestamp._make takes {len(_FIELDS)} counters ({', '.join(_FIELDS)}), "
+                f"got {len(values)}"
+            )
+        return cls(**dict(zip(_FIELDS, values, strict=True)))
+
+    def __len__(self) -> int:
+        return len(_FIELDS)
+
+    def __iter__(self) -> Iterator[Time[int]]:
+        """The counters as :class:`Time` values, in :attr:`_fields` order."""
+        for value, unit in zip(self._key(), _UNITS, strict=True):
+            yield _new_time(value, unit)
+
+    @overload
+    def __getitem__(self, index: SupportsIndex) -> Time[int]: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Time[int], ...]: ...
+    def __getitem__(self, index: SupportsIndex | slice) -> Time[int] | tuple[Time[int], ...]:
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        i = operator.index(index)
+        return _new_time(self._key()[i], _UNITS[i])
 
     def _key(self) -> tuple[int, ...]:
         return (self._epoch, self._batch, self._batch_in_epoch, self._sample,

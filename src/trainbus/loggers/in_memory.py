@@ -54,8 +54,10 @@ class InMemoryLogger(LoggerDestination):
         """The values of ``metric`` with the counters and step of each.
 
         Returns:
-            ``{metric: [...], "step": [...], "epoch": [...], "batch": [...],
-            "sample": [...], "token": [...]}``, lists of equal length.
+            ``{metric: [...], "step": [...]}`` and one list per counter in
+            ``Timestamp._fields`` (``"epoch"``, ``"batch"``, ``"batch_in_epoch"``,
+            ``"sample"``, ``"sample_in_epoch"``, ``"token"``, ``"token_in_epoch"``, as
+            Composer's), of ints, all of equal length.
 
         Raises:
             KeyError: Nothing was logged under ``metric``; the message lists what was.
@@ -63,11 +65,11 @@ class InMemoryLogger(LoggerDestination):
         if metric not in self.data:
             raise KeyError(f"no values logged for {metric!r}; logged: {sorted(self.data)}")
         rows = self.data[metric]
-        return {
+        series: dict[str, list[Any]] = {
             metric: [value for _, _, value in rows],
             "step": list(self.steps[metric]),
-            "epoch": [int(ts.epoch) for ts, _, _ in rows],
-            "batch": [int(ts.batch) for ts, _, _ in rows],
-            "sample": [int(ts.sample) for ts, _, _ in rows],
-            "token": [int(ts.token) for ts, _, _ in rows],
         }
+        counters = [ts.state_dict() for ts, _, _ in rows]
+        for name in Timestamp._fields:
+            series[name] = [c[name] for c in counters]
+        return series

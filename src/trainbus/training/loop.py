@@ -10,6 +10,7 @@ clipped before ``AFTER_TRAIN_BATCH``, applied after it (``docs/training-loop.md`
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -228,6 +229,12 @@ class TrainingLoop:
         batches: Iterator[Any] = epoch_batches(state, skip)  # set_epoch, resume position
         seen = skip
         num_batches = _len_or_none(state.train_dataloader)
+        limit = state.steps_per_epoch  # Composer's: read once an epoch
+        if limit is not None and limit != num_batches:
+            if seen >= limit:  # resumed at the end of a shortened epoch
+                return True
+            batches = itertools.islice(batches, limit - seen)
+            num_batches = limit
         for raw in batches:
             seen += 1
             self.calls.check(raw, "train_dataloader")
@@ -240,9 +247,15 @@ class TrainingLoop:
             state._timer.on_batch_complete(state.batch_num_samples, state.batch_num_tokens)
             if self.config.log_train_loss:  # at step n for batch n, as BATCH_END handlers
                 logger.log_metrics({"loss/train": DeferredScalar.start(loss)})
-            publish(E.BATCH_END, E.BATCH_CHECKPOINT)
+            # Composer's order: BATCH_CHECKPOINT after BATCH_END and any batch-wise
+            # evaluation, so a checkpoint taken there holds the evaluation's results and a
+            # run resumed from it does not miss that evaluation.
             if self._eval_due(TimeUnit.BATCH):
+                publish(E.BATCH_END)
                 self.evaluate()
+                publish(E.BATCH_CHECKPOINT)
+            else:
+                publish(E.BATCH_END, E.BATCH_CHECKPOINT)
             if self._done():
                 # The data ran out with this batch: the epoch is complete (EPOCH_END
                 # fires), as when max_duration in batches is a whole number of epochs.

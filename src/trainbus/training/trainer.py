@@ -55,6 +55,7 @@ from trainbus.training.checks import (
     check_optimizers_train_the_model,
     check_run_name,
 )
+from trainbus.training.fit_call import FitCall
 from trainbus.training.loop import LoopConfig, TrainingLoop
 
 __all__ = ["Trainer"]
@@ -308,8 +309,13 @@ class Trainer:
         if checkpoint is not None:
             restore_checkpoint(checkpoint, self.state)
 
-    async def fit(self, *, duration: Time[Any] | str | int | None = None) -> None:
+    def fit(self, *, duration: Time[Any] | str | int | None = None) -> FitCall:
         """Train until ``max_duration`` (or for ``duration`` more), then close callbacks.
+
+        Await it: ``await trainer.fit()`` (``trainer.fit_sync()`` in a script). It returns
+        a :class:`~trainbus.training.fit_call.FitCall`, a coroutine that trains when
+        awaited; one dropped without being awaited (``trainer.fit()`` called the Composer
+        way) issues a :class:`~trainbus.FitNotAwaitedWarning` at once, naming the line.
 
         The training loop runs on a worker thread; handlers run on this event loop and
         on their callbacks' threads. Returns when training ended and every callback's
@@ -325,6 +331,9 @@ class Trainer:
             RuntimeError: The last ``fit()`` reached ``max_duration`` and no ``duration``
                 is given: there is nothing left to train (pass ``duration=``).
         """
+        return FitCall(functools.partial(self._fit, duration))
+
+    async def _fit(self, duration: Time[Any] | str | int | None) -> None:
         state = self.state
         if self.engine.running:
             raise FitInProgressError(
