@@ -84,7 +84,7 @@ async def test_an_async_upload_per_batch_overlaps_the_loop_and_inline_it_does_no
         overlapped = []
         for _ in range(2):
             upload = Upload(service.url)
-            loop = Loop(trainbus.Bus(callbacks=[upload]))
+            loop = Loop(trainbus.Bus(callbacks=[upload], warn_slow=False))  # load may slow a POST
             assert await loop.bus.run(loop.train) == "trained"  # type: ignore[union-attr]
             assert upload.sent == list(range(1, BATCHES + 1))
             overlapped.append(loop.elapsed)
@@ -94,6 +94,7 @@ async def test_an_async_upload_per_batch_overlaps_the_loop_and_inline_it_does_no
         inline_loop.train()
         inline.close()
     # The same upload inline costs its latency every batch; on the bus it hides.
+    print(f"own loop: bus {min(overlapped) / bare:.2f}x, inline {inline_loop.elapsed / bare:.2f}x")
     assert inline_loop.elapsed / bare > 1.45, (inline_loop.elapsed, bare)
     assert min(overlapped) / bare < 1.3, (overlapped, bare)
 
