@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainbus.callbacks._interval import Interval
 from trainbus.checkpoint import sharded as _dcp
-from trainbus.checkpoint.format import BufferPool, Capture, capture
+from trainbus.checkpoint.format import BufferPool, Capture, capture, remove_stale_partials
 from trainbus.checkpoint.resume import epoch_rng, wait_for_handlers
 from trainbus.core.callback import Callback, blocking
 from trainbus.core.events import Event
@@ -223,6 +223,12 @@ class CheckpointSaver(Callback):
     # -- handlers (training thread) ----------------------------------------------------------
 
     @blocking
+    def fit_start(self, state: State, logger: Logger) -> None:
+        """Delete temporary files that killed writes left in the folder (ours only)."""
+        if self.folder.is_dir() and _rank() == 0:
+            remove_stale_partials(self.folder, time.time_ns())
+
+    @blocking
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         """Save if due (runs on the training thread: it captures, the writer writes)."""
         self._maybe_save(Event.BATCH_CHECKPOINT, state)
@@ -329,7 +335,7 @@ class CheckpointSaver(Callback):
                 if self._job is None:
                     return
                 cap, timestamp, path = self._job
-            t0 = time.perf_counter()
+            t0, started_ns = time.perf_counter(), time.time_ns()
             error: BaseException | None = None
             try:
                 size = cap.write(path)
@@ -349,6 +355,7 @@ class CheckpointSaver(Callback):
                     self._saved = [e for e in self._saved if e[1] != [path]]
                     self._saved.append((timestamp, [path]))
                     self._prune()
+                    remove_stale_partials(self.folder, started_ns)  # none is this saver's now
                 elif self._error is None:
                     self._error = error
                 self._job = None

@@ -30,11 +30,13 @@ import torch
 from trainbus.checkpoint import sharded as _dcp
 from trainbus.checkpoint.format import (
     FORMAT_KEY,
+    ArchiveDamaged,
     callback_keys,
     capture_rng,
     safe_globals,
+    verify_archive,
 )
-from trainbus.checkpoint.sharded import find_checkpoint
+from trainbus.checkpoint.sharded import find_checkpoint, find_checkpoints
 from trainbus.core.exceptions import CheckpointLoadError, CheckpointWarning
 
 if TYPE_CHECKING:
@@ -73,7 +75,20 @@ class ResumePoint:
     epoch_rng: torch.Tensor | None
 
 
+class _Damaged(CheckpointLoadError):
+    """The file fails its integrity check (torn, or a CRC-32 mismatch): try an older one."""
+
+
 def _read(path: pathlib.Path) -> dict[str, Any]:
+    try:
+        verify_archive(path)  # torch.load never checks the CRC-32s its archive records
+    except FileNotFoundError:
+        pass  # torch.load below says so, with the fix
+    except ArchiveDamaged as exc:
+        raise _Damaged(
+            f"load_path={str(path)!r} cannot be read as a checkpoint: it is truncated or "
+            f"corrupt ({exc})"
+        ) from exc
     try:
         with safe_globals():
             obj = torch.load(path, map_location="cpu", weights_only=True)
@@ -215,14 +230,49 @@ def read_checkpoint(load_path: str | os.PathLike[str], state: State) -> LoadedCh
     if not path.exists() and _is_saver_folder(path, state):
         return None  # autoresume's first run: the saver has not made its folder yet
     if path.is_dir() and not (_dcp.is_complete(path) or _dcp.is_interrupted(path)):
-        found = find_checkpoint(path)
-        if found is None:
-            return None
-        path = found
+        return _read_newest_intact(path, state)
     if path.is_dir():
         _dcp.check(path, state)
         return LoadedCheckpoint(path, {}, sharded=True)
-    return _read_checked(path, state)
+    return _read_one(path, state)
+
+
+def _read_one(path: pathlib.Path, state: State) -> LoadedCheckpoint:
+    """:func:`_read_checked`, a damaged file raised as a plain :class:`CheckpointLoadError`."""
+    try:
+        return _read_checked(path, state)
+    except _Damaged as exc:
+        raise CheckpointLoadError(str(exc)) from exc.__cause__
+
+
+def _read_newest_intact(folder: pathlib.Path, state: State) -> LoadedCheckpoint | None:
+    """The newest checkpoint in ``folder`` that passes its integrity check.
+
+    A damaged one (a CRC-32 mismatch, a torn archive) is skipped with a
+    :class:`~trainbus.CheckpointWarning` naming it; other errors (another model) raise, and
+    so does a folder whose every checkpoint is damaged (rather than start over silently).
+    """
+    damaged: _Damaged | None = None
+    for path in find_checkpoints(folder):
+        if path.is_dir():
+            _dcp.check(path, state)
+            return LoadedCheckpoint(path, {}, sharded=True)
+        try:
+            return _read_checked(path, state)
+        except _Damaged as exc:
+            damaged = damaged or exc
+            warnings.warn(
+                f"checkpoint {str(path)!r} is damaged ({exc.__cause__}); it is skipped "
+                "(resuming from the newest intact checkpoint)",
+                CheckpointWarning,
+                stacklevel=4,
+            )
+    if damaged is not None:
+        raise CheckpointLoadError(
+            f"load_path={str(folder)!r}: every checkpoint in the folder is damaged (the "
+            f"newest: {damaged}); restore one from a copy, or remove them to start over"
+        ) from damaged.__cause__
+    return None
 
 
 def _read_remote(url: str, state: State) -> LoadedCheckpoint | None:
@@ -241,7 +291,7 @@ def _read_remote(url: str, state: State) -> LoadedCheckpoint | None:
         return None  # no complete checkpoint there yet: a first run starts fresh
     where, local = got
     try:
-        return _read_checked(local, state)
+        return _read_one(local, state)
     except CheckpointLoadError as exc:
         raise CheckpointLoadError(str(exc).replace(str(local), where)) from exc.__cause__
     finally:

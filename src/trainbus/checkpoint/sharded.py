@@ -52,6 +52,7 @@ __all__ = [
     "check",
     "destroy_group",
     "find_checkpoint",
+    "find_checkpoints",
     "folder_name",
     "is_complete",
     "is_interrupted",
@@ -132,18 +133,28 @@ def _is_candidate(path: pathlib.Path) -> bool:
     return path.is_file() and zipfile.is_zipfile(path)  # torch.save writes a zip archive
 
 
+def _is_torn(path: pathlib.Path) -> bool:
+    """A visible file that starts as a zip archive but has no directory at its end."""
+    if path.name.startswith(".") or TEMP_MARKER in path.name or not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(4) == b"PK\x03\x04"
+
+
 def _mtime(path: pathlib.Path) -> tuple[int, str]:
     marker = path / METADATA if path.is_dir() else path
     return marker.stat().st_mtime_ns, path.name
 
 
-def find_checkpoint(folder: pathlib.Path) -> pathlib.Path | None:
-    """The newest complete checkpoint in ``folder`` (by modification time), or ``None``.
+def find_checkpoints(folder: pathlib.Path) -> list[pathlib.Path]:
+    """The complete checkpoints in ``folder``, newest first (by modification time).
 
     Candidates are ``torch.save`` archives and sharded checkpoints' folders with their
     ``.metadata``. Temporary files of a write in progress (hidden, ``.<name>.partial-*``)
-    never are; the folder of an interrupted sharded save (no ``.metadata``) is skipped
-    with a :class:`~trainbus.CheckpointWarning`.
+    never are; the folder of an interrupted sharded save (no ``.metadata``) and a torn
+    archive (a zip without its directory) are skipped with a
+    :class:`~trainbus.CheckpointWarning` naming them. A complete archive may still be
+    damaged inside: the loader checks its CRCs (``trainbus.checkpoint.resume``).
     """
     candidates = []
     for p in sorted(folder.iterdir()):
@@ -156,7 +167,20 @@ def find_checkpoint(folder: pathlib.Path) -> pathlib.Path | None:
                 CheckpointWarning,
                 stacklevel=4,
             )
-    return max(candidates, key=_mtime) if candidates else None
+        elif _is_torn(p):
+            warnings.warn(
+                f"checkpoint {str(p)!r} is truncated (a zip archive without its directory); "
+                "it is skipped (resuming from the newest complete checkpoint)",
+                CheckpointWarning,
+                stacklevel=4,
+            )
+    return sorted(candidates, key=_mtime, reverse=True)
+
+
+def find_checkpoint(folder: pathlib.Path) -> pathlib.Path | None:
+    """The newest complete checkpoint in ``folder`` (see :func:`find_checkpoints`), or ``None``."""
+    found = find_checkpoints(folder)
+    return found[0] if found else None
 
 
 def remove(path: pathlib.Path) -> None:

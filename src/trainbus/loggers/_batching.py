@@ -294,7 +294,7 @@ class BatchingDestination(LoggerDestination):
             batches, corrupt = await anyio.to_thread.run_sync(spool.load)
         except OSError as exc:  # an unreadable spool must not stop training either
             self._unreported.spool_failures += 1
-            self._retry.last_error = f"reading the spool: {exc}"
+            self._retry.last_error = self._unreported.spool_error = f"reading the spool: {exc}"
             return
         fresh = [b for b in batches if b.key not in self._keys]
         for batch in reversed(fresh):  # older than anything sealed by this run
@@ -321,7 +321,8 @@ class BatchingDestination(LoggerDestination):
                 except OSError as exc:  # a full disk must not stop training: send from memory
                     batch.unspoolable = True
                     self._unreported.spool_failures += 1
-                    self._retry.last_error = f"writing the spool: {exc}"
+                    error = f"writing the spool: {exc}"
+                    self._retry.last_error = self._unreported.spool_error = error
                 else:
                     self.spooled_batches += 1
                 self._to_spool.popleft()  # only now: a cancelled write is redone next time
@@ -390,11 +391,18 @@ class BatchingDestination(LoggerDestination):
 
     def _report(self, reason: str) -> None:
         label, spool, error = type(self).__name__, self.spool_dir, self._retry.last_error
+        spool_error = self._unreported.spool_error  # a full disk hidden by a later failure
+        if spool_error is not None and spool_error != error:
+            error = spool_error if error is None else f"{error}; the spool: {spool_error}"
         for message in self._unreported.messages(label, self._target, spool, error):
             warnings.warn(message, MetricsUploadWarning, stacklevel=3)
         if self._outbox:
             points = sum(len(b.points) for b in self._outbox)
+            in_memory = 0
+            if not getattr(self._spool, "journaled", False):  # a journal has their points
+                in_memory = sum(1 for b in self._outbox if b.unspoolable)
             message = undelivered_message(
-                label, self._target, len(self._outbox), points, reason, spool, error
-            )
+                label, self._target, len(self._outbox), points, reason, spool, error,
+                in_memory=in_memory,
+            )  # fmt: skip
             warnings.warn(message, MetricsUploadWarning, stacklevel=3)

@@ -284,6 +284,7 @@ class Unreported:
     rejected_points: int = 0
     statuses: set[int] = field(default_factory=set)
     spool_failures: int = 0
+    spool_error: str | None = None  # the last failed spool (or journal) operation
     finish_error: str | None = None  # the request that ends the run failed
 
     def messages(
@@ -307,7 +308,8 @@ class Unreported:
         if self.spool_failures:
             out.append(
                 f"{label}: {self.spool_failures} spool operation(s) failed in "
-                f"spool_dir={str(spool)!r} (last error: {last_error}); the batches concerned "
+                f"spool_dir={str(spool)!r} (last error: {self.spool_error or last_error}); "
+                "the batches concerned "
                 "were kept in memory only, and files of earlier runs may not have been "
                 "resent. Free space or fix the directory's permissions"
             )
@@ -318,23 +320,31 @@ class Unreported:
             )
             self.finish_error = None
         self.rejected_batches = self.rejected_points = self.spool_failures = 0
+        self.spool_error = None
         self.statuses.clear()
         return out
 
 
 def undelivered_message(
     label: str, url: str, batches: int, points: int, reason: str, spool: Path | None,
-    last_error: str | None,
+    last_error: str | None, *, in_memory: int = 0,
 ) -> str:
     """The warning for batches still undelivered when ``close`` stopped waiting.
 
-    ``reason`` says why it stopped, e.g. ``"within close_timeout=30s"``.
+    ``reason`` says why it stopped, e.g. ``"within close_timeout=30s"``; ``in_memory``
+    counts the batches that could not be written to the spool (a full disk).
     """
     if spool is not None:
         fate = (
             f"they stay in spool_dir={str(spool)!r} and the next {label} started with "
             "that spool_dir resends them unchanged (same run, same keys)"
         )
+        if in_memory:
+            fate = (
+                f"{in_memory} of them could not be written to spool_dir={str(spool)!r} and "
+                f"are lost when this process exits; the others stay there and the next "
+                f"{label} started with that spool_dir resends them unchanged"
+            )
     else:
         fate = (
             "they are lost when this process exits (unless this trainer fits again); "

@@ -67,6 +67,10 @@ class Journal(Spool):
         batch_size: Points per batch when sealing points a killed run never sealed.
     """
 
+    #: Its points are on disk before they are batched: a batch whose seal could not be
+    #: written is sealed again by the next run (the uploader's close warning says so).
+    journaled = True
+
     def __init__(self, directory: str | os.PathLike[str], *, batch_size: int) -> None:
         super().__init__(directory)
         self.path = self.directory / JOURNAL_NAME

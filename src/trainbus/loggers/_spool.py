@@ -106,11 +106,15 @@ class Spool:
             "body": json.loads(batch.body()),
         }
         data = json.dumps(record, separators=(",", ":")).encode()
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:  # a full disk, say: leave no empty temporary file behind
+            tmp.unlink(missing_ok=True)
+            raise
         self._sync_directory()
         batch.path = final
 

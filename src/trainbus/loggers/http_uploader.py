@@ -177,7 +177,11 @@ class HTTPMetricsUploader(BatchingDestination):
                 continue
             items.append({"name": name, "value": number, "step": step, "wall_time": wall_time})
         if self._journal is not None and items:  # on disk before it counts as logged
-            return self._journal.admit(items)
+            try:
+                return self._journal.admit(items)
+            except OSError as exc:  # raised (training stops), and named in close's warning
+                self._retry.last_error = f"writing the journal: {exc}"
+                raise
         return items
 
     async def log_record(self, record: LogRecord) -> None:
