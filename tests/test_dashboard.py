@@ -444,3 +444,42 @@ def test_batch_end_items_follow_the_runs_own_batch_records_without_loss_logging(
         ends = [int(i.timestamp.batch) for i in dashboard.stream._history
                 if isinstance(i, StreamEvent) and i.event.value == "batch_end"]
     assert ends == [5, 10, 15, 20]
+
+
+def test_a_snapshot_says_which_batch_of_the_run_it_is_from_also_in_a_resumed_run(
+    tmp_path: Path,
+) -> None:
+    """Regression: the callbacks panel showed the bus's own batch count ("3 batches") next
+    to a header at batch 6: a resumed (or continued) run's bus counts only its own batches.
+    The snapshot now carries the run's timer, as the header does."""
+    from trainbus.callbacks import CheckpointSaver
+
+    def trainer(dashboard: Dashboard | None, duration: str, **kw: Any) -> Trainer:
+        model = TinyModel()
+        return Trainer(model, make_loader(3), duration,
+                       optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                       loggers=[dashboard] if dashboard else [], device="cpu", **kw)
+
+    first = trainer(None, "1ep", callbacks=[CheckpointSaver(tmp_path, save_interval="1ep")])
+    first.fit_sync()
+    with Dashboard() as dashboard:
+        resumed = trainer(dashboard, "2ep", load_path=tmp_path)
+        resumed.fit_sync()
+        snaps = [i for i in dashboard.stream._history if isinstance(i, StreamBusSnapshot)]
+    last = snaps[-1].statistics
+    assert (last["batch"], last["epoch"]) == (6, 2)  # the run's own position
+    assert last["batches"] == 3  # what this engine published
+
+
+def test_private_helper_callbacks_are_not_listed_as_the_users(tmp_path: Path) -> None:
+    """Regression: the demo's internal ``_TrainingClock`` showed in the callbacks panel and
+    the timeline as if the user had added it."""
+    from trainbus._demo import run_demo
+
+    with Dashboard() as dashboard, (tmp_path / "out.txt").open("w") as out:
+        run_demo(epochs=1, out=tmp_path, upload_latency_ms=1, dashboard=dashboard, stream=out)
+        snaps = [i for i in dashboard.stream._history if isinstance(i, StreamBusSnapshot)]
+    names = {c["name"] for c in snaps[-1].statistics["callbacks"]}
+    assert {"SpeedMonitor", "LRMonitor", "SimulatedUploader", "Dashboard"} <= names
+    assert not any(name.startswith("_") for name in names)
+    assert not any(span["row"].startswith("_") for s in snaps for span in s.timeline)

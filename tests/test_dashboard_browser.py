@@ -226,6 +226,102 @@ def test_demo_page_at_the_end_of_the_run(browser: Any, tmp_path: Path) -> None:
         shot = tmp_path / "dashboard.png"
         watched.page.screenshot(path=str(shot), full_page=True)
         assert shot.stat().st_size > 10_000
+        # The demo's private helper (_TrainingClock) is not listed as the user's callback.
+        listed = watched.page.eval_on_selector_all(
+            "#callbacks tbody tr", "rows => rows.map(r => r.dataset.callback)")
+        assert {"SpeedMonitor", "LRMonitor", "SimulatedUploader", "Dashboard"} <= set(listed)
+        assert [name for name in listed if name.startswith("_")] == []
+        assert watched.errors == []
+
+
+CANVAS_COLOURS = """() => {
+    const canvas = document.getElementById("timeline");
+    const data = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+    const counts = {};
+    for (let i = 0; i < data.length; i += 4) {
+        const hex = "#" + [data[i], data[i + 1], data[i + 2]]
+            .map((v) => v.toString(16).padStart(2, "0")).join("");
+        counts[hex] = (counts[hex] || 0) + 1;
+    }
+    return counts;
+}"""
+
+
+def test_the_timeline_has_a_legend_for_each_colour_it_draws(browser: Any) -> None:
+    """Regression: the timeline's three colours (a batch, a wait, a handler) had no legend."""
+    hold = Hold(at=20)
+    with Dashboard(interval=0.05) as dashboard:
+        trainer = local_run(40, [hold, SlowPoke()], dashboard)
+        watched = Watched(browser)
+        watched.page.goto(dashboard.url)
+        fit = in_thread(trainer.fit_sync)
+        try:
+            assert hold.reached.wait(timeout=30)  # held in a barrier wait at batch 20
+            watched.wait("D.bus !== null && D.bus.timeline.some(s => s.label.startsWith('wait'))")
+        finally:
+            hold.go.set()
+        watched.wait("D.ended !== null")
+        fit.join(timeout=30)
+        watched.page.wait_for_timeout(300)  # the last frame
+        legend = watched.page.eval_on_selector_all(
+            "#timeline-legend .legend-item",
+            "items => items.map(i => [i.dataset.kind, i.textContent,"
+            " getComputedStyle(i.querySelector('.swatch')).backgroundColor])")
+        assert [kind for kind, _, _ in legend] == ["batch", "wait", "handler"]
+        texts = {kind: text for kind, text, _ in legend}
+        assert "computing a batch" in texts["batch"]
+        assert "waiting for callbacks" in texts["wait"]
+        assert "handler" in texts["handler"]
+        # Each legend swatch has the colour the canvas uses for that kind, and is drawn.
+        drawn = watched.page.evaluate(CANVAS_COLOURS)
+        for kind, _, rgb in legend:
+            colour = next(k["color"] for k in watched.state("timelineLegend") if k["key"] == kind)
+            r, g, b = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+            assert rgb == f"rgb({r}, {g}, {b})"
+            if kind != "wait":  # the last batches' timeline may hold no wait any more
+                assert drawn.get(colour, 0) > 20, (kind, colour)
+        assert watched.errors == []
+
+
+def test_the_callbacks_panel_says_the_batch_its_figures_are_from_as_the_header_does(
+    browser: Any, tmp_path: Path,
+) -> None:
+    """Regression: the panel said "3 batches" (the bus's own count, stale or of a resumed
+    run) while the header said batch 6. It now says which batch of the run its figures are
+    from: the header's batch while training is held, and the last batch at the end."""
+    from trainbus.callbacks import CheckpointSaver
+
+    saved = TinyModel()
+    first = Trainer(saved, make_loader(3), "1ep",
+                    optimizers=torch.optim.SGD(saved.parameters(), lr=0.1),
+                    callbacks=[CheckpointSaver(tmp_path, save_interval="1ep")])
+    in_thread(first.fit_sync).join(timeout=60)  # batches 1-3: the resumed run starts at 4
+    assert list(tmp_path.glob("*.pt"))
+    hold = Hold(at=6)
+    with Dashboard(interval=0.05) as dashboard:
+        model = TinyModel()
+        trainer = Trainer(model, make_loader(3), "3ep",
+                          optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                          callbacks=[hold], loggers=[dashboard], load_path=tmp_path,
+                          warn_slow_callbacks=False)
+        watched = Watched(browser)
+        watched.page.goto(dashboard.url)
+        fit = in_thread(trainer.fit_sync)
+        try:
+            assert hold.reached.wait(timeout=30)
+            watched.page.wait_for_function(
+                "document.getElementById('batch').textContent === '6' && "
+                "document.getElementById('bus-as-of').textContent === 'as of batch 6'",
+                timeout=WAIT_MS)
+            assert watched.page.text_content("#bus-summary").startswith("As of batch 6:")
+        finally:
+            hold.go.set()
+        watched.wait("D.ended !== null")
+        fit.join(timeout=30)
+        watched.page.wait_for_timeout(300)  # the last frame
+        assert watched.page.text_content("#batch") == "9"
+        assert watched.page.text_content("#bus-as-of") == "as of batch 9"
+        assert watched.state("bus.statistics.batches") == 6  # this bus's own: batches 4-9
         assert watched.errors == []
 
 

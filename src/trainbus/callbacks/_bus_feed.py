@@ -11,6 +11,15 @@ Every per-callback figure is one of ``engine.statistics()``'s
 (:class:`~trainbus.CallbackStatistics`), counted by the bus: ``lag_batches`` (how far the
 callback trails now) and ``barrier_wait_caused`` (the producer's waits it ended) included.
 The snapshot's ``estimated`` list names figures estimated rather than counted: none today.
+
+Each snapshot says which point of the run its figures are from: ``batch`` and ``epoch``,
+the trainer's timer when it was taken (the page shows "as of batch N"). That is the run's
+own count, the one the page's header shows; the bus's ``batches`` counts only the batches
+this engine published (fewer in a resumed run).
+
+Callbacks whose class name starts with ``_`` are private helpers of trainbus itself (the
+demo's ``_TrainingClock``), not the user's: their rows and timeline spans are left out;
+their time still counts in the totals (``handler_time``).
 """
 
 from __future__ import annotations
@@ -32,6 +41,11 @@ PRODUCER_ROW = "training thread"
 _SLACK = 64
 
 _Span = tuple[str, str, float, float, int]  # row, label, start, duration, thread
+
+
+def _private(name: str) -> bool:
+    """Whether a callback (by its statistics name) is a private helper, not the user's."""
+    return name.startswith("_")
 
 
 class BusFeed:
@@ -94,6 +108,7 @@ class BusFeed:
                 older += 1
                 if older > _SLACK:
                     break
+        chosen = [span for span in chosen if not _private(span[0])]
         chosen.reverse()
         origin = self.recorder.origin
         return tuple(
@@ -115,11 +130,18 @@ class BusFeed:
         self._account(self._take_new())
 
     def statistics(self) -> dict[str, Any]:
-        """``engine.statistics()`` as plain values (``estimated``: none, see the module)."""
+        """``engine.statistics()`` as plain values, with the timer's ``batch`` and ``epoch``.
+
+        Private callbacks are left out of ``callbacks`` (see the module); ``estimated``
+        names figures that are estimated: none.
+        """
         self._account(self._take_new())
+        now = self.engine.state.timestamp  # first: the figures are from this batch or later
         stats = self.engine.statistics()
         callbacks = []
         for c in stats.callbacks:
+            if _private(c.name):
+                continue
             row: dict[str, Any] = {
                 "name": c.name,
                 "handled": c.handled,
@@ -138,6 +160,8 @@ class BusFeed:
             }
             callbacks.append(row)
         return {
+            "batch": int(now.batch),
+            "epoch": int(now.epoch),
             "batches": stats.batches,
             "events_published": stats.events_published,
             "queue_depth": stats.queue_depth,

@@ -267,8 +267,12 @@
         mark("barrier_wait_caused", fmtTime(c.barrier_wait_caused))];
       for (let k = 0; k < cells.length; k++) setText(tr.children[k], cells[k]);
     });
+    // The figures are as of the batch the snapshot was taken at (the header's batch may be
+    // ahead of it): say which, instead of a count of the bus's own that could contradict it.
+    const asOf = stats.batch === undefined ? stats.batches : stats.batch;
+    setText($("bus-as-of"), `as of batch ${asOf}`);
     setText($("bus-summary"),
-      `${stats.batches} batches; training waited ${fmtTime(stats.barrier_wait_time)} at barriers ` +
+      `As of batch ${asOf}: training waited ${fmtTime(stats.barrier_wait_time)} at barriers ` +
       `(${stats.barrier_waits} waits) and ${fmtTime(stats.backpressure_wait_time)} for full queues; ` +
       `handlers ran ${fmtTime(stats.handler_time)} in all; queue depth ${stats.queue_depth}.` +
       (estimated.size ? " ≈: estimated from the timeline." : ""));
@@ -276,6 +280,34 @@
   }
 
   let canvasSize = "";
+  // The timeline's colours, one per kind of span; the legend under it is drawn from this
+  // table too, so the two cannot drift apart.
+  const TIMELINE = [
+    { key: "batch", color: "#4c72b0", text: "training thread: computing a batch" },
+    { key: "wait", color: "#dd8452", text: "training thread: waiting for callbacks (barrier or full queue)" },
+    { key: "handler", color: "#55a868", text: "a callback's handler running" },
+  ];
+  const TIMELINE_COLOR = Object.fromEntries(TIMELINE.map((k) => [k.key, k.color]));
+  D.timelineLegend = TIMELINE;
+
+  function spanKind(s) {
+    if (s.row !== "training thread") return "handler";
+    return s.label.startsWith("wait") ? "wait" : "batch";
+  }
+
+  (function drawLegend() {
+    const legend = $("timeline-legend");
+    for (const k of TIMELINE) {
+      const item = document.createElement("span");
+      item.className = "legend-item";
+      item.dataset.kind = k.key;
+      const swatch = document.createElement("span");
+      swatch.className = "swatch";
+      swatch.style.background = k.color;
+      item.append(swatch, document.createTextNode(k.text));
+      legend.appendChild(item);
+    }
+  })();
 
   function renderTimeline() {
     const canvas = $("timeline");
@@ -306,8 +338,7 @@
     for (const s of spans) {
       const row = rowOf.get(s.row);
       if (row === undefined) continue;
-      g.fillStyle = s.row !== "training thread" ? "#55a868"
-        : s.label.startsWith("wait") ? "#dd8452" : "#4c72b0";
+      g.fillStyle = TIMELINE_COLOR[spanKind(s)];
       g.fillRect(left + (s.start - t0) * scale, row * rowH + 3, Math.max(1, s.dur * scale), rowH - 6);
     }
     g.fillStyle = "#6b7280";
