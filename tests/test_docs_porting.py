@@ -18,12 +18,14 @@ from typing import Any
 import pytest
 
 from tests.docs_pages import Page
-from trainbus import Callback, Event, Logger, State, blocking
+from trainbus import Callback, Event, Logger, LogLevel, State, blocking
 from trainbus.core.callback import resolve_callback
 
 PAGE = Page.read("porting-from-composer.md")
 DOC = PAGE.path
 UPLOAD_SECTION = "Making an upload overlap with training"
+DESTINATIONS_SECTION = "Logger destinations"
+DESTINATIONS_OUTPUT = "porting-demo 4\n[1, 2, 3, 4, 5, 6, 7, 8]\n[1, 2, 3, 4, 1, 2, 3, 4]\n"
 
 
 SETUP, SECTIONS = PAGE.setup, PAGE.sections
@@ -95,12 +97,13 @@ def test_the_page_runs_top_to_bottom_in_one_folder(
     printed = PAGE.run_all_printing(capsys)
     assert printed["Change the imports"] == "8 BATCH 8\n"
     assert printed[UPLOAD_SECTION] == "2\n"
+    assert printed[DESTINATIONS_SECTION] == DESTINATIONS_OUTPUT
     assert [(b["epoch"], b["samples"]) for b in server.bodies] == [(1, 16), (2, 16)]
 
 
 def test_the_page_has_examples() -> None:
     assert SETUP
-    assert {"Change the imports", UPLOAD_SECTION} <= set(SECTIONS)
+    assert {"Change the imports", UPLOAD_SECTION, DESTINATIONS_SECTION} <= set(SECTIONS)
 
 
 def test_the_table_names_every_composer_concept() -> None:
@@ -134,6 +137,13 @@ def test_the_table_names_every_composer_concept() -> None:
         "snapshot",
         "async def",
         "@blocking",
+        "log_data",
+        "Logger.run_name",
+        "State.steps_per_epoch",
+        "_fields",
+        "file_artifact",
+        "FitNotAwaitedWarning",
+        "CheckpointSaveError",
     ]:
         assert name in text, name
 
@@ -188,3 +198,15 @@ def test_the_async_upload_overlaps_with_training(server: ProgressServer) -> None
     assert server.released_in_time == [True]
     assert uploader.uploads == 2
     assert [b["epoch"] for b in server.bodies] == [1, 2]
+
+
+def test_the_composer_style_destination_gets_every_record(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    namespace = run_section(DESTINATIONS_SECTION)
+    assert capsys.readouterr().out == DESTINATIONS_OUTPUT
+    points = namespace["timeseries"].points
+    assert [(int(ts.batch), level) for ts, level, _ in points] == [
+        (b, LogLevel.BATCH) for b in range(1, 9)
+    ]
+    assert all(set(data) == {"loss/train"} for _, _, data in points)

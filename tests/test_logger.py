@@ -447,3 +447,30 @@ def test_logger_run_name_and_destinations() -> None:
     trainer = make_trainer(loggers=[memory, calls], run_name="named")
     assert trainer.logger.run_name == "named"
     assert trainer.logger.destinations == (memory, calls)
+
+
+class ArtifactDestination(LoggerDestination):
+    def log_file_artifact(self, state: State, log_level: LogLevel, artifact_name: str,
+                          file_path: Any, *, overwrite: bool) -> None:  # fmt: skip
+        pass
+
+
+class UploadsAnArtifact(Callback):
+    def fit_start(self, state: Any, logger: Logger) -> None:
+        logger.file_artifact(LogLevel.FIT, "config.yaml", "config.yaml")
+
+
+def test_artifacts_are_not_there_and_say_what_to_use_instead() -> None:
+    warned = (
+        r"ArtifactDestination.log_file_artifact is never called by trainbus: trainbus has no "
+        r"artifact API; take checkpoint files from CheckpointSaver.add_listener"
+    )
+    with pytest.warns(UnknownHandlerWarning, match=warned):
+        make_trainer(loggers=[ArtifactDestination()])
+    trainer = make_trainer(callbacks=[UploadsAnArtifact()], loggers=[InMemoryLogger()])
+    raised = (
+        r"logger.file_artifact\('config.yaml'\): trainbus has no artifact API .* "
+        r"CheckpointSaver.add_listener"
+    )
+    with pytest.raises(NotImplementedError, match=raised):
+        trainer.fit_sync()

@@ -144,7 +144,7 @@ class Callback(Serializable):
         """
 
     def batch_checkpoint(self, state: State, logger: Logger) -> Any:
-        """Called after ``batch_end``, where checkpoints are taken."""
+        """Called after ``batch_end`` and any batch-wise evaluation; checkpoints are taken here."""
 
     def epoch_end(self, state: State, logger: Logger) -> Any:
         """Called at the end of each epoch; the timer already counts it."""

@@ -41,8 +41,8 @@ class Event(StrEnum):
                 optimizer.step(), scheduler.step()
                 timer.batch += 1
                 BATCH_END                     # a barrier by default
-                BATCH_CHECKPOINT
                 (evaluation, when eval_interval is in batches)
+                BATCH_CHECKPOINT              # after any batch-wise evaluation
             timer.epoch += 1
             EPOCH_END
             (evaluation, when eval_interval is in epochs):

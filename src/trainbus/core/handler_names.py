@@ -9,7 +9,7 @@ A logger destination receives its records through one entry point (``log_data``,
 ``log_record``, else ``log_metrics``/``log_hyperparameters``);
 :func:`warn_uncalled_destination_methods` warns about every other record method it defines
 that the entry point does not call, and about Composer destination methods trainbus never
-calls (``will_log``, ``log_metric``).
+calls (``will_log``, ``log_metric``, ``log_file_artifact``, ``log_symlink_artifact``).
 """
 
 from __future__ import annotations
@@ -71,6 +71,14 @@ _COMPOSER_UNCALLED = {
         "it is Composer v0.5's name; rename it to log_data(self, state, log_level, data) "
         "and read the timestamp as state.timestamp"
     ),
+    "log_file_artifact": (
+        "trainbus has no artifact API; take checkpoint files from "
+        "CheckpointSaver.add_listener(fn), which hands over each file complete on disk"
+    ),
+    "log_symlink_artifact": (
+        "trainbus has no artifact API; take checkpoint files from "
+        "CheckpointSaver.add_listener(fn), which hands over each file complete on disk"
+    ),
 }
 # The record entry points, most specific first: the first one overridden gets every record.
 _ENTRY_POINTS = ("log_data", "log_record", ("log_metrics", "log_hyperparameters"))
@@ -112,7 +120,7 @@ def warn_uncalled_destination_methods(destination: object, base: type) -> None:
     other record method defined is warned about unless the entry point's code refers to it
     (``self.log_metrics(...)``, or ``super().log_record(record)``, which calls
     ``log_metrics``/``log_hyperparameters``). Composer methods trainbus never calls
-    (``will_log``, ``log_metric``) are warned about too.
+    (``will_log``, ``log_metric``, the artifact methods) are warned about too.
     """
     defined = {name: _defined(destination, base, name) for name in _RECORD_METHODS}
     entry: tuple[str, ...] = ()

@@ -149,6 +149,14 @@ def _check_step(step: Any) -> int:
     )
 
 
+_NO_ARTIFACTS = (
+    "logger.{call}: trainbus has no artifact API (records reach each destination later, on "
+    "its own lane, when the file may be gone); for checkpoint files use "
+    "CheckpointSaver.add_listener(fn) or trainbus.callbacks.CheckpointUploader, for other "
+    "files upload them from an `async def` handler of your callback"
+)
+
+
 class Logger:
     """Where callbacks log metrics; it forwards copies to every destination.
 
@@ -259,6 +267,26 @@ class Logger:
         """The run's name (``Trainer(run_name=...)``), as Composer's ``logger.run_name``."""
         name: str = self._state.run_name
         return name
+
+    def file_artifact(self, log_level: LogLevel | int | str, artifact_name: str,
+                      file_path: Any, *, overwrite: bool = False) -> None:  # fmt: skip
+        """Composer v0.6's artifact call; trainbus has no artifact API, so it raises.
+
+        Raises:
+            NotImplementedError: always, naming what to use instead (see
+                ``docs/porting-from-composer.md``, "Logger destinations").
+        """
+        raise NotImplementedError(_NO_ARTIFACTS.format(call=f"file_artifact({artifact_name!r})"))
+
+    def symlink_artifact(self, log_level: LogLevel | int | str, existing_artifact_name: str,
+                         symlink_artifact_name: str, overwrite: bool = False) -> None:  # fmt: skip
+        """Composer v0.6's artifact call; trainbus has no artifact API, so it raises.
+
+        Raises:
+            NotImplementedError: always, naming what to use instead.
+        """
+        call = f"symlink_artifact({existing_artifact_name!r}, {symlink_artifact_name!r})"
+        raise NotImplementedError(_NO_ARTIFACTS.format(call=call))
 
     @property
     def destinations(self) -> tuple[LoggerDestination, ...]:
