@@ -302,9 +302,7 @@ def test_load_errors_are_raised_before_init(tmp_path: pathlib.Path) -> None:
 # --- batch-wise evaluation and resuming (issue 31) ---------------------------------------------
 
 
-def eval_run(
-    folder: pathlib.Path, *, load_path: Any = None
-) -> tuple[Trainer, Recorder]:
+def eval_run(folder: pathlib.Path, *, load_path: Any = None) -> tuple[Trainer, Recorder]:
     """5 epochs of 4 batches, evaluating and saving every 2 batches: 10 evaluations."""
     recorder = Recorder()
     g = torch.Generator().manual_seed(2)
@@ -401,3 +399,22 @@ def test_a_state_the_loader_would_refuse_is_refused_when_saved(tmp_path: pathlib
     )
     assert "torch.serialization.add_safe_globals([PurePosixPath])" in message
     assert not list(tmp_path.glob("*.pt"))  # nothing written that could not be resumed
+
+
+def test_a_run_with_steps_per_epoch_resumes_at_the_end_of_a_shortened_epoch(
+    tmp_path: pathlib.Path,
+) -> None:
+    def short_run(folder: pathlib.Path, load_path: Any = None) -> Recorder:
+        recorder = Recorder()
+        trainer = Trainer(DropoutModel(0), shuffled_loader(), "2ep", device="cpu", seed=0,
+                          callbacks=[recorder, CheckpointSaver(folder, save_interval="1ba")],
+                          load_path=load_path)  # fmt: skip
+        trainer.state.steps_per_epoch = N_BATCHES - 1  # Composer's way to shorten epochs
+        trainer.fit_sync()
+        return recorder
+
+    full = short_run(tmp_path / "full")
+    assert [ts["batch"] for name, ts in full.events if name == "epoch_end"] == [2, 4]
+    resumed = short_run(tmp_path / "resumed", load_path=tmp_path / "full" / "ep0-ba2-rank0.pt")
+    assert resumed.events[2:] == after_checkpoint(full.events, 2)
+    assert resumed.events[2][0] == "epoch_end"  # the shortened epoch ends: no third batch
