@@ -15,6 +15,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 
@@ -64,3 +66,43 @@ def test_the_first_example_runs_as_printed_and_reports_what_it_overlapped(tmp_pa
         r"training waited [\d.]+ s for the uploads\n",
         done.stdout,
     ), done.stdout
+
+
+# -- "Use it with your trainer": each host's snippet runs as printed (issue 33) -------------
+
+TRAINER_SECTION = "## Use it with your trainer"
+
+
+def trainer_blocks() -> list[str]:
+    text = README.read_text()
+    assert TRAINER_SECTION in text, f"README.md has no {TRAINER_SECTION!r} section"
+    section = text.split(TRAINER_SECTION, 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^```python\n(.*?)^```$", section, re.S | re.M)
+
+
+def test_the_trainer_section_has_a_snippet_per_host() -> None:
+    blocks = trainer_blocks()
+    assert len(blocks) == 3
+    assert "trainbus.Bus(" in blocks[0]
+    assert "trainbus.integrations.lightning" in blocks[1]
+    assert "trainbus.integrations.hf" in blocks[2]
+
+
+@pytest.mark.parametrize(
+    ("index", "needs"), [(0, None), (1, "pytorch_lightning"), (2, "transformers")],
+    ids=["own-loop", "lightning", "hf"],
+)
+def test_each_trainer_snippet_runs_as_printed(
+    index: int, needs: str | None, tmp_path: Path
+) -> None:
+    if needs is not None:
+        pytest.importorskip(needs)
+    script = tmp_path / f"snippet_{index}.py"
+    script.write_text(trainer_blocks()[index])
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[1, 2, 3, 4]", done.stdout
