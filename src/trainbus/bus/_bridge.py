@@ -1,0 +1,201 @@
+"""The thread boundary: every way the bus reaches an event loop from another thread.
+
+anyio gives blocking round trips (``from_thread.run``); the bus needs the cheaper
+fire-and-forget call that asyncio and trio both have (``call_soon_threadsafe`` and
+``TrioToken.run_sync_soon``), so that a burst of events wakes the loop once. Three tools:
+
+- :class:`LoopHandle`: call a function soon on the loop, from any thread.
+- :class:`Spawner`: run a coroutine function as a task on the loop for a lane thread and
+  wait for it (a thread lane's ``async def`` handlers).
+- :class:`LoopThread`: a daemon thread running an event loop of its own, for plain code
+  that calls the engine with no loop running (``engine.run_event`` outside ``fit()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+
+if TYPE_CHECKING:
+    from trainbus.bus._lane import Lane
+
+__all__ = ["LoopHandle", "LoopThread", "Spawner", "no_running_loop"]
+
+T = TypeVar("T")
+
+
+class LoopHandle:
+    """The running event loop, callable from any thread. Create it on the loop."""
+
+    __slots__ = ("call_soon", "thread_id")
+
+    def __init__(self) -> None:
+        self.thread_id = threading.get_ident()
+        found = _current_call_soon()
+        if found is None:
+            raise RuntimeError("LoopHandle() must be created on a running asyncio or trio loop")
+        self.call_soon: Callable[..., Any] = found
+
+    def call_soon_if_running(self, fn: Callable[..., Any], *args: Any) -> None:
+        """:attr:`call_soon`, or nothing if the loop has ended (an abandoned thread that
+        got unstuck after its session)."""
+        try:
+            self.call_soon(fn, *args)
+        except Exception:  # asyncio: "Event loop is closed"; trio: RunFinishedError
+            return
+
+def _current_call_soon() -> Callable[..., Any] | None:
+    try:
+        return asyncio.get_running_loop().call_soon_threadsafe
+    except RuntimeError:
+        pass
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            return trio.lowlevel.current_trio_token().run_sync_soon  # type: ignore[no-any-return]
+        except RuntimeError:
+            pass
+    return None
+
+
+def no_running_loop() -> bool:
+    """Whether the calling thread runs no asyncio or trio event loop (cheap: no exception
+    is raised when none runs, since plain-code ``engine.run_event()`` asks every call)."""
+    if asyncio.events._get_running_loop() is not None:
+        return False
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return True
+    in_run = getattr(trio.lowlevel, "in_trio_run", None)
+    if in_run is not None:
+        return not in_run()
+    return _current_call_soon() is None
+
+
+class Spawner:
+    """Starts, on the loop, the coroutines that lane threads hand over, and waits for them.
+
+    anyio starts tasks only from a task, so one task (:meth:`serve`) takes the handed-over
+    coroutine functions from a queue and starts each in the session's task group.
+    """
+
+    def __init__(self, loop: LoopHandle) -> None:
+        self._loop = loop
+        self._queue: deque[Callable[[], Coroutine[Any, Any, None]]] = deque()
+        self._wakeup = anyio.Event()
+
+    async def serve(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start handed-over coroutines in ``tg`` until cancelled (loop thread)."""
+        queue = self._queue
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = anyio.Event()
+            while queue:
+                tg.start_soon(queue.popleft())
+
+    def _poke(self) -> None:
+        self._wakeup.set()
+
+    def run(
+        self, lane: Lane, fn: Callable[..., Awaitable[Any]], *args: Any, cancellable: bool = False
+    ) -> None:
+        """Run ``await fn(*args)`` on the loop for ``lane``'s thread; wait; re-raise.
+
+        The coroutine runs in its own task. With ``cancellable`` (event handlers) its scope
+        is registered as ``lane.scope``, so cancelling ``fit()`` reaches it like any
+        handler on the loop (D11); log records and close calls are delivered in full.
+        """
+        done = threading.Event()
+        box: list[BaseException] = []
+
+        async def runner() -> None:
+            try:
+                with anyio.CancelScope() as scope:
+                    if cancellable:
+                        lane.scope = scope
+                    await fn(*args)
+            except BaseException as exc:
+                box.append(exc)
+            finally:
+                lane.scope = None
+                done.set()
+
+        self._queue.append(runner)
+        self._loop.call_soon(self._poke)
+        done.wait()
+        if box:
+            raise box[0]
+
+
+class LoopThread:
+    """An event loop on a daemon thread of its own, serving calls from other threads.
+
+    Daemon, so a process that never closes it still exits; :meth:`stop` ends it. (anyio
+    starts tasks only from a task, so one task starts the coroutines other threads hand
+    in, as :class:`Spawner` does.)
+    """
+
+    def __init__(self, name: str) -> None:
+        self._started = threading.Event()
+        self._queue: deque[Callable[[], Coroutine[Any, Any, None]]] = deque()
+        self._wakeup: anyio.Event | None = None
+        self._stopping = False
+        self.loop: LoopHandle | None = None
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+        self._started.wait()
+
+    def _main(self) -> None:
+        anyio.run(self._serve)
+
+    async def _serve(self) -> None:
+        self.loop = LoopHandle()
+        self._wakeup = anyio.Event()
+        self._started.set()
+        async with anyio.create_task_group() as tg:
+            while not self._stopping:
+                await self._wakeup.wait()
+                self._wakeup = anyio.Event()
+                while self._queue:
+                    tg.start_soon(self._queue.popleft())
+
+    def _poke(self) -> None:
+        assert self._wakeup is not None
+        self._wakeup.set()
+
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Start ``fn(*args)`` as a task on the loop without waiting (another thread)."""
+        assert self.loop is not None
+
+        async def runner() -> None:
+            await fn(*args)
+
+        self._queue.append(runner)
+        self.loop.call_soon(self._poke)
+
+    def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run ``await fn(*args)`` on the loop and return its result (another thread)."""
+        future: Future[T] = Future()
+
+        async def runner() -> None:
+            try:
+                future.set_result(await fn(*args))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        self.start_soon(runner)
+        return future.result()
+
+    def stop(self) -> None:
+        """End the loop once its tasks are done, and its thread (another thread)."""
+        if self._thread.is_alive() and self.loop is not None:
+            self._stopping = True
+            self.loop.call_soon(self._poke)
+            self._thread.join()

@@ -1,0 +1,129 @@
+"""The bus's options, validated in one place for :class:`~trainbus.Engine` and the Trainer.
+
+Every option is checked when the engine is built, so a bad value fails before anything runs
+with a message that names the argument and a value that works.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from trainbus.core.events import Event
+
+__all__ = ["DEFAULT_CLOSE_TIMEOUT", "DEFAULT_INLINE_MAX", "DEFAULT_WAIT_WARNING", "BusOptions"]
+
+#: Plain handlers measured at or under this many seconds take the inline fast path.
+DEFAULT_INLINE_MAX = 50e-6
+#: Seconds each callback's ``close`` (and ``post_close``) may take before it is abandoned.
+DEFAULT_CLOSE_TIMEOUT = 30.0
+#: Seconds a barrier or a close may wait before a warning names what it waits for.
+DEFAULT_WAIT_WARNING = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class BusOptions:
+    """How the bus schedules handlers; see ``docs/concurrency.md``.
+
+    Attributes:
+        barriers: Events at which the training thread waits for every earlier handler.
+        max_lag: Batches by which handlers may trail a ``BATCH_END`` barrier.
+        queue_size: Handler calls (and records) that may wait per callback before the
+            training thread waits (D12).
+        inline_max: Seconds; plain handlers measured this fast take the inline fast path
+            (0 turns it off).
+        warn_slow: Whether to emit :class:`~trainbus.SlowCallbackWarning`.
+        close_timeout: Seconds each callback's ``close`` / ``post_close`` may take before
+            it is reported and abandoned (``math.inf``: wait for ever). A callback with a
+            ``close_timeout`` of its own (the uploaders retry that long) gets that plus 5 s
+            when it is longer.
+        wait_warning: Seconds after which the training thread waiting at a barrier (or a
+            close waiting for a callback) emits a
+            :class:`~trainbus.CallbackTimeoutWarning` naming the callback and the handler it
+            waits for (``math.inf``: never).
+    """
+
+    barriers: frozenset[Event] = frozenset({Event.BATCH_END})
+    max_lag: int = 0
+    queue_size: int = 128
+    inline_max: float = DEFAULT_INLINE_MAX
+    warn_slow: bool = True
+    close_timeout: float = DEFAULT_CLOSE_TIMEOUT
+    wait_warning: float = DEFAULT_WAIT_WARNING
+
+    @classmethod
+    def validated(
+        cls,
+        *,
+        barriers: Iterable[Event | str] = (Event.BATCH_END,),
+        max_lag: Any = 0,
+        queue_size: Any = 128,
+        inline_max: Any = DEFAULT_INLINE_MAX,
+        warn_slow: Any = True,
+        close_timeout: Any = DEFAULT_CLOSE_TIMEOUT,
+        wait_warning: Any = DEFAULT_WAIT_WARNING,
+    ) -> BusOptions:
+        """Check every option and return them; raise naming the argument and the fix.
+
+        Raises:
+            TypeError: An option has the wrong type.
+            ValueError: An option is out of range, or a barrier names no event.
+        """
+        _int_at_least(max_lag, 0, "max_lag", "an int >= 0 (batches), e.g. 0 or 2")
+        _int_at_least(queue_size, 1, "queue_size", "an int >= 1 (handler calls), e.g. 128")
+        _seconds(inline_max, "inline_max", "seconds >= 0, e.g. 50e-6, or 0 to turn it off")
+        _seconds(close_timeout, "close_timeout", "seconds > 0, e.g. 30.0 or math.inf")
+        if close_timeout == 0:
+            raise ValueError(f"close_timeout={close_timeout!r} must be > 0 seconds, e.g. 30.0")
+        _seconds(wait_warning, "wait_warning", "seconds > 0, e.g. 10.0, or math.inf for never")
+        if wait_warning == 0:
+            raise ValueError(f"wait_warning={wait_warning!r} must be > 0 seconds, e.g. 10.0")
+        if not isinstance(warn_slow, bool):
+            raise TypeError(f"warn_slow={warn_slow!r} must be True or False")
+        return cls(
+            barriers=frozenset(_barrier_events(barriers)),
+            max_lag=max_lag,
+            queue_size=queue_size,
+            inline_max=float(inline_max),
+            warn_slow=warn_slow,
+            close_timeout=float(close_timeout),
+            wait_warning=float(wait_warning),
+        )
+
+
+def _int_at_least(value: Any, low: int, name: str, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}={value!r} must be {what}")
+
+
+def _seconds(value: Any, name: str, what: str) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or math.isnan(value)
+        or value < 0
+    ):
+        raise ValueError(f"{name}={value!r} must be {what}")
+
+
+def _barrier_events(barriers: Iterable[Event | str]) -> list[Event]:
+    hint = "use Events, e.g. barriers=(Event.BATCH_END,), or () for none but close"
+    if isinstance(barriers, str | Event):
+        barriers = (barriers,)
+    try:
+        items = list(barriers)
+    except TypeError:
+        raise TypeError(f"barriers={barriers!r} is not a collection of Events; {hint}") from None
+    events = []
+    for item in items:
+        try:
+            events.append(Event(item))
+        except ValueError:
+            valid = ", ".join(e.value for e in Event)
+            raise ValueError(
+                f"barriers={barriers!r}: {item!r} is not an Event; {hint} (valid names: "
+                f"{valid})"
+            ) from None
+    return events

@@ -1,0 +1,88 @@
+"""Detecting callbacks slower than the batches they observe (``SlowCallbackWarning``).
+
+At each of the first few ``BATCH_END`` events the training thread compares, per callback,
+the time its handlers took since the previous check with the batch's own time: the time
+between the two ``BATCH_END`` events less what the training thread spent waiting (for these
+very handlers, at barriers and full queues). A callback slower than its batches in most of
+the checked batches gets one warning naming it and its slowest event.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainbus.bus._slot import Member
+    from trainbus.bus._statistics import Counters
+
+__all__ = ["SlowCallbacks"]
+
+#: Batches (after the first) whose handler time is compared with the batch time.
+CHECK_BATCHES = 3
+#: Handler time per batch under which a callback is never called slow (seconds): below
+#: it, the batch is tiny and scheduling noise dominates.
+MIN_BUSY = 5e-3
+
+
+class SlowCallbacks:
+    """The state of the check for one session (training thread only)."""
+
+    __slots__ = ("busy_marks", "checks", "last_batch_end", "slow_batches", "wait_mark")
+
+    def __init__(self) -> None:
+        self.checks = 0
+        self.last_batch_end = 0.0
+        self.wait_mark = 0.0
+        self.busy_marks: dict[int, float] = {}
+        self.slow_batches: dict[int, int] = {}
+
+    @property
+    def checking(self) -> bool:
+        """Whether batches are still being checked."""
+        return self.checks <= CHECK_BATCHES
+
+    def at_batch_end(
+        self,
+        members: Sequence[Member],
+        counters: Counters,
+        warn: Callable[[str, object], None],
+    ) -> None:
+        """Check the batch that just ended; ``warn`` once the checks are done."""
+        now = time.perf_counter()
+        waited = counters.barrier_wait + counters.backpressure_wait
+        batch_time = (now - self.last_batch_end) - (waited - self.wait_mark)
+        self.last_batch_end = now
+        self.wait_mark = waited
+        self.checks += 1
+        marks = self.busy_marks
+        for member in members:
+            busy = sum(slot.total_time for slot in member.all_slots())
+            delta = busy - marks.get(member.index, busy)
+            marks[member.index] = busy
+            if self.checks > 1 and delta > batch_time and delta > MIN_BUSY:
+                self.slow_batches[member.index] = self.slow_batches.get(member.index, 0) + 1
+        if self.checks > CHECK_BATCHES:
+            for member in members:
+                if self.slow_batches.get(member.index, 0) >= CHECK_BATCHES - 1:
+                    slowest = max(member.slots.values(), key=lambda s: s.total_time, default=None)
+                    where = slowest.handler.fn if slowest is not None else member.table.callback
+                    warn(_message(member), where)
+
+
+def _message(member: Member) -> str:
+    slowest = max(member.slots.values(), key=lambda s: s.total_time, default=None)
+    where = slowest.handler.qualname if slowest is not None else member.name
+    event = f"Event.{slowest.event.name}" if slowest and slowest.event else "its events"
+    advice = (
+        "move the work off the per-batch events, declare handlers that only read their "
+        "event's snapshot @trainbus.trailing(k), or let every handler trail with "
+        "Trainer(max_lag=...)"
+    )
+    if slowest is not None and not slowest.is_async:
+        advice = "make its blocking I/O async, " + advice
+    return (
+        f"callback {member.name} spends longer in its handlers than a batch takes "
+        f"(slowest: {where} on {event}); training waits for it at every barrier: {advice}"
+    )

@@ -1,0 +1,185 @@
+"""Statistics of the bus: what ``Engine.statistics()`` returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from trainbus.bus._lane import Lane
+    from trainbus.bus._slot import Member
+    from trainbus.bus._trace import TraceRecorder
+
+__all__ = ["BusStatistics", "CallbackStatistics", "Counters", "collect_statistics"]
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackStatistics:
+    """How one callback's lane is doing.
+
+    Attributes:
+        name: The callback's class name.
+        handled: Handler calls completed (events and logged records).
+        inline: Of those, plain handlers so fast they ran on the training thread.
+        total_time: Seconds spent in the callback's handlers.
+        max_time: The longest single handler call, in seconds.
+        slowest: ``"Class.method"`` of the handler with the longest call.
+        pending: Event handler calls queued or running now.
+        peak_pending: The most event handler calls ever queued at once.
+        on_thread: Whether the callback has a thread lane (it has plain handlers).
+        pending_records: For a destination, log records queued or being delivered now.
+        peak_pending_records: For a destination, the most records ever queued at once
+            (bounded by ``queue_size``, D12).
+        lag_batches: How many batches it trails the training thread by now (0 when it
+            has nothing pending).
+        barrier_wait_caused: Seconds the training thread waited at barriers, for queues
+            or for ``@blocking`` hand-overs while this callback was the last one it waited
+            for (each wait is charged to the callback that ended it).
+    """
+
+    name: str
+    handled: int
+    inline: int
+    total_time: float
+    max_time: float
+    slowest: str | None
+    pending: int
+    peak_pending: int
+    on_thread: bool
+    pending_records: int = 0
+    peak_pending_records: int = 0
+    lag_batches: int = 0
+    barrier_wait_caused: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class BusStatistics:
+    """A snapshot of the bus.
+
+    Attributes:
+        callbacks: One entry per callback, in registration order.
+        events_published: Events the training thread published.
+        batches: ``BATCH_END`` events published.
+        queue_depth: Event handler calls queued or running, all callbacks together.
+        peak_queue_depth: The deepest any one callback's queue has been.
+        lag_events: How many event handler calls the furthest-behind callback trails by.
+        lag_batches: How many batches the furthest-behind callback trails by.
+        barrier_waits: How often the training thread waited at a barrier.
+        barrier_wait_time: Seconds the training thread spent waiting at barriers
+            (including ``@blocking`` handlers' lanes).
+        backpressure_wait_time: Seconds it spent waiting for a full queue (D12).
+        loop_wakeups: How often the event loop was woken to run handlers (each costs
+            thread hand-offs; the bus wakes it at most once per burst of events, and
+            cheap ``async def`` handlers of non-barrier events not at all).
+    """
+
+    callbacks: tuple[CallbackStatistics, ...]
+    events_published: int
+    batches: int
+    queue_depth: int
+    peak_queue_depth: int
+    lag_events: int
+    lag_batches: int
+    barrier_waits: int
+    barrier_wait_time: float
+    backpressure_wait_time: float
+    loop_wakeups: int = 0
+
+    @property
+    def handler_time(self) -> float:
+        """Seconds spent in handlers, all callbacks together."""
+        return sum(c.total_time for c in self.callbacks)
+
+
+class Counters:
+    """What the producer counts over the engine's lifetime (training thread writes).
+
+    Attributes:
+        published: Events published.
+        batches: ``BATCH_END`` events published.
+        barrier_waits: Waits at barriers (and for ``@blocking`` handlers' lanes).
+        barrier_wait: Seconds spent in those.
+        backpressure_wait: Seconds spent waiting for full queues (D12).
+        loop_wakeups: Wake-ups of the event loop's dispatcher (loop thread writes).
+        trace: The timeline recorder, while one records.
+    """
+
+    __slots__ = ("backpressure_wait", "barrier_wait", "barrier_waits", "batches",
+                 "loop_wakeups", "published", "trace")
+
+    def __init__(self) -> None:
+        self.published = 0
+        self.batches = 0
+        self.barrier_waits = 0
+        self.barrier_wait = 0.0
+        self.backpressure_wait = 0.0
+        self.loop_wakeups = 0
+        self.trace: TraceRecorder | None = None
+
+    def waited(self, kind: str, start: float, elapsed: float) -> None:
+        """Count one wait of the producer."""
+        if kind in ("backpressure", "records"):
+            self.backpressure_wait += elapsed
+            kind = "backpressure"
+        else:
+            self.barrier_wait += elapsed
+            self.barrier_waits += 1
+            kind = "barrier"
+        if self.trace is not None:
+            self.trace.producer_wait(kind, start, elapsed)
+
+
+def collect_statistics(
+    members: Sequence[Member], lanes: Sequence[Lane] | None, counters: Counters, now_batch: int
+) -> BusStatistics:
+    """Read the counters into a :class:`BusStatistics` (any thread; approximate).
+
+    ``lanes`` are the running (or last) session's lanes, if there was one.
+    """
+    per_callback = []
+    depth = peak = lag_events = 0
+    lag_batches = 0
+    for member in members:
+        lane = lanes[member.index] if lanes else None
+        slots = member.all_slots()
+        pending = lane.enq - lane.done if lane is not None else 0
+        lag = now_batch - lane.last_batch if pending and lane is not None else 0
+        slowest = max(slots, key=lambda s: s.max_time, default=None)
+        per_callback.append(
+            CallbackStatistics(
+                name=member.name,
+                handled=sum(s.calls for s in slots),
+                # an exclusive callback's event calls all ran on the producer, uncounted
+                inline=sum(s.calls for s in member.slots.values()) if member.exclusive
+                else sum(s.inline_calls for s in slots),
+                total_time=sum(s.total_time for s in slots),
+                max_time=max((s.max_time for s in slots), default=0.0),
+                slowest=slowest.handler.qualname if slowest and slowest.calls else None,
+                pending=pending,
+                peak_pending=member.peak,
+                on_thread=member.on_thread,
+                pending_records=lane.log_enq - lane.log_done if lane is not None else 0,
+                peak_pending_records=member.peak_records,
+                lag_batches=max(lag, 0),
+                barrier_wait_caused=member.wait_caused,
+            )
+        )
+        depth += pending
+        peak = max(peak, member.peak)
+        lag_events = max(lag_events, pending)
+        lag_batches = max(lag_batches, lag)
+    return BusStatistics(
+        callbacks=tuple(per_callback),
+        events_published=counters.published,
+        batches=counters.batches,
+        queue_depth=depth,
+        peak_queue_depth=peak,
+        lag_events=lag_events,
+        lag_batches=lag_batches,
+        barrier_waits=counters.barrier_waits,
+        barrier_wait_time=counters.barrier_wait,
+        backpressure_wait_time=counters.backpressure_wait,
+        loop_wakeups=counters.loop_wakeups,
+    )

@@ -1,0 +1,362 @@
+"""The engine: the user-facing entry points of the bus.
+
+``Engine.run_event`` is Composer's entry point. Called on the training thread during
+``fit()`` it publishes; called from plain synchronous code with no loop running (the
+seed's doctests, callback unit tests) it runs the event's handlers and returns when they
+are done, on a standing session that ``engine.close()`` ends; called from an event loop's
+thread it refuses, because waiting there for handlers that need that same loop would
+deadlock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.lowlevel
+
+from trainbus.bus import (
+    DEFAULT_CLOSE_TIMEOUT,
+    DEFAULT_INLINE_MAX,
+    DEFAULT_WAIT_WARNING,
+    BusOptions,
+    BusStatistics,
+    EventBus,
+    LoopThread,
+    Stopped,
+    TraceRecorder,
+    no_running_loop,
+)
+from trainbus.core.events import Event
+from trainbus.core.exceptions import EngineThreadError, FitInProgressError
+
+if TYPE_CHECKING:
+    from trainbus.bus._session import Session
+    from trainbus.core.logger import Logger
+    from trainbus.core.state import State
+
+__all__ = ["Engine", "raise_errors"]
+
+
+def raise_errors(errors: Sequence[BaseException], what: str = "handlers") -> None:
+    """Raise nothing, the one error as it is, or an ``ExceptionGroup`` of several."""
+    if not errors:
+        return
+    if len(errors) == 1:
+        raise errors[0]
+    if all(isinstance(e, Exception) for e in errors):
+        raise ExceptionGroup(f"{len(errors)} {what} failed", list(errors))  # type: ignore[type-var]
+    raise BaseExceptionGroup(f"{len(errors)} {what} failed", list(errors))
+
+
+class Engine:
+    """Runs callbacks' handlers for the events of one state.
+
+    Args:
+        state: The training state handlers read.
+        logger: The logger handlers write to.
+        callbacks: The callbacks (loggers last), in the order they are offered events.
+        barriers: Events at which the training thread waits for all earlier handlers.
+        max_lag: Batches by which handlers may trail the ``BATCH_END`` barrier.
+        queue_size: Handler calls that may wait per callback before the producer waits.
+        inline_max: Seconds; plain handlers measured this fast run on the training thread
+            (0 turns this off, so every plain handler runs on its callback's thread).
+        warn_slow: Whether to warn when a callback is slower than the batches.
+        close_timeout: Seconds each callback's ``close`` and ``post_close`` may take (and
+            a cancelled ``fit()`` waits for a stuck handler) before it is abandoned.
+        wait_warning: Seconds a barrier or a close may wait for a callback before a
+            :class:`~trainbus.CallbackTimeoutWarning` names it (``math.inf``: never).
+
+    Raises:
+        TypeError, ValueError: An option is invalid (the message names it and the fix).
+
+    Example:
+        >>> trainer.engine.run_event(Event.EPOCH_START)   # from plain code: runs handlers
+        Epoch: 0
+        >>> trainer.engine.close()
+    """
+
+    def __init__(
+        self,
+        state: State,
+        logger: Logger,
+        callbacks: Sequence[object],
+        *,
+        barriers: Iterable[Event | str] = (Event.BATCH_END,),
+        max_lag: int = 0,
+        queue_size: int = 128,
+        inline_max: float = DEFAULT_INLINE_MAX,
+        warn_slow: bool = True,
+        close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
+        wait_warning: float = DEFAULT_WAIT_WARNING,
+    ) -> None:
+        options = BusOptions.validated(
+            barriers=barriers,
+            max_lag=max_lag,
+            queue_size=queue_size,
+            inline_max=inline_max,
+            warn_slow=warn_slow,
+            close_timeout=close_timeout,
+            wait_warning=wait_warning,
+        )
+        self.state = state
+        self.logger = logger
+        self._bus = EventBus(state, logger, callbacks, options)
+        # A callback that observes the bus itself (the dashboard) learns its engine here:
+        # a private hook, ``_bind_engine(engine)``, called once per engine.
+        for callback in callbacks:
+            bind = getattr(callback, "_bind_engine", None)
+            if callable(bind):
+                bind(self)
+        self._running = False
+        self._closed = True
+        self._standing: _Standing | None = None
+        self._plain = threading.Lock()
+
+    @property
+    def running(self) -> bool:
+        """Whether a ``fit()`` (or another async engine call) is running handlers now."""
+        return self._running
+
+    @property
+    def closed(self) -> bool:
+        """Whether every callback's ``close`` has run since the last event."""
+        return self._closed
+
+    # -- publishing -------------------------------------------------------------------------
+
+    def run_event(self, event: Event | str) -> None:
+        """Publish ``event`` (training thread), or run its handlers (plain code).
+
+        From plain code the handlers run on a standing session, kept between calls (a
+        call costs microseconds); :meth:`close` ends it.
+
+        Raises:
+            EngineThreadError: Called on an event loop's thread, where waiting for the
+                handlers would deadlock (use ``await engine.arun_event(event)``), or
+                from a thread other than the training thread while ``fit()`` runs.
+        """
+        if event.__class__ is not Event:
+            event = Event(event)
+        bus = self._bus
+        if bus.is_producer():
+            bus.publish(event)
+            return
+        self._refuse_blocking_call("run_event", f"await engine.arun_event(Event.{event.name})")
+        with self._plain:
+            standing = self._standing
+            if standing is None:
+                standing = self._standing = _Standing(bus)
+            self._closed = False
+            errors = standing.run_now(event)
+            if errors:
+                self._standing = None
+                standing.end(close=None)
+        raise_errors(errors)
+
+    def _run_once(self, event: Event) -> None:
+        """Run ``event``'s handlers from plain code on a session of its own (no standing)."""
+        self._refuse_blocking_call("run_event", f"await engine.arun_event(Event.{event.name})")
+        anyio.run(self.arun_event, event)
+
+    async def arun_event(self, event: Event | str) -> None:
+        """Run the handlers of ``event`` and wait for them, from async code."""
+        event = Event(event)
+        bus = self._bus
+
+        def produce() -> None:
+            bus.publish(event)
+            bus.wait_all()
+
+        await self.run_cycle(produce, close=False)
+
+    def _refuse_blocking_call(self, name: str, alternative: str) -> None:
+        if self._running:
+            raise EngineThreadError(
+                f"engine.{name}() was called from a thread that is not the training thread "
+                "while fit() is running; only the training loop publishes events during a fit"
+            )
+        if not no_running_loop():
+            raise EngineThreadError(
+                f"engine.{name}() blocks until the handlers have run, but it was called on "
+                "the event loop's thread, and the handlers need that loop: it would "
+                f"deadlock. From async code use `{alternative}` instead."
+            )
+
+    # -- cycles -----------------------------------------------------------------------------
+
+    async def run_cycle(self, produce: Callable[[], None], *, close: bool = True) -> None:
+        """Run ``produce`` on a training thread with the lanes running on this loop.
+
+        With ``close=True`` this is one ``fit()`` cycle: afterwards every callback's
+        ``close`` runs, then every ``post_close`` (also after an error or a
+        cancellation). Handler errors are raised once all of that is done: the original
+        exception, or an ``ExceptionGroup`` when several failed (D10).
+
+        Raises:
+            FitInProgressError: The engine is already running a cycle.
+        """
+        if self._running:
+            raise FitInProgressError(
+                "this trainer is already fitting; await the running fit() before starting "
+                "another, or create a second Trainer"
+            )
+        self._running = True
+        failure: BaseException | None = None
+        close_errors: list[BaseException] = []
+        errors: list[BaseException] = []
+        try:
+            await self._end_standing()
+            async with self._bus.session() as session:
+                self._closed = False
+                try:
+                    await session.run_producer(produce)
+                except BaseException as exc:
+                    failure = exc
+                if close:
+                    with anyio.CancelScope(shield=True):
+                        close_errors = await session.close_callbacks()
+                    self._closed = True
+            errors = list(session.gate.errors)
+        finally:
+            self._running = False
+        if failure is not None and isinstance(failure, anyio.get_cancelled_exc_class()):
+            raise failure
+        if failure is None:  # a cancellation that came during the (shielded) close
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        if failure is not None:
+            errors.append(failure)
+        raise_errors(errors + close_errors)
+
+    async def _end_standing(self) -> None:
+        standing, self._standing = self._standing, None
+        if standing is not None:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(standing.end, None)
+
+    def close(self) -> None:
+        """Run every callback's ``close``, then ``post_close``; a no-op if closed.
+
+        From async code use :meth:`aclose`.
+        """
+        if self._closed:
+            return
+        self._refuse_blocking_call("close", "await engine.aclose()")
+        with self._plain:
+            standing, self._standing = self._standing, None
+            if standing is not None:
+                errors: list[BaseException] = []
+                standing.end(close=errors)
+                self._closed = True
+                raise_errors(errors, "close handlers")
+                return
+        anyio.run(self.aclose)
+
+    async def aclose(self) -> None:
+        """Async twin of :meth:`close`."""
+        if self._closed:
+            return
+        if self._running:
+            raise FitInProgressError("cannot close the engine while fit() is running")
+        self._running = True
+        try:
+            await self._end_standing()
+            async with self._bus.session() as session:
+                errors = await session.close_callbacks()
+                self._closed = True
+        finally:
+            self._running = False
+        raise_errors(errors, "close handlers")
+
+    # -- observability ----------------------------------------------------------------------
+
+    def statistics(self) -> BusStatistics:
+        """Per-callback handler times, queue depths, lag and producer waits."""
+        return self._bus.statistics()
+
+    def record_trace(self, max_spans: int | None = None) -> TraceRecorder:
+        """Start recording a timeline of handler calls and producer waits.
+
+        Args:
+            max_spans: Keep only the newest this many spans (memory stays flat over a long
+                run; a live view uses :meth:`TraceRecorder.drain`); ``None`` keeps all.
+        """
+        recorder = TraceRecorder(max_spans)
+        self._bus.trace = recorder
+        return recorder
+
+    def stop(self) -> None:
+        """Stop the training thread at its next event (any thread)."""
+        self._bus.stop()
+
+    # -- Ctrl-C (``_interrupt.py``; safe from a signal handler) -----------------------------
+
+    def _describe_waiting(self) -> str:
+        session = self._bus._session
+        return session.describe_waiting() if session is not None else ""
+
+    def _interrupt(self, cancel: Callable[[], None]) -> None:
+        self._bus.stop()
+        cancel()
+
+    def _abandon(self) -> None:
+        session = self._bus._session
+        if session is not None:
+            session.loop.call_soon(session.abandon)
+
+
+class _Standing:
+    """A session held open on a loop thread of its own, for calls from plain code."""
+
+    def __init__(self, bus: EventBus) -> None:
+        self._thread = LoopThread("trainbus-engine-loop")
+        self._opened = threading.Event()
+        self._end: anyio.Event | None = None
+        self._closed = threading.Event()
+        self._failure: BaseException | None = None
+        self.session: Session | None = None
+        self._thread.start_soon(self._hold, bus)
+        self._opened.wait()
+        if self._failure is not None:
+            self._thread.stop()
+            raise self._failure
+
+    async def _hold(self, bus: EventBus) -> None:
+        try:
+            self._end = anyio.Event()
+            async with bus.session() as session:
+                self.session = session
+                self._opened.set()
+                await self._end.wait()
+        except BaseException as exc:
+            self._failure = exc
+        finally:
+            self._opened.set()
+            self._closed.set()
+
+    def run_now(self, event: Event) -> list[BaseException]:
+        """Run ``event``'s handlers from this thread; return the handlers' errors."""
+        session = self.session
+        assert session is not None
+        producer = session.producer
+        producer.ident = threading.get_ident()
+        try:
+            producer.run_now(event)
+        except Stopped:  # a handler failed: its error is in the gate
+            pass
+        finally:
+            producer.ident = None
+        return list(session.gate.errors)
+
+    def end(self, close: list[BaseException] | None) -> None:
+        """End the session (after every ``close``/``post_close`` if ``close`` is a list)."""
+        session = self.session
+        if session is not None and close is not None:
+            close.extend(self._thread.call(session.close_callbacks))
+        end = self._end
+        if end is not None and self._thread.loop is not None:
+            self._thread.loop.call_soon(end.set)
+        self._closed.wait()
+        self._thread.stop()
