@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from trainbus.core.callback import Callback, Handler, HandlerTable
 from trainbus.core.handler_names import warn_uncalled_destination_methods
 from trainbus.core.scalars import copy_value, resolve_value
+from trainbus.core.state import _StateView
 from trainbus.core.time import Time
 
 if TYPE_CHECKING:
@@ -71,9 +72,10 @@ class LogRecord:
         level: The :class:`LogLevel`.
         timestamp: The run's counters when the values were logged.
         hyperparameters: Whether this record holds hyperparameters, not metrics.
-        state: The state as of the event whose handler logged the values (a snapshot:
-            ``state.timer``, ``state.batch``, ``state.loss``, ... are that event's), what
-            a Composer ``log_data(state, log_level, data)`` receives.
+
+    The :attr:`state` property is the state as of the event whose handler logged the
+    values (a snapshot: ``state.timer``, ``state.batch``, ``state.loss``, ... are that
+    event's), what a Composer ``log_data(state, log_level, data)`` receives.
     """
 
     metrics: dict[str, Any]
@@ -82,8 +84,19 @@ class LogRecord:
     level: LogLevel = LogLevel.BATCH
     timestamp: Timestamp | None = None
     hyperparameters: bool = False
-    state: State | None = field(default=None, repr=False, compare=False)
     _resolved: bool = field(default=False, repr=False, compare=False)
+    # The logger's state and, when that is the live state, its per-batch frame then: the
+    # snapshot is built only when a destination asks for it (log_data), not per record.
+    _live: State | None = field(default=None, repr=False, compare=False)
+    _frame: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def state(self) -> State | None:
+        """The state as of the record's event (``None`` for a record built by hand)."""
+        live, frame = self._live, self._frame
+        if live is None or frame is None or self.timestamp is None:
+            return live  # a handler's logger: its state is that event's snapshot already
+        return _StateView(live, frame, self.timestamp)
 
     def resolve(self) -> LogRecord:
         """Turn deferred GPU scalars into floats (may wait for the device copy)."""
@@ -225,7 +238,7 @@ class Logger:
                 f"log_metrics(metrics=...) takes a mapping of names to values, "
                 f"got {type(metrics).__qualname__}; wrap the value: {{'name': value}}"
             )
-        state = self._state.snapshot()  # a handler's logger: its view, as it is
+        state = self._state
         ts = state.timestamp
         record = LogRecord(
             metrics=_copy_metrics(metrics, "log_metrics(metrics=...)"),
@@ -233,7 +246,8 @@ class Logger:
             wall_time=time.time(),
             level=_to_level(level),
             timestamp=ts,
-            state=state,
+            _live=state,
+            _frame=None if isinstance(state, _StateView) else state._frame,
         )
         self._emit(record)
 
@@ -248,7 +262,7 @@ class Logger:
                 "log_hyperparameters(...) takes a mapping of names to values, "
                 f"got {type(hyperparameters).__qualname__}; e.g. {{'lr': 0.1}}"
             )
-        state = self._state.snapshot()
+        state = self._state
         ts = state.timestamp
         self._emit(
             LogRecord(
@@ -258,7 +272,8 @@ class Logger:
                 level=LogLevel.FIT,
                 timestamp=ts,
                 hyperparameters=True,
-                state=state,
+                _live=state,
+                _frame=None if isinstance(state, _StateView) else state._frame,
             )
         )
 
