@@ -14,9 +14,9 @@ import httpx
 import trainbus
 
 #: The service answers each POST after this long; a batch takes BATCH_SLEEP + compute,
-#: so the upload run inline costs every batch about UPLOAD_LATENCY more (>1.5x).
+#: so the upload run inline costs every batch about UPLOAD_LATENCY more (about 1.5x).
 UPLOAD_LATENCY = 0.02
-BATCH_SLEEP = 0.03
+BATCH_SLEEP = 0.04
 BATCHES = 16
 
 

@@ -143,7 +143,7 @@ async def test_an_async_upload_per_batch_overlaps_the_hf_trainer(tmp_path: Path)
         inline.close()
         assert inline.sent == BATCHES
     print(f"bus {min(overlapped) / min(bare):.2f}x, inline {timing.elapsed / min(bare):.2f}x")
-    assert timing.elapsed / min(bare) > 1.45, (timing.elapsed, bare)
+    assert timing.elapsed / min(bare) > 1.4, (timing.elapsed, bare)
     assert min(overlapped) / min(bare) < 1.3, (overlapped, bare)
 
 

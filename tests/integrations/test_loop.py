@@ -95,7 +95,7 @@ async def test_an_async_upload_per_batch_overlaps_the_loop_and_inline_it_does_no
         inline.close()
     # The same upload inline costs its latency every batch; on the bus it hides.
     print(f"own loop: bus {min(overlapped) / bare:.2f}x, inline {inline_loop.elapsed / bare:.2f}x")
-    assert inline_loop.elapsed / bare > 1.45, (inline_loop.elapsed, bare)
+    assert inline_loop.elapsed / bare > 1.4, (inline_loop.elapsed, bare)
     assert min(overlapped) / bare < 1.3, (overlapped, bare)
 
 
