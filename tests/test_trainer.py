@@ -3,9 +3,12 @@ intervals, durations, stopping, continued fits, losses, metrics, precision, thre
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import threading
 import warnings
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -567,3 +570,22 @@ async def test_the_awaited_fit_call_trains_as_before() -> None:
     closed.close()  # closing it on purpose: no warning, nothing trained
     del closed
     assert int(trainer.state.timer.batch) == 3
+
+
+def test_a_fit_call_kept_but_never_awaited_warns_at_interpreter_exit(tmp_path: Any) -> None:
+    script = tmp_path / "composer_way.py"
+    script.write_text(
+        "from tests.helpers import make_trainer\n"
+        "trainer = make_trainer()\n"
+        "kept = trainer.fit()\n"
+        "print('trained', int(trainer.state.timer.batch))\n",
+        encoding="utf-8",
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+        cwd=root, env={**os.environ, "PYTHONPATH": root},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "trained 0\n"
+    assert f"{script}:3: FitNotAwaitedWarning: trainer.fit() was never awaited" in done.stderr
