@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import torch
 
@@ -189,6 +190,19 @@ async def test_stop_training_stops_lightning() -> None:
     bridge = TrainbusCallback(callbacks=[Stopper()])
     await bridge.fit(trainer([bridge], max_epochs=3), Tiny(sleep=0), loader(6))
     assert int(bridge.bus.state.timer.batch) == 2
+
+
+async def test_cancelling_the_awaiting_task_stops_lightning_and_closes() -> None:
+    class Closes(trainbus.Callback):
+        closed = False
+
+        def close(self, state: trainbus.State, logger: trainbus.Logger) -> None:
+            Closes.closed = True
+
+    bridge = TrainbusCallback(callbacks=[Closes()])
+    with anyio.move_on_after(0.5):
+        await bridge.fit(trainer([bridge], max_epochs=100), Tiny(sleep=0.01), loader(8))
+    assert Closes.closed and 0 < int(bridge.bus.state.timer.batch) < 800
 
 
 def test_plain_trainer_fit_runs_each_events_handlers_in_turn() -> None:

@@ -203,3 +203,25 @@ def test_options_are_checked() -> None:
         trainbus.Bus(loggers=[EventLog()])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="max_lag"):
         trainbus.Bus(max_lag=-1)
+
+
+async def test_bus_stop_ends_train_at_its_next_event_and_run_returns_none() -> None:
+    class StopsTheBus(trainbus.Callback):
+        def __init__(self) -> None:
+            self.bus: trainbus.Bus | None = None
+            self.closed = False
+
+        @trainbus.blocking
+        def batch_end(self, state: trainbus.State, logger: trainbus.Logger) -> None:
+            if int(state.timer.batch) == 2 and self.bus is not None:
+                self.bus.stop()
+
+        def close(self, state: trainbus.State, logger: trainbus.Logger) -> None:
+            self.closed = True
+
+    stopper = StopsTheBus()
+    bus = trainbus.Bus(callbacks=[stopper])
+    stopper.bus = bus
+    loop = Loop(bus, batches=6)
+    assert await bus.run(loop.train) is None
+    assert stopper.closed and int(bus.state.timer.batch) <= 3

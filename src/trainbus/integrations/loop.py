@@ -168,13 +168,14 @@ class Bus:
 
     # -- running ----------------------------------------------------------------------------
 
-    async def run(self, train: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    async def run(self, train: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
         """Run ``train(*args, **kwargs)`` on a new training thread as one fit cycle.
 
         Publishes ``INIT`` (on the first run only) and ``FIT_START`` before ``train``,
         ``FIT_END`` after it returns; then every callback's ``close`` and ``post_close``
         run (also when ``train`` or a handler failed, or the awaiting task was
-        cancelled). Returns what ``train`` returned.
+        cancelled). Returns what ``train`` returned, or ``None`` when :meth:`stop` ended
+        it before it returned.
 
         Raises:
             Exception: What ``train`` raised, or a handler's exception (with a note
@@ -196,7 +197,7 @@ class Bus:
         *args: Any,
         backend: Literal["asyncio", "trio"] = "asyncio",
         **kwargs: Any,
-    ) -> T:
+    ) -> T | None:
         """:meth:`run` from plain synchronous code (starts an event loop for the handlers).
 
         Raises:
@@ -205,17 +206,18 @@ class Bus:
         """
         _refuse_in_loop("bus.run_sync()", "await bus.run(train)")
 
-        async def main() -> T:
+        async def main() -> T | None:
             return await self.run(train, *args, **kwargs)
 
         return anyio.run(main, backend=backend)
 
-    async def host(self, fn: Callable[[], T]) -> T:
+    async def host(self, fn: Callable[[], T]) -> T | None:
         """Run ``fn()`` on a new training thread as one cycle, publishing nothing itself.
 
         For a host loop that publishes every event, ``FIT_START`` and ``FIT_END``
         included, from its own hooks (the Lightning and Hugging Face bridges). Every
-        callback is closed afterwards, as after :meth:`run`.
+        callback is closed afterwards, as after :meth:`run`. Returns what ``fn``
+        returned, or ``None`` when :meth:`stop` ended it first.
         """
         box: list[T] = []
 
@@ -227,10 +229,8 @@ class Bus:
                 self._training_thread = None
 
         self.state._stop.clear()  # a stop request ends one cycle, as in Trainer.fit()
-        await self.engine.run_cycle(produce)
-        if not box:  # the cycle stopped the loop (a handler failed) and raised nothing?
-            raise RuntimeError("the training loop was stopped before it returned")
-        return box[0]
+        await self.engine.run_cycle(produce)  # raises a handler's error, a cancellation
+        return box[0] if box else None  # empty: bus.stop() unwound fn at an event
 
     @property
     def hosting(self) -> bool:
