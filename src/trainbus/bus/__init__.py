@@ -1,32 +1,28 @@
 """The event bus: the training thread publishes, lanes run handlers, barriers join them.
 
-Only this package knows there are two threads. See ``_bus.py`` for the map of its modules
-and ``docs/concurrency.md`` for the model it implements.
+Only this package knows there are threads and event loops. One event's path, in order of
+the modules it passes: ``producer`` (publish, on the training thread) -> ``lanes`` (the
+callback's queue) -> ``bridge`` (waking the loop) -> ``runners`` (the handler runs) ->
+``lanes`` (counted done; the gate the training thread waits at). ``members`` says where
+each handler runs, ``session`` runs one cycle and closes it, ``engine`` is the entry
+point. ``docs/concurrency.md`` describes the model (guarantees D1-D14).
 """
 
 from __future__ import annotations
 
-from trainbus.bus._bridge import LoopHandle, LoopThread, no_running_loop
-from trainbus.bus._bus import EventBus
-from trainbus.bus._options import (
-    DEFAULT_CLOSE_TIMEOUT,
-    DEFAULT_INLINE_MAX,
-    DEFAULT_WAIT_WARNING,
-    BusOptions,
-)
-from trainbus.bus._statistics import BusStatistics, CallbackStatistics
-from trainbus.bus._stopped import Stopped
-from trainbus.bus._trace import PRODUCER_ROW, TraceRecorder, TraceSpan
+from trainbus.bus.bridge import LoopHandle, LoopThread, no_running_loop
+from trainbus.bus.lanes import Stopped
+from trainbus.bus.options import DEFAULT_CLOSE_TIMEOUT, DEFAULT_WAIT_WARNING, BusOptions
+from trainbus.bus.statistics import BusStatistics, CallbackStatistics
+from trainbus.bus.trace import PRODUCER_ROW, TraceRecorder, TraceSpan
 
 __all__ = [
     "DEFAULT_CLOSE_TIMEOUT",
-    "DEFAULT_INLINE_MAX",
     "DEFAULT_WAIT_WARNING",
     "PRODUCER_ROW",
     "BusOptions",
     "BusStatistics",
     "CallbackStatistics",
-    "EventBus",
     "LoopHandle",
     "LoopThread",
     "Stopped",

@@ -1,43 +1,50 @@
-"""The engine: the user-facing entry points of the bus.
+"""The engine: the bus's entry points, for the Trainer, other training loops and plain code.
 
-``Engine.run_event`` is Composer's entry point. Called on the training thread during
-``fit()`` it publishes; called from plain synchronous code with no loop running (the
-seed's doctests, callback unit tests) it runs the event's handlers and returns when they
-are done, on a standing session that ``engine.close()`` ends; called from an event loop's
-thread it refuses, because waiting there for handlers that need that same loop would
-deadlock.
+An :class:`Engine` resolves its callbacks once (``members.py``: where each handler runs)
+and runs one :class:`~trainbus.bus.session.Session` per cycle. ``Engine.run_event`` is
+Composer's entry point. Called on the training thread during a cycle it publishes; called
+from plain synchronous code with no loop running (the seed's doctests, callback unit
+tests) it runs the event's handlers and returns when they are done, on a standing session
+that ``engine.close()`` ends; called from an event loop's thread it refuses, because
+waiting there for handlers that need that same loop would deadlock.
+
+The path of one event, end to end (``docs/concurrency.md`` has the picture):
+``Producer.publish`` (training thread, ``producer.py``) appends the event's item to each
+lane (``lanes.py``) and wakes a sleeping runner (``bridge.LoopWaker`` for a loop lane);
+the runner (``runners.py``) calls the handler and counts the item done, which tells the
+gate (``lanes.Gate``) the training thread may be waiting at, at a barrier.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import anyio
 import anyio.lowlevel
 
-from trainbus.bus import (
-    DEFAULT_CLOSE_TIMEOUT,
-    DEFAULT_INLINE_MAX,
-    DEFAULT_WAIT_WARNING,
-    BusOptions,
-    BusStatistics,
-    EventBus,
-    LoopThread,
-    Stopped,
-    TraceRecorder,
-    no_running_loop,
-)
+from trainbus.bus.bridge import LoopThread, no_running_loop
+from trainbus.bus.lanes import Stopped
+from trainbus.bus.members import Member
+from trainbus.bus.options import DEFAULT_CLOSE_TIMEOUT, DEFAULT_WAIT_WARNING, BusOptions
+from trainbus.bus.session import Session
+from trainbus.bus.statistics import BusStatistics, Counters, collect_statistics
+from trainbus.bus.trace import TraceRecorder
+from trainbus.core.callback import resolve_callback
 from trainbus.core.events import Event
-from trainbus.core.exceptions import EngineThreadError, FitInProgressError
+from trainbus.core.exceptions import CallbackSignatureError, EngineThreadError, FitInProgressError
+from trainbus.core.logger import resolve_log_handler
 
 if TYPE_CHECKING:
-    from trainbus.bus._session import Session
+    from trainbus.bus.lanes import Lane
     from trainbus.core.logger import Logger
     from trainbus.core.state import State
 
 __all__ = ["Engine", "raise_errors"]
+
+_EXTRA_METHODS = (("background", object, 2, "background(self, state, logger)"),)
 
 
 def raise_errors(errors: Sequence[BaseException], what: str = "handlers") -> None:
@@ -61,8 +68,6 @@ class Engine:
         barriers: Events at which the training thread waits for all earlier handlers.
         max_lag: Batches by which handlers may trail the ``BATCH_END`` barrier.
         queue_size: Handler calls that may wait per callback before the producer waits.
-        inline_max: Seconds; plain handlers measured this fast run on the training thread
-            (0 turns this off, so every plain handler runs on its callback's thread).
         warn_slow: Whether to warn when a callback is slower than the batches.
         close_timeout: Seconds each callback's ``close`` and ``post_close`` may take (and
             a cancelled ``fit()`` waits for a stuck handler) before it is abandoned.
@@ -70,7 +75,10 @@ class Engine:
             :class:`~trainbus.CallbackTimeoutWarning` names it (``math.inf``: never).
 
     Raises:
-        TypeError, ValueError: An option is invalid (the message names it and the fix).
+        TypeError: A callback is not a :class:`~trainbus.Callback`, or an option has the
+            wrong type (the message names it and the fix).
+        ValueError: An option is out of range, or one callback instance is given twice.
+        CallbackSignatureError: A handler cannot be called the way the bus calls it.
 
     Example:
         >>> trainer.engine.run_event(Event.EPOCH_START)   # from plain code: runs handlers
@@ -87,37 +95,55 @@ class Engine:
         barriers: Iterable[Event | str] = (Event.BATCH_END,),
         max_lag: int = 0,
         queue_size: int = 128,
-        inline_max: float = DEFAULT_INLINE_MAX,
         warn_slow: bool = True,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
         wait_warning: float = DEFAULT_WAIT_WARNING,
     ) -> None:
-        options = BusOptions.validated(
+        self.options = BusOptions.validated(
             barriers=barriers,
             max_lag=max_lag,
             queue_size=queue_size,
-            inline_max=inline_max,
             warn_slow=warn_slow,
             close_timeout=close_timeout,
             wait_warning=wait_warning,
         )
         self.state = state
         self.logger = logger
-        self._bus = EventBus(state, logger, callbacks, options)
+        self._counters = Counters()
+        self._members: list[Member] = []
+        seen: dict[int, int] = {}
+        for i, cb in enumerate(callbacks):
+            if id(cb) in seen:
+                raise ValueError(
+                    f"callbacks[{i}] is the same {type(cb).__qualname__} instance as "
+                    f"callbacks[{seen[id(cb)]}]; each callback is registered once (create "
+                    "a second instance to run it twice)"
+                )
+            seen[id(cb)] = i
+            table = resolve_callback(cb, where=f"callbacks[{i}]", extra=_EXTRA_METHODS)
+            background = table.extra.get("background")
+            if background is not None and not background.is_async:
+                raise CallbackSignatureError(
+                    f"{background.qualname} must be `async def background(self, state, "
+                    "logger)`: it runs as a task on the event loop for the whole fit()"
+                )
+            self._members.append(Member(table, i, resolve_log_handler(table), max_lag))
+        self._session: Session | None = None
+        self._last_lanes: list[Lane] | None = None
+        self._running = False
+        self._closed = True
+        self._standing: _Standing | None = None
+        self._plain = threading.Lock()
         # A callback that observes the bus itself (the dashboard) learns its engine here:
         # a private hook, ``_bind_engine(engine)``, called once per engine.
         for callback in callbacks:
             bind = getattr(callback, "_bind_engine", None)
             if callable(bind):
                 bind(self)
-        self._running = False
-        self._closed = True
-        self._standing: _Standing | None = None
-        self._plain = threading.Lock()
 
     @property
     def running(self) -> bool:
-        """Whether a ``fit()`` (or another async engine call) is running handlers now."""
+        """Whether a cycle (``fit()``, or another async engine call) is running now."""
         return self._running
 
     @property
@@ -130,31 +156,56 @@ class Engine:
     def run_event(self, event: Event | str) -> None:
         """Publish ``event`` (training thread), or run its handlers (plain code).
 
-        From plain code the handlers run on a standing session, kept between calls (a
-        call costs microseconds); :meth:`close` ends it.
+        From plain code the handlers run on a standing session, kept between calls;
+        :meth:`close` ends it.
 
         Raises:
             EngineThreadError: Called on an event loop's thread, where waiting for the
                 handlers would deadlock (use ``await engine.arun_event(event)``), or
-                from a thread other than the training thread while ``fit()`` runs.
+                from a thread other than the training thread while a cycle runs.
         """
         if event.__class__ is not Event:
             event = Event(event)
-        bus = self._bus
-        if bus.is_producer():
-            bus.publish(event)
+        session = self._session
+        if session is not None and session.producer.is_producer():
+            session.producer.publish(event)
             return
         self._refuse_blocking_call("run_event", f"await engine.arun_event(Event.{event.name})")
         with self._plain:
             standing = self._standing
             if standing is None:
-                standing = self._standing = _Standing(bus)
+                standing = self._standing = _Standing(self)
             self._closed = False
             errors = standing.run_now(event)
             if errors:
                 self._standing = None
                 standing.end(close=None)
         raise_errors(errors)
+
+    def publisher(self) -> Callable[..., None]:
+        """The running cycle's publish function, bound: ``publish(*events)`` on the
+        training thread (the hot path of a training loop; :meth:`run_event` does the same
+        with a check of the calling thread).
+
+        Raises:
+            RuntimeError: No cycle is running.
+        """
+        return self._running_session().producer.publish
+
+    def wait_all(self, *, records: bool = False) -> None:
+        """Block the training thread until every handler published so far has finished
+        (with ``records``: and every record logged so far reached every destination).
+
+        Raises:
+            RuntimeError: No cycle is running.
+        """
+        self._running_session().producer.wait_all(records=records)
+
+    def _running_session(self) -> Session:
+        session = self._session
+        if session is None:
+            raise RuntimeError("the engine has no running cycle (call it from run_cycle)")
+        return session
 
     def _run_once(self, event: Event) -> None:
         """Run ``event``'s handlers from plain code on a session of its own (no standing)."""
@@ -164,11 +215,11 @@ class Engine:
     async def arun_event(self, event: Event | str) -> None:
         """Run the handlers of ``event`` and wait for them, from async code."""
         event = Event(event)
-        bus = self._bus
 
         def produce() -> None:
-            bus.publish(event)
-            bus.wait_all()
+            publish = self.publisher()
+            publish(event)
+            self.wait_all()
 
         await self.run_cycle(produce, close=False)
 
@@ -187,12 +238,32 @@ class Engine:
 
     # -- cycles -----------------------------------------------------------------------------
 
-    async def run_cycle(self, produce: Callable[[], None], *, close: bool = True) -> None:
-        """Run ``produce`` on a training thread with the lanes running on this loop.
+    @asynccontextmanager
+    async def _session_on_this_loop(self) -> AsyncIterator[Session]:
+        if self._session is not None:
+            raise EngineThreadError("the engine already has a running session")
+        session = Session(
+            state=self.state,
+            logger=self.logger,
+            members=self._members,
+            options=self.options,
+            counters=self._counters,
+        )
+        self._session = session
+        self._last_lanes = session.lanes
+        try:
+            async with session.running():
+                yield session
+        finally:
+            self._session = None
 
-        With ``close=True`` this is one ``fit()`` cycle: afterwards every callback's
-        ``close`` runs, then every ``post_close`` (also after an error or a
-        cancellation). Handler errors are raised once all of that is done: the original
+    async def run_cycle(self, produce: Callable[[], None], *, close: bool = True) -> None:
+        """Run ``produce`` on a new training thread with the handlers running on this loop.
+
+        ``produce`` is the training loop: it publishes with :meth:`run_event` (or
+        :meth:`publisher`). With ``close=True`` this is one ``fit()`` cycle: afterwards
+        every callback's ``close`` runs, then every ``post_close`` (also after an error or
+        a cancellation). Handler errors are raised once all of that is done: the original
         exception, or an ``ExceptionGroup`` when several failed (D10).
 
         Raises:
@@ -209,7 +280,7 @@ class Engine:
         errors: list[BaseException] = []
         try:
             await self._end_standing()
-            async with self._bus.session() as session:
+            async with self._session_on_this_loop() as session:
                 self._closed = False
                 try:
                     await session.run_producer(produce)
@@ -263,7 +334,7 @@ class Engine:
         self._running = True
         try:
             await self._end_standing()
-            async with self._bus.session() as session:
+            async with self._session_on_this_loop() as session:
                 errors = await session.close_callbacks()
                 self._closed = True
         finally:
@@ -274,7 +345,9 @@ class Engine:
 
     def statistics(self) -> BusStatistics:
         """Per-callback handler times, queue depths, lag and producer waits."""
-        return self._bus.statistics()
+        return collect_statistics(
+            self._members, self._last_lanes, self._counters, self.state._timer._ts._batch
+        )
 
     def record_trace(self, max_spans: int | None = None) -> TraceRecorder:
         """Start recording a timeline of handler calls and producer waits.
@@ -284,25 +357,27 @@ class Engine:
                 run; a live view uses :meth:`TraceRecorder.drain`); ``None`` keeps all.
         """
         recorder = TraceRecorder(max_spans)
-        self._bus.trace = recorder
+        self._counters.trace = recorder
         return recorder
 
     def stop(self) -> None:
         """Stop the training thread at its next event (any thread)."""
-        self._bus.stop()
+        session = self._session
+        if session is not None:
+            session.stop()
 
-    # -- Ctrl-C (``_interrupt.py``; safe from a signal handler) -----------------------------
+    # -- Ctrl-C and preemption (``runtime/``; safe from a signal handler) --------------------
 
     def _describe_waiting(self) -> str:
-        session = self._bus._session
+        session = self._session
         return session.describe_waiting() if session is not None else ""
 
     def _interrupt(self, cancel: Callable[[], None]) -> None:
-        self._bus.stop()
+        self.stop()
         cancel()
 
     def _abandon(self) -> None:
-        session = self._bus._session
+        session = self._session
         if session is not None:
             session.loop.call_soon(session.abandon)
 
@@ -310,23 +385,23 @@ class Engine:
 class _Standing:
     """A session held open on a loop thread of its own, for calls from plain code."""
 
-    def __init__(self, bus: EventBus) -> None:
+    def __init__(self, engine: Engine) -> None:
         self._thread = LoopThread("trainbus-engine-loop")
         self._opened = threading.Event()
         self._end: anyio.Event | None = None
         self._closed = threading.Event()
         self._failure: BaseException | None = None
         self.session: Session | None = None
-        self._thread.start_soon(self._hold, bus)
+        self._thread.start_soon(self._hold, engine)
         self._opened.wait()
         if self._failure is not None:
             self._thread.stop()
             raise self._failure
 
-    async def _hold(self, bus: EventBus) -> None:
+    async def _hold(self, engine: Engine) -> None:
         try:
             self._end = anyio.Event()
-            async with bus.session() as session:
+            async with engine._session_on_this_loop() as session:
                 self.session = session
                 self._opened.set()
                 await self._end.wait()

@@ -13,7 +13,6 @@ import torch
 
 from trainbus.bus import (
     DEFAULT_CLOSE_TIMEOUT,
-    DEFAULT_INLINE_MAX,
     DEFAULT_WAIT_WARNING,
     BusOptions,
     LoopHandle,
@@ -27,6 +26,7 @@ from trainbus.core.exceptions import EngineThreadError, FitInProgressError
 from trainbus.core.logger import Logger, LoggerDestination
 from trainbus.core.state import State
 from trainbus.core.time import Time
+from trainbus.loggers._exactly_once import plan_exactly_once
 from trainbus.runtime.distributed import (
     DEFAULT_DIST_TIMEOUT,
     abort_on_failure,
@@ -40,7 +40,7 @@ from trainbus.runtime.distributed import (
     wrap_model,
 )
 from trainbus.runtime.interrupt import sigint_handled
-from trainbus.runtime.preemption import Preemption, check_preemption
+from trainbus.runtime.preemption import HandlerAbandoned, Preemption, check_preemption
 from trainbus.training.checks import (
     _as_list,
     _check_loader,
@@ -114,12 +114,6 @@ class Trainer:
         seed: Seeds Python's and torch's random generators.
         log_train_loss: Log ``loss/train`` after every batch when there are loggers.
         warn_slow_callbacks: Warn when a callback's handlers are slower than a batch.
-        inline_max: Seconds. A plain handler whose calls have all taken at most this
-            long is queued without waking its thread, and the training thread runs it at
-            the next barrier event (where it waits anyway), skipping a thread wake-up. Its
-            first call runs on its callback's thread; a call over ten times the limit, or
-            two in a row over it, move it back there for good. ``0`` sends every plain
-            handler to its thread.
         close_timeout: Seconds each callback's ``close`` and ``post_close`` may take, and
             a cancelled ``fit()`` waits for a stuck handler, before it is reported
             (:class:`~trainbus.CallbackTimeoutWarning`) and abandoned; every other
@@ -171,7 +165,6 @@ class Trainer:
         seed: int | None = None,
         log_train_loss: bool = True,
         warn_slow_callbacks: bool = True,
-        inline_max: float = DEFAULT_INLINE_MAX,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
         wait_warning: float = DEFAULT_WAIT_WARNING,
         load_path: str | os.PathLike[str] | None = None,
@@ -213,7 +206,6 @@ class Trainer:
             barriers=barriers,
             max_lag=max_lag,
             queue_size=queue_size,
-            inline_max=inline_max,
             warn_slow=warn_slow_callbacks,
             close_timeout=close_timeout,
             wait_warning=wait_warning,
@@ -288,7 +280,6 @@ class Trainer:
             max_lag=bus_options.max_lag,
             queue_size=bus_options.queue_size,
             warn_slow=bus_options.warn_slow,
-            inline_max=bus_options.inline_max,
             close_timeout=bus_options.close_timeout,
             wait_warning=bus_options.wait_warning,
         )
@@ -299,10 +290,13 @@ class Trainer:
             log_train_loss=log_train_loss and bool(loggers),
             grad_clip_norm=clip,
         )
+        self._close_timeout = bus_options.close_timeout  # preemption's patience too
         self._init_delivered = False
         self._finished = False  # whether a fit() of this trainer reached max_duration
         # Read and check the checkpoint before INIT; restore it after, as Composer does.
         checkpoint = None if load_path is None else read_checkpoint(load_path, self.state)
+        # Before anything is logged or restored: destinations choose their exactly-once path.
+        plan_exactly_once(self.state.callbacks, resumed=checkpoint is not None)
         if no_running_loop():  # as Composer does: INIT handlers run in the constructor
             self.engine._run_once(Event.INIT)
             self._init_delivered = True
@@ -352,14 +346,14 @@ class Trainer:
                 "trainer.fit(duration='1ep') (or fit_sync(duration='1ep'))"
             )
         state._stop.clear()
-        loop = TrainingLoop(state, self.logger, self._config, self.engine._bus.publish)
+        loop = TrainingLoop(state, self.logger, self._config, self.engine.run_event)
         # The saver waits for every handler and record before it captures (CheckpointSaver).
-        attach_handler_drain(state, functools.partial(self.engine._bus.wait_all, records=True))
+        attach_handler_drain(state, functools.partial(self.engine.wait_all, records=True))
         deliver_init = not self._init_delivered
         self._init_delivered = True
 
         def produce() -> None:
-            loop.publish = self.engine._bus.publisher()  # this session's, bound
+            loop.publish = self.engine.publisher()  # this cycle's, bound
             try:
                 loop.run(deliver_init=deliver_init)
             except BaseException:
@@ -372,8 +366,12 @@ class Trainer:
             with sigterm_stops(state, self._distributed) as terminated:
                 await self.engine.run_cycle(produce)
         else:  # preemption handles SIGTERM itself: checkpoint, stop, exit 143
-            with self.preemption.installed(state):
-                await self.engine.run_cycle(produce)
+            with self.preemption.installed(state, self.engine, self._close_timeout):
+                try:
+                    await self.engine.run_cycle(produce)
+                except Exception as exc:
+                    if self.preemption.signum is None or not _only_abandoned(exc):
+                        raise  # a handler freed by preemption's watchdog fails, as meant
         self._finished = _reached(state)  # a later fit() without duration= would do nothing
         if terminated:  # torchrun stops the other workers when one fails; all closed
             raise RuntimeError(
@@ -427,3 +425,10 @@ class Trainer:
             self.preemption.raise_if_triggered()  # exits with its status unless caught
         if presses is not None and presses.count:
             raise KeyboardInterrupt
+
+
+def _only_abandoned(exc: BaseException) -> bool:
+    """Whether ``exc`` is (a group of) :class:`HandlerAbandoned` only."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_abandoned(e) for e in exc.exceptions)
+    return isinstance(exc, HandlerAbandoned)

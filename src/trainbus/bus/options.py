@@ -13,10 +13,8 @@ from typing import Any
 
 from trainbus.core.events import Event
 
-__all__ = ["DEFAULT_CLOSE_TIMEOUT", "DEFAULT_INLINE_MAX", "DEFAULT_WAIT_WARNING", "BusOptions"]
+__all__ = ["DEFAULT_CLOSE_TIMEOUT", "DEFAULT_WAIT_WARNING", "BusOptions"]
 
-#: Plain handlers measured at or under this many seconds take the inline fast path.
-DEFAULT_INLINE_MAX = 50e-6
 #: Seconds each callback's ``close`` (and ``post_close``) may take before it is abandoned.
 DEFAULT_CLOSE_TIMEOUT = 30.0
 #: Seconds a barrier or a close may wait before a warning names what it waits for.
@@ -32,8 +30,6 @@ class BusOptions:
         max_lag: Batches by which handlers may trail a ``BATCH_END`` barrier.
         queue_size: Handler calls (and records) that may wait per callback before the
             training thread waits (D12).
-        inline_max: Seconds; plain handlers measured this fast take the inline fast path
-            (0 turns it off).
         warn_slow: Whether to emit :class:`~trainbus.SlowCallbackWarning`.
         close_timeout: Seconds each callback's ``close`` / ``post_close`` may take before
             it is reported and abandoned (``math.inf``: wait for ever). A callback with a
@@ -48,7 +44,6 @@ class BusOptions:
     barriers: frozenset[Event] = frozenset({Event.BATCH_END})
     max_lag: int = 0
     queue_size: int = 128
-    inline_max: float = DEFAULT_INLINE_MAX
     warn_slow: bool = True
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT
     wait_warning: float = DEFAULT_WAIT_WARNING
@@ -60,7 +55,6 @@ class BusOptions:
         barriers: Iterable[Event | str] = (Event.BATCH_END,),
         max_lag: Any = 0,
         queue_size: Any = 128,
-        inline_max: Any = DEFAULT_INLINE_MAX,
         warn_slow: Any = True,
         close_timeout: Any = DEFAULT_CLOSE_TIMEOUT,
         wait_warning: Any = DEFAULT_WAIT_WARNING,
@@ -73,7 +67,6 @@ class BusOptions:
         """
         _int_at_least(max_lag, 0, "max_lag", "an int >= 0 (batches), e.g. 0 or 2")
         _int_at_least(queue_size, 1, "queue_size", "an int >= 1 (handler calls), e.g. 128")
-        _seconds(inline_max, "inline_max", "seconds >= 0, e.g. 50e-6, or 0 to turn it off")
         _seconds(close_timeout, "close_timeout", "seconds > 0, e.g. 30.0 or math.inf")
         if close_timeout == 0:
             raise ValueError(f"close_timeout={close_timeout!r} must be > 0 seconds, e.g. 30.0")
@@ -86,7 +79,6 @@ class BusOptions:
             barriers=frozenset(_barrier_events(barriers)),
             max_lag=max_lag,
             queue_size=queue_size,
-            inline_max=float(inline_max),
             warn_slow=warn_slow,
             close_timeout=float(close_timeout),
             wait_warning=float(wait_warning),

@@ -1,12 +1,17 @@
-"""The thread boundary: every way the bus reaches an event loop from another thread.
+"""The thread boundary: every way trainbus reaches an event loop from another thread.
 
-anyio gives blocking round trips (``from_thread.run``); the bus needs the cheaper
-fire-and-forget call that asyncio and trio both have (``call_soon_threadsafe`` and
-``TrioToken.run_sync_soon``), so that a burst of events wakes the loop once. Three tools:
+Every crossing from a thread into the loop goes through this module: the bus's, the
+loggers' (their lane threads hand batches to the loop) and the built-ins' (the checkpoint
+uploader, the dashboard). anyio gives blocking round trips (``from_thread.run``); the bus
+also needs the cheaper fire-and-forget call that asyncio and trio both have
+(``call_soon_threadsafe``, ``TrioToken.run_sync_soon``), so that what is queued while the
+loop is busy costs one wake-up. The tools:
 
 - :class:`LoopHandle`: call a function soon on the loop, from any thread.
-- :class:`Spawner`: run a coroutine function as a task on the loop for a lane thread and
-  wait for it (a thread lane's ``async def`` handlers).
+- :class:`LoopWaker`: wake sleeping loop lanes, one call into the loop for all the lanes
+  woken while it had not yet run.
+- :class:`Spawner`: run a coroutine function as a task on the loop for a thread and wait
+  for it (a thread lane's ``async def`` handlers).
 - :class:`LoopThread`: a daemon thread running an event loop of its own, for plain code
   that calls the engine with no loop running (``engine.run_event`` outside ``fit()``).
 """
@@ -24,9 +29,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 if TYPE_CHECKING:
-    from trainbus.bus._lane import Lane
+    from trainbus.bus.lanes import Lane
+    from trainbus.bus.statistics import Counters
 
-__all__ = ["LoopHandle", "LoopThread", "Spawner", "no_running_loop"]
+__all__ = ["LoopHandle", "LoopThread", "LoopWaker", "Spawner", "no_running_loop"]
 
 T = TypeVar("T")
 
@@ -79,8 +85,44 @@ def no_running_loop() -> bool:
     return _current_call_soon() is None
 
 
+class LoopWaker:
+    """Wakes sleeping loop lanes from any thread, one call into the loop per wake-up.
+
+    :meth:`wake` lists a lane and, unless a call into the loop is already on its way,
+    makes one; that call (:meth:`_on_loop`) wakes every lane listed by then. A lane is
+    listed at most once per sleep (``Lane.wake_requested``). Create it on the loop.
+    """
+
+    def __init__(self, loop: LoopHandle, counters: Counters) -> None:
+        self._call_soon = loop.call_soon
+        self._counters = counters
+        self._ready: deque[Lane] = deque()
+        self._scheduled = False
+
+    def wake(self, lane: Lane) -> None:
+        """Wake ``lane``'s task, which sleeps or is about to (any thread)."""
+        lane.wake_requested = True
+        self._ready.append(lane)
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self._call_soon(self._on_loop)
+            except Exception:  # the loop has ended (an abandoned thread came back late)
+                return
+
+    def _on_loop(self) -> None:
+        self._scheduled = False
+        self._counters.loop_wakeups += 1
+        ready = self._ready
+        while ready:
+            lane = ready.popleft()
+            lane.wake_requested = False
+            if lane.wakeup is not None:
+                lane.wakeup.set()
+
+
 class Spawner:
-    """Starts, on the loop, the coroutines that lane threads hand over, and waits for them.
+    """Runs, on the loop, the coroutine functions that threads hand over, and waits for them.
 
     anyio starts tasks only from a task, so one task (:meth:`serve`) takes the handed-over
     coroutine functions from a queue and starts each in the session's task group.
@@ -104,27 +146,28 @@ class Spawner:
         self._wakeup.set()
 
     def run(
-        self, lane: Lane, fn: Callable[..., Awaitable[Any]], *args: Any, cancellable: bool = False
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        *args: Any,
+        on_scope: Callable[[anyio.CancelScope | None], None] | None = None,
     ) -> None:
-        """Run ``await fn(*args)`` on the loop for ``lane``'s thread; wait; re-raise.
-
-        The coroutine runs in its own task. With ``cancellable`` (event handlers) its scope
-        is registered as ``lane.scope``, so cancelling ``fit()`` reaches it like any
-        handler on the loop (D11); log records and close calls are delivered in full.
-        """
+        """Run ``await fn(*args)`` in a task on the loop; block this thread until it ends;
+        re-raise its exception. ``on_scope`` is told the task's cancel scope (and ``None``
+        at its end), so the bus can cancel it like any handler on the loop (D11)."""
         done = threading.Event()
         box: list[BaseException] = []
 
         async def runner() -> None:
             try:
                 with anyio.CancelScope() as scope:
-                    if cancellable:
-                        lane.scope = scope
+                    if on_scope is not None:
+                        on_scope(scope)
                     await fn(*args)
             except BaseException as exc:
                 box.append(exc)
             finally:
-                lane.scope = None
+                if on_scope is not None:
+                    on_scope(None)
                 done.set()
 
         self._queue.append(runner)

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from trainbus.bus._lane import Lane
-    from trainbus.bus._slot import Member
-    from trainbus.bus._trace import TraceRecorder
+    from trainbus.bus.lanes import Lane
+    from trainbus.bus.members import Member
+    from trainbus.bus.trace import TraceRecorder
 
 __all__ = ["BusStatistics", "CallbackStatistics", "Counters", "collect_statistics"]
 
@@ -22,13 +22,15 @@ class CallbackStatistics:
     Attributes:
         name: The callback's class name.
         handled: Handler calls completed (events and logged records).
-        inline: Of those, plain handlers so fast they ran on the training thread.
+        inline: Of those, the calls the training thread ran itself (plain ``@blocking``
+            handlers).
         total_time: Seconds spent in the callback's handlers.
         max_time: The longest single handler call, in seconds.
         slowest: ``"Class.method"`` of the handler with the longest call.
         pending: Event handler calls queued or running now.
         peak_pending: The most event handler calls ever queued at once.
-        on_thread: Whether the callback has a thread lane (it has plain handlers).
+        on_thread: Whether the callback has a thread of its own (it has plain handlers
+            that are not ``@blocking``).
         pending_records: For a destination, log records queued or being delivered now.
         peak_pending_records: For a destination, the most records ever queued at once
             (bounded by ``queue_size``, D12).
@@ -70,9 +72,8 @@ class BusStatistics:
         barrier_wait_time: Seconds the training thread spent waiting at barriers
             (including ``@blocking`` handlers' lanes).
         backpressure_wait_time: Seconds it spent waiting for a full queue (D12).
-        loop_wakeups: How often the event loop was woken to run handlers (each costs
-            thread hand-offs; the bus wakes it at most once per burst of events, and
-            cheap ``async def`` handlers of non-barrier events not at all).
+        loop_wakeups: How often another thread woke the event loop to run handlers (once
+            for everything queued on sleeping loop lanes before the loop ran).
     """
 
     callbacks: tuple[CallbackStatistics, ...]
@@ -151,9 +152,7 @@ def collect_statistics(
             CallbackStatistics(
                 name=member.name,
                 handled=sum(s.calls for s in slots),
-                # an exclusive callback's event calls all ran on the producer, uncounted
-                inline=sum(s.calls for s in member.slots.values()) if member.exclusive
-                else sum(s.inline_calls for s in slots),
+                inline=sum(s.here_calls for s in slots),
                 total_time=sum(s.total_time for s in slots),
                 max_time=max((s.max_time for s in slots), default=0.0),
                 slowest=slowest.handler.qualname if slowest and slowest.calls else None,

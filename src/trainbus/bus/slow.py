@@ -1,23 +1,30 @@
-"""Detecting callbacks slower than the batches they observe (``SlowCallbackWarning``).
+"""Warnings about callbacks: slower than their batches, long waits, at the user's code.
 
-At each of the first few ``BATCH_END`` events the training thread compares, per callback,
-the time its handlers took since the previous check with the batch's own time: the time
-between the two ``BATCH_END`` events less what the training thread spent waiting (for these
-very handlers, at barriers and full queues). A callback slower than its batches in most of
-the checked batches gets one warning naming it and its slowest event.
+:func:`warn_at` names the handler's own ``def`` line (or its class's), not a trainbus line.
+
+Slow callbacks (``SlowCallbackWarning``): at each of the first few ``BATCH_END`` events the
+training thread compares, per callback, the time its handlers took since the previous check
+with the batch's own time: the time between the two ``BATCH_END`` events less what the
+training thread spent waiting (for these very handlers, at barriers and full queues). A
+callback slower than its batches in most of the checked batches gets one warning naming it
+and its slowest event.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainbus.bus._slot import Member
-    from trainbus.bus._statistics import Counters
+    from trainbus.bus.lanes import Lane
+    from trainbus.bus.members import Member
+    from trainbus.bus.statistics import Counters
+    from trainbus.core.events import Event
 
-__all__ = ["SlowCallbacks"]
+__all__ = ["SlowCallbacks", "long_wait_message", "warn_at"]
 
 #: Batches (after the first) whose handler time is compared with the batch time.
 CHECK_BATCHES = 3
@@ -86,3 +93,52 @@ def _message(member: Member) -> str:
         f"callback {member.name} spends longer in its handlers than a batch takes "
         f"(slowest: {where} on {event}); training waits for it at every barrier: {advice}"
     )
+
+
+_WAITING_FOR = {
+    "barrier": "at the barrier",
+    "backpressure": "for room in a callback's queue (queue_size)",
+    "records": "for room among logged records (queue_size)",
+    "blocking": "to run a @blocking handler",
+}
+
+
+def long_wait_message(kind: str, event: Event | None, lanes: list[Lane], seconds: float) -> str:
+    """What the training thread has waited ``seconds`` for: the callbacks and handlers."""
+    at = _WAITING_FOR.get(kind, "")
+    if event is not None:
+        at += f" of Event.{event.name}" if kind == "barrier" else f" at Event.{event.name}"
+    names = ", ".join(
+        f"{lane.name} (running {lane.current})" if lane.current else lane.name
+        for lane in lanes
+    )
+    return (
+        f"the training thread has waited {seconds:g} s {at} for "
+        f"{names or 'its callbacks'}; it keeps waiting (Trainer(wait_warning=...) sets "
+        "when this warns)"
+    )
+
+
+def warn_at(message: str, category: type[Warning], where: object = None) -> None:
+    """Warn as if from ``where``'s definition (a function, method, class or instance)."""
+    filename, lineno = _code_location(where)
+    if filename is None:
+        warnings.warn(message, category, stacklevel=2)
+        return
+    module = getattr(where, "__module__", None) or type(where).__module__
+    warnings.warn_explicit(message, category, filename, lineno, module, {})
+
+
+def _code_location(obj: object) -> tuple[str | None, int]:
+    """Where ``obj`` (a function, a method, a class or an instance's class) is defined."""
+    if obj is None:
+        return None, 0
+    fn = getattr(obj, "__func__", obj)
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        return code.co_filename, code.co_firstlineno
+    cls = obj if isinstance(obj, type) else type(obj)
+    try:
+        return inspect.getsourcefile(cls), inspect.getsourcelines(cls)[1]
+    except (OSError, TypeError):
+        return None, 0

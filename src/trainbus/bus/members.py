@@ -1,4 +1,15 @@
-"""A slot: one callback's handler for one event, with its statistics and its policy state."""
+"""Registered callbacks, resolved once: their handlers, where each runs, their statistics.
+
+A :class:`Member` is one callback as the bus sees it for the engine's lifetime; a
+:class:`Slot` is one of its handlers. Where a handler runs is decided here, once, from how
+it is declared (D7), and never changes:
+
+- a callback with any plain handler that is not ``@blocking`` (or a plain ``log_record``, or
+  a plain ``close``) has a thread of its own: every plain handler of it runs there, and its
+  ``async def`` handlers run on the event loop, handed over by that thread in order;
+- any other callback runs on the event loop, in a task of its own;
+- a plain ``@blocking`` handler runs on the training thread, whatever its callback has.
+"""
 
 from __future__ import annotations
 
@@ -11,15 +22,13 @@ if TYPE_CHECKING:
     from trainbus.core.callback import Handler, HandlerTable
     from trainbus.core.events import Event
 
-__all__ = ["Member", "Slot", "due", "never"]
+__all__ = ["Member", "Slot", "due"]
 
 
 class Slot:
-    """One handler of one callback, resolved once and kept for the engine's lifetime.
+    """One handler of one callback, with its statistics (kept across ``fit()`` calls).
 
-    The statistics (``calls``, ``total_time``, ``max_time``, ``inline_calls``) and the
-    inline fast path's verdict (``inline_ok``, ``inline_banned``, see ``_inline.py``) are
-    kept across ``fit()`` calls. Only the thread running the handler writes them.
+    Only the thread running the handler writes the statistics.
     """
 
     __slots__ = (
@@ -27,12 +36,7 @@ class Slot:
         "event",
         "fn",
         "handler",
-        "inline_banned",
-        "inline_bans",
-        "inline_calls",
-        "inline_ok",
-        "inline_strike",
-        "inline_wait",
+        "here_calls",
         "is_async",
         "is_blocking",
         "lag",
@@ -48,25 +52,21 @@ class Slot:
         self.fn = handler.fn
         self.qualname = handler.qualname
         self.is_async = handler.is_async
+        #: A plain ``@blocking`` handler: the training thread runs it (D9).
         self.is_blocking = handler.is_blocking
         #: The filter (``@every``/``@once``); replaced by a never-true one after ``@once``.
         self.when: Callable[[Any], bool] | None = handler.when
-        #: Batches this handler may trail the ``BATCH_END`` barrier by.
+        #: Batches this handler may trail the ``BATCH_END`` barrier by (``@trailing``).
         self.lag = lag
         self.calls = 0
-        self.inline_calls = 0
+        #: Of ``calls``, those the training thread ran (plain ``@blocking`` handlers).
+        self.here_calls = 0
         self.total_time = 0.0
         self.max_time = 0.0
-        self.inline_ok = False
-        self.inline_banned = False
-        self.inline_strike = False
-        #: While banned: calls left to sit out (``_inline.learn``); -1: for good.
-        self.inline_wait = 0
-        #: How often it was banned for slowness (each ban waits twice as long).
-        self.inline_bans = 0
 
     def account(self, elapsed: float) -> None:
-        """Count one finished call that took ``elapsed`` seconds."""
+        """Count one finished call that took ``elapsed`` seconds (the one place calls are
+        counted, whichever thread ran them)."""
         self.calls += 1
         self.total_time += elapsed
         if elapsed > self.max_time:
@@ -74,7 +74,7 @@ class Slot:
 
 
 class Member:
-    """A registered callback: its handler slots, resolved once for the engine's lifetime.
+    """A registered callback: its slots and its placement, for the engine's lifetime.
 
     Attributes:
         table: The resolved handlers.
@@ -82,18 +82,14 @@ class Member:
         index: Its position in the callback list.
         slots: The slot per event it handles (none for events it ignores).
         log_slot: For a logger destination, the slot receiving log records.
-        on_thread: Whether it runs on a thread lane (it has plain, non-blocking handlers).
+        on_thread: Whether it has a thread of its own (see the module docstring).
         lags: The distinct lags (batches) of its slots.
-        peak: The most event items ever queued at once for it, over every session.
+        peak: The most event handler calls ever queued at once for it.
         peak_records: For a destination, the most records ever queued at once for it.
-        wait_caused: Seconds the producer waited with it the last lane it waited for.
-        exclusive: Whether every handler is a plain ``@blocking`` one with no filter and it
-            is no destination: the producer runs all its event handlers itself
-            (``Lane.exclusive``), so each event call it made ran there.
+        wait_caused: Seconds the training thread waited with it the last callback waited for.
     """
 
     __slots__ = (
-        "exclusive",
         "index",
         "lags",
         "log_slot",
@@ -117,20 +113,16 @@ class Member:
         }
         self.log_slot = Slot(log_handler, None) if log_handler is not None else None
         plain_log = log_handler is not None and not log_handler.is_async
-        self.on_thread = table.has_sync or plain_log
-        self.lags = frozenset(slot.lag for slot in self.slots.values()) or frozenset({0})
-        self.exclusive = log_handler is None and all(
-            slot.is_blocking and not slot.is_async and slot.when is None
-            for slot in self.slots.values()
+        # A destination whose @blocking handler runs on the training thread gets a thread
+        # too: its records then run under the lane's lock, never beside that handler (D1).
+        blocking_destination = log_handler is not None and any(
+            slot.is_blocking and not slot.is_async for slot in self.slots.values()
         )
+        self.on_thread = table.has_sync or plain_log or blocking_destination
+        self.lags = frozenset(slot.lag for slot in self.slots.values()) or frozenset({0})
         self.peak = 0
         self.peak_records = 0
         self.wait_caused = 0.0
-
-    @property
-    def is_destination(self) -> bool:
-        """Whether it receives log records (a :class:`~trainbus.LoggerDestination`)."""
-        return self.log_slot is not None
 
     def all_slots(self) -> list[Slot]:
         """Its event slots, then its log slot."""
@@ -145,10 +137,10 @@ def due(slot: Slot, when: Callable[[Any], bool], ts: Any) -> bool:
     if not when(ts):
         return False
     if getattr(when, "exact", False):
-        slot.when = never
+        slot.when = _never
     return True
 
 
-def never(ts: Any) -> bool:
+def _never(ts: Any) -> bool:
     """The filter of a ``@once`` handler that already ran."""
     return False

@@ -1,0 +1,416 @@
+"""Lanes: each callback's queue of work for one run, and the gate the training thread waits at.
+
+One :class:`Lane` per callback per session. Its items (one per published event it handles,
+per logged record for a destination, per ``close`` call) run one at a time, in queue order
+(D1), by the one runner its placement gives it (``members.py``, ``runners.py``):
+
+- a thread lane's items go into ``queue`` (a ``SimpleQueue``: an append and, when the
+  thread sleeps in ``get()``, one wake-up), and its thread takes them one by one;
+- a loop lane's items go into ``pending``; its task on the event loop takes them, and
+  sleeps on ``wakeup`` when there are none. Whoever appends to a sleeping loop lane asks
+  the loop to wake it (``bridge.LoopWaker``): once per time the lane went to sleep.
+
+Counting: ``enq`` (the training thread) and ``done`` (the runner) count event items;
+``log_enq``/``log_done`` count records. The training thread waits for these counts at the
+:class:`Gate`: barriers (D4), full queues (D12), ``@blocking`` handlers (D9).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from queue import Empty, SimpleQueue
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+if TYPE_CHECKING:
+    import anyio
+
+    from trainbus.bus.members import Member
+    from trainbus.bus.statistics import Counters
+    from trainbus.core.callback import Handler
+    from trainbus.core.events import Event
+    from trainbus.core.logger import Logger, LogRecord
+    from trainbus.core.state import State
+
+__all__ = [
+    "STOP",
+    "CallItem",
+    "EventItem",
+    "Gate",
+    "Lane",
+    "LogItem",
+    "Stopped",
+    "WaitKind",
+    "WorkItem",
+]
+
+_perf = time.perf_counter
+
+WaitKind = Literal["barrier", "backpressure", "records", "blocking"]
+
+
+class Stopped(Exception):
+    """Raised on the training thread when the bus stops (an error, a cancellation)."""
+
+
+# -- work items ----------------------------------------------------------------------------
+
+
+class EventItem:
+    """One published event: the state as of its publication and a logger bound to it.
+
+    One item is built per event and queued on every lane that handles the event (each
+    lane finds its handler by ``event``). ``batch`` is the batch count at publication.
+    """
+
+    __slots__ = ("batch", "event", "logger", "view")
+
+    def __init__(self, event: Event, view: State, logger: Logger, batch: int) -> None:
+        self.event: Final = event
+        self.view: Final = view
+        self.logger: Final = logger
+        self.batch: Final = batch
+
+
+class LogItem:
+    """One logged record, queued on every destination."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: LogRecord) -> None:
+        self.record: Final = record
+
+
+class CallItem:
+    """A call run in a lane's order (``close``, ``post_close``, a drain mark).
+
+    ``fn()`` is called (and awaited if ``is_async``); then ``on_done(error)`` on the loop.
+    A drain mark has no ``fn``: taking it only tells that everything before it ran.
+    """
+
+    __slots__ = ("fn", "is_async", "label", "on_done")
+
+    def __init__(
+        self,
+        fn: Callable[[], Any] | None,
+        is_async: bool,
+        on_done: Callable[[BaseException | None], None],
+        label: str = "",
+    ) -> None:
+        self.fn: Final = fn
+        self.is_async: Final = is_async
+        self.on_done: Final = on_done
+        self.label: Final = label
+
+
+class _StopItem:
+    """The last item a lane's runner takes: it ends."""
+
+    __slots__ = ()
+
+
+STOP: Final = _StopItem()
+
+WorkItem = EventItem | LogItem | CallItem | _StopItem
+
+
+# -- lanes ---------------------------------------------------------------------------------
+
+
+class Lane:
+    """One callback's queue and counters for one session (see the module docstring)."""
+
+    __slots__ = (
+        "abandoned",
+        "count_lock",
+        "current",
+        "done",
+        "due",
+        "enq",
+        "failed",
+        "gate",
+        "idle",
+        "index",
+        "last_batch",
+        "last_by_lag",
+        "lock",
+        "log_done",
+        "log_enq",
+        "log_slot",
+        "member",
+        "name",
+        "on_thread",
+        "owes",
+        "pending",
+        "queue",
+        "room",
+        "room_waiters",
+        "room_wakers",
+        "scope",
+        "slots",
+        "thread",
+        "uniform",
+        "wait_done",
+        "wait_log",
+        "waiting_on",
+        "wake_requested",
+        "wakeup",
+    )
+
+    def __init__(self, member: Member, gate: Gate) -> None:
+        self.member = member
+        self.gate = gate
+        self.name = member.name
+        self.index = member.index
+        self.slots = member.slots
+        self.log_slot = member.log_slot
+        self.on_thread = member.on_thread
+        #: A thread lane's items (its thread sleeps in ``get()``).
+        self.queue: SimpleQueue[WorkItem] = SimpleQueue()
+        #: A loop lane's items (its task sleeps on ``wakeup``).
+        self.pending: deque[WorkItem] = deque()
+        #: A loop lane: whether its task sleeps (set by the task, on the loop).
+        self.idle = False
+        #: A loop lane: whether a wake-up was asked for since it went to sleep.
+        self.wake_requested = False
+        self.wakeup: anyio.Event | None = None
+        #: Held by whoever runs one of the lane's items: its thread, or the training thread
+        #: running a plain ``@blocking`` handler (so the two never overlap, D1).
+        self.lock = threading.Lock()
+        self.count_lock = threading.Lock()
+        self.enq = 0
+        self.done = 0
+        # ``log_enq`` changes under ``count_lock`` (records come from any thread);
+        # ``log_done`` only on the runner.
+        self.log_enq = 0
+        self.log_done = 0
+        self.wait_done: int | None = None
+        self.wait_log: int | None = None
+        #: Threads other than the training thread wait here for room among records (D12).
+        self.room = threading.Condition(threading.Lock())
+        self.room_waiters = 0
+        #: Called (any thread) as records are taken, while loop lanes wait for room here.
+        self.room_wakers: list[Callable[[], None]] = []
+        #: A loop lane whose handler logged past a destination's bound: that destination;
+        #: the lane's task waits for room in it before its next item.
+        self.owes: Lane | None = None
+        #: The destination this lane waits for room in now (cycle checks).
+        self.waiting_on: Lane | None = None
+        #: Whether every slot has lag 0 (then a barrier waits for ``enq``).
+        self.uniform = member.lags == frozenset({0})
+        #: Per lag: the ``enq`` count after the lane's last item of that lag.
+        self.last_by_lag = dict.fromkeys(member.lags, 0)
+        #: Per lag > 0: ``(due batch, enq count)`` marks pushed at each ``BATCH_END``.
+        self.due: dict[int, deque[tuple[int, int]]] = {k: deque() for k in member.lags if k}
+        self.last_batch = 0
+        #: The cancel scope of the coroutine handler running now, if any (D11).
+        self.scope: anyio.CancelScope | None = None
+        self.thread: threading.Thread | None = None
+        #: Set when the lane missed its close deadline: nobody waits for it any more.
+        self.abandoned = False
+        #: The handler running now (``"Class.method"``), for messages; else ``None``.
+        self.current: str | None = None
+        #: Set when one of its handlers raised: it runs nothing more but its close (D10).
+        self.failed = False
+
+    # -- lags (training thread; ``@trailing`` slots) --------------------------------------
+
+    def mark_batch_end(self, batches: int) -> None:
+        """Note, per lag k, the ``enq`` count a barrier must wait for k batches later."""
+        for lag, marks in self.due.items():
+            marks.append((batches + lag, self.last_by_lag[lag]))
+
+    def barrier_target(self, batches: int) -> int:
+        """The ``done`` count the barrier of batch ``batches`` waits for (lag-0 items, and
+        each lagging slot's items whose k batches have passed)."""
+        target = self.last_by_lag.get(0, 0)
+        for marks in self.due.values():
+            while marks and marks[0][0] <= batches:
+                target = max(target, marks.popleft()[1])
+        return target
+
+    # -- counting (the runner) ------------------------------------------------------------
+
+    def count_done(self) -> None:
+        """Count one finished (or skipped) event item; tell the gate at its target."""
+        self.done += 1
+        target = self.wait_done
+        if target is not None and self.done >= target:
+            self.gate.reached(self)
+
+    def count_log_done(self) -> None:
+        """Count one delivered (or skipped) record; tell whoever waits for room."""
+        self.log_done += 1
+        target = self.wait_log
+        if target is not None and self.log_done >= target:
+            self.gate.reached(self)
+        if self.room_waiters:
+            with self.room:
+                self.room.notify_all()
+        if self.room_wakers:
+            for waker in tuple(self.room_wakers):
+                waker()
+
+    def count_record(self) -> int:
+        """Count one queued record (any thread); return how many wait now."""
+        with self.count_lock:
+            self.log_enq += 1
+            return self.log_enq - self.log_done
+
+    def wait_for_room(self, bound: int, give_up: Callable[[], bool]) -> None:
+        """Block this thread (not the training thread, not the loop) until fewer than
+        ``bound`` records wait here, or ``give_up()`` (checked every 50 ms) says to stop."""
+        with self.room:
+            self.room_waiters += 1
+            try:
+                while self.log_enq - self.log_done >= bound and not give_up():
+                    self.room.wait(0.05)
+            finally:
+                self.room_waiters -= 1
+
+
+def would_deadlock(waiter: Lane | None, dest: Lane) -> bool:
+    """Whether ``waiter`` waiting for room in ``dest`` could wait for ever: ``dest`` is
+    ``waiter``, or waits, through a chain of lanes waiting for room, for ``waiter``."""
+    lane: Lane | None = dest
+    hops = 0
+    while lane is not None and hops < 64:
+        if lane is waiter:
+            return True
+        lane = lane.waiting_on
+        hops += 1
+    return hops >= 64
+
+
+# -- the gate ------------------------------------------------------------------------------
+
+
+class Gate:
+    """What the training thread waits for, failures, and stopping, for one session.
+
+    Invariant: ``_waiting`` holds the lanes the training thread waits for right now; it
+    changes only under ``_lock``, and ``_signal`` gets one ``True`` when it empties (one
+    signal per wait) or a ``False`` from :meth:`stop`.
+    """
+
+    def __init__(self, counters: Counters) -> None:
+        self._lock = threading.Lock()
+        self._signal: SimpleQueue[bool] = SimpleQueue()
+        self._waiting: set[Lane] = set()
+        self.counters = counters
+        #: Set once; then the training thread unwinds at its next event or wait.
+        self.stopping = False
+        self.errors: list[BaseException] = []
+        self._last: Lane | None = None
+        #: Seconds one wait may last before ``on_long_wait`` is told (once per wait).
+        self.wait_warning = math.inf
+        #: Told ``(kind, event, lanes, seconds)`` when a wait passes ``wait_warning``.
+        self.on_long_wait: Callable[[WaitKind, Event | None, list[Lane], float], None] | None
+        self.on_long_wait = None
+
+    def wait(
+        self, targets: list[tuple[Lane, int]], kind: WaitKind, event: Event | None = None
+    ) -> None:
+        """Block until each lane's ``done`` (``log_done`` for ``records``) reaches its target.
+
+        Raises:
+            Stopped: The session is stopping.
+        """
+        logs = kind == "records"
+        with self._lock:
+            for lane, target in targets:
+                if logs:
+                    lane.wait_log = target
+                    behind = lane.log_done < target
+                else:
+                    lane.wait_done = target
+                    behind = lane.done < target
+                if behind and not lane.abandoned:
+                    self._waiting.add(lane)
+            if not self._waiting:
+                for lane, _ in targets:
+                    lane.wait_done = lane.wait_log = None
+                return
+        try:
+            self._block(kind, event)
+        finally:
+            with self._lock:
+                for lane, _ in targets:
+                    lane.wait_done = lane.wait_log = None
+                self._waiting.clear()
+
+    def _block(self, kind: WaitKind, event: Event | None) -> None:
+        t0 = _perf()
+        after = self.wait_warning
+        if after == math.inf or self.on_long_wait is None:
+            self._signal.get()
+        else:
+            try:
+                self._signal.get(timeout=after)
+            except Empty:
+                with self._lock:
+                    lanes = sorted(self._waiting, key=lambda lane: lane.index)
+                self.on_long_wait(kind, event, lanes, after)
+                self._signal.get()
+        elapsed = _perf() - t0
+        self.counters.waited(kind, t0, elapsed)
+        last, self._last = self._last, None
+        if last is not None:
+            last.member.wait_caused += elapsed
+        if self.stopping:
+            raise Stopped
+
+    def reached(self, lane: Lane) -> None:
+        """``lane`` reached what the training thread waits for (any thread)."""
+        with self._lock:
+            if lane in self._waiting:
+                self._waiting.discard(lane)
+                if not self._waiting:
+                    self._last = lane
+                    self._signal.put(True)
+
+    def fail(
+        self,
+        exc: BaseException,
+        handler: Handler | None,
+        event: Event | None,
+        lane: Lane | None = None,
+    ) -> None:
+        """Record a handler's exception and stop the training thread at its next event.
+
+        ``lane``, the failed handler's lane, runs nothing more but its close (D10).
+        """
+        if lane is not None:
+            lane.failed = True
+        if handler is not None:
+            _start_at_user_code(exc)
+            where = f"Event.{event.name}" if event is not None else "a logged record"
+            if handler.qualname.endswith(".background"):
+                where = "its background task"
+            exc.add_note(f"raised by {handler.qualname} while handling {where}")
+        with self._lock:
+            self.errors.append(exc)
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop the training thread at its next event or wait (any thread)."""
+        self.stopping = True
+        self._signal.put(False)
+
+
+#: trainbus's own source folder: frames from here are the bus's, not the user's.
+_OURS = str(Path(__file__).resolve().parents[1])
+
+
+def _start_at_user_code(exc: BaseException) -> None:
+    """Drop the bus's own frames from the start of a handler error's traceback, so that it
+    starts at the user's handler (an error of the bus itself keeps its whole traceback)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_OURS):
+        tb = tb.tb_next
+    if tb is not None:
+        exc.__traceback__ = tb

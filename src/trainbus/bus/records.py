@@ -1,0 +1,96 @@
+"""Logged records: queued on every destination, within each one's bound (D12).
+
+``logger.log_metrics(...)`` (any thread) hands its record to :meth:`Records.submit`, which
+queues it on every destination's lane. At most ``queue_size`` records wait per destination;
+past that the logging party waits, in the way its thread allows:
+
+- the training thread waits at the gate, like a full event queue;
+- a lane's thread (a plain handler that logs) blocks until the destination has room;
+- a handler on the event loop cannot block the loop: its record is queued, and its lane
+  waits for room after the handler returns (``runners._wait_for_room``). The overshoot is
+  bounded by what one handler call logs.
+
+Nobody waits for room in its own lane, or where waiting would close a cycle of lanes
+waiting for each other's room: then the record is queued over the bound. Barriers never
+wait for records.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from trainbus.bus.lanes import LogItem, would_deadlock
+from trainbus.bus.runners import CURRENT_LANE
+
+if TYPE_CHECKING:
+    from trainbus.bus.bridge import LoopWaker
+    from trainbus.bus.lanes import Gate, Lane
+    from trainbus.core.logger import LogRecord
+
+__all__ = ["Records"]
+
+
+class Records:
+    """The record intake of one session (any thread)."""
+
+    def __init__(
+        self,
+        lanes: Sequence[Lane],
+        bound: int,
+        gate: Gate,
+        waker: LoopWaker,
+        loop_thread: int,
+        producer_ident: Callable[[], int | None],
+    ) -> None:
+        self.destinations = [lane for lane in lanes if lane.log_slot is not None]
+        self.bound = bound
+        self.gate = gate
+        self.waker = waker
+        self.loop_thread = loop_thread
+        self._producer_ident = producer_ident
+
+    def submit(self, record: LogRecord) -> None:
+        """Queue ``record`` on every destination's lane, within each one's bound."""
+        item = LogItem(record)
+        bound = self.bound
+        for lane in self.destinations:
+            if lane.log_enq - lane.log_done >= bound and not (lane.failed or lane.abandoned):
+                self._wait_for_room(lane)
+            depth = lane.count_record()
+            if lane.on_thread:
+                lane.queue.put(item)
+            else:
+                lane.pending.append(item)
+                if lane.idle and not lane.wake_requested:
+                    self.waker.wake(lane)
+            member = lane.member
+            if depth > member.peak_records:
+                member.peak_records = depth
+
+    def _wait_for_room(self, lane: Lane) -> None:
+        ident = threading.get_ident()
+        waiter = CURRENT_LANE.get()  # on the training thread: a @blocking handler's lane
+        if ident == self._producer_ident():
+            if waiter is not lane:
+                self.gate.wait([(lane, lane.log_enq - self.bound + 1)], "records")
+            return
+        if ident == self.loop_thread:
+            if waiter is not None and waiter is not lane:
+                waiter.owes = lane  # its task waits for room after this handler
+            return
+        if waiter is lane or would_deadlock(waiter, lane):
+            return
+        if waiter is not None:
+            waiter.waiting_on = lane
+        try:
+            lane.wait_for_room(self.bound, lambda: self._give_up(waiter, lane))
+        finally:
+            if waiter is not None:
+                waiter.waiting_on = None
+
+    def _give_up(self, waiter: Lane | None, lane: Lane) -> bool:
+        if self.gate.stopping or lane.failed or lane.abandoned:
+            return True
+        return would_deadlock(waiter, lane)

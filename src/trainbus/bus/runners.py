@@ -1,0 +1,271 @@
+"""Who runs a lane's items: the lane's own thread, or the lane's task on the event loop.
+
+Placement is declared (``members.py``) and fixed for the run:
+
+- :func:`run_thread_lane` is the body of a thread lane's thread. It takes items from the
+  lane's ``queue`` (sleeping in ``get()`` when there are none) and runs each under the
+  lane's lock: plain handlers right here; ``async def`` ones on the loop, handed over
+  through the :class:`~trainbus.bus.bridge.Spawner` and waited for, so the callback's
+  handlers stay in order (D1) and plain ones always run on this one thread.
+- :func:`run_loop_lane` is a loop lane's task, an ordinary anyio task in the session's
+  task group: it awaits each item's handler in turn and sleeps on ``lane.wakeup`` when the
+  lane is empty.
+
+Both end a finished item the same way: :func:`account` (statistics and the timeline), then
+``count_done`` (what barriers wait for). An event item of a stopping session is counted
+without being run (D10).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from contextvars import ContextVar
+from typing import TYPE_CHECKING
+
+import anyio
+
+from trainbus.bus.lanes import STOP, CallItem, EventItem, LogItem, would_deadlock
+from trainbus.core.scalars import all_ready
+
+if TYPE_CHECKING:
+    from trainbus.bus.bridge import LoopHandle, Spawner
+    from trainbus.bus.lanes import Lane
+    from trainbus.bus.members import Slot
+    from trainbus.bus.statistics import Counters
+
+__all__ = ["CURRENT_LANE", "account", "run_loop_lane", "run_thread_lane"]
+
+_perf = time.perf_counter
+
+#: The lane whose item runs in this thread or task (records logged there are its own).
+CURRENT_LANE: ContextVar[Lane | None] = ContextVar("trainbus_lane", default=None)
+
+#: Seconds between looks at stopping and cycles while a loop lane waits for room (D12).
+ROOM_RECHECK = 0.05
+
+
+def account(lane: Lane, slot: Slot, batch: int, start: float, elapsed: float,
+            counters: Counters) -> None:
+    """Record one finished handler call: its slot's statistics and the timeline."""
+    slot.account(elapsed)
+    lane.last_batch = batch
+    trace = counters.trace
+    if trace is not None:
+        trace.handler(lane.name, slot.event, start, elapsed)
+
+
+# -- a thread lane -------------------------------------------------------------------------
+
+
+def run_thread_lane(lane: Lane, spawner: Spawner, loop: LoopHandle, counters: Counters) -> None:
+    """The body of ``lane``'s thread: run its items until ``STOP``."""
+    CURRENT_LANE.set(lane)
+    queue, lock, gate = lane.queue, lane.lock, lane.gate
+
+    def on_scope(scope: anyio.CancelScope | None) -> None:
+        lane.scope = scope
+
+    while True:
+        item = queue.get()
+        if item is STOP:
+            return
+        with lock:
+            if isinstance(item, EventItem):
+                if gate.stopping:
+                    lane.count_done()
+                    continue
+                slot = lane.slots[item.event]
+                lane.current = slot.qualname
+                t0 = _perf()
+                try:
+                    if slot.is_async:
+                        spawner.run(slot.fn, item.view, item.logger, on_scope=on_scope)
+                    else:
+                        slot.fn(item.view, item.logger)
+                except BaseException as exc:
+                    gate.fail(exc, slot.handler, slot.event, lane)
+                account(lane, slot, item.batch, t0, _perf() - t0, counters)
+                lane.current = None
+                lane.count_done()
+            elif isinstance(item, LogItem):
+                log_slot = lane.log_slot
+                assert log_slot is not None, "only destinations receive records"
+                if not lane.failed:  # a failed destination gets no more records (D10)
+                    lane.current = log_slot.qualname
+                    t0 = _perf()
+                    try:
+                        record = item.record.resolve()  # may wait for a device copy (D14)
+                        if log_slot.is_async:
+                            spawner.run(log_slot.fn, record)
+                        else:
+                            log_slot.fn(record)
+                    except BaseException as exc:
+                        gate.fail(exc, log_slot.handler, None, lane)
+                    account(lane, log_slot, lane.last_batch, t0, _perf() - t0, counters)
+                    lane.current = None
+                lane.count_log_done()
+            else:
+                assert isinstance(item, CallItem)
+                lane.current = item.label or None
+                error: BaseException | None = None
+                try:
+                    if item.fn is None:
+                        pass
+                    elif item.is_async:
+                        spawner.run(item.fn, on_scope=on_scope)
+                    else:
+                        item.fn()
+                except BaseException as exc:
+                    error = exc
+                lane.current = None
+                loop.call_soon_if_running(item.on_done, error)
+
+
+def fail_thread_lane(lane: Lane, loop: LoopHandle, error: BaseException) -> None:
+    """After an error of the bus itself on ``lane``'s thread: count its items without
+    running them until ``STOP``, so that nobody waits for it for ever."""
+    while True:
+        item = lane.queue.get()
+        if item is STOP:
+            return
+        if isinstance(item, EventItem):
+            lane.count_done()
+        elif isinstance(item, LogItem):
+            lane.count_log_done()
+        elif isinstance(item, CallItem):
+            loop.call_soon_if_running(item.on_done, error)
+
+
+# -- a loop lane ---------------------------------------------------------------------------
+
+
+async def run_loop_lane(
+    lane: Lane, counters: Counters, record_bound: int, loop: LoopHandle
+) -> None:
+    """``lane``'s task on the loop: run its items until ``STOP``.
+
+    The task runs under a cancel scope of its own, ``lane.scope``: cancelling it cancels
+    the handler running now (D11, an abandoned close); the task then goes on with a fresh
+    scope (a stopping session skips the remaining event items; close calls still run).
+    """
+    CURRENT_LANE.set(lane)
+    while True:
+        with anyio.CancelScope() as scope:
+            lane.scope = scope
+            if await _drain_loop_lane(lane, counters, record_bound, loop):
+                return
+
+
+async def _drain_loop_lane(
+    lane: Lane, counters: Counters, record_bound: int, loop: LoopHandle
+) -> bool:
+    """Run ``lane``'s items, sleeping when there are none; true at ``STOP``."""
+    pending, gate = lane.pending, lane.gate
+    while True:
+        if not pending:
+            lane.wakeup = anyio.Event()
+            lane.idle = True  # before the second look: see LoopWaker
+            if not pending:
+                await lane.wakeup.wait()
+            lane.idle = False
+            continue
+        item = pending.popleft()
+        if item is STOP:
+            return True
+        if isinstance(item, EventItem):
+            if gate.stopping:
+                lane.count_done()
+                continue
+            slot = lane.slots[item.event]
+            lane.current = slot.qualname
+            t0 = _perf()
+            try:
+                await slot.fn(item.view, item.logger)
+            except anyio.get_cancelled_exc_class():
+                account(lane, slot, item.batch, t0, _perf() - t0, counters)
+                lane.current = None
+                lane.count_done()
+                raise
+            except BaseException as exc:
+                gate.fail(exc, slot.handler, slot.event, lane)
+            account(lane, slot, item.batch, t0, _perf() - t0, counters)
+            lane.current = None
+            lane.count_done()
+        elif isinstance(item, LogItem):
+            with anyio.CancelScope(shield=True):  # a record in flight is delivered in full
+                await _deliver(lane, item, counters)
+            lane.count_log_done()
+        else:
+            assert isinstance(item, CallItem)
+            await _call(lane, item)
+        if lane.owes is not None:
+            await _wait_for_room(lane, record_bound, loop)
+
+
+async def _deliver(lane: Lane, item: LogItem, counters: Counters) -> None:
+    slot = lane.log_slot
+    assert slot is not None, "only destinations receive records"
+    if lane.failed:  # a failed destination gets no more records (D10)
+        return
+    record = item.record
+    lane.current = slot.qualname
+    t0 = _perf()
+    try:
+        if not all_ready(record.metrics):  # D14: wait for the device off the loop
+            await anyio.to_thread.run_sync(record.resolve)
+        result = slot.fn(record.resolve())
+        if slot.is_async:
+            await result
+    except BaseException as exc:
+        lane.gate.fail(exc, slot.handler, None, lane)
+    account(lane, slot, lane.last_batch, t0, _perf() - t0, counters)
+    lane.current = None
+
+
+async def _call(lane: Lane, item: CallItem) -> None:
+    lane.current = item.label or None
+    error: BaseException | None = None
+    try:
+        if item.fn is None:
+            pass
+        elif item.is_async:
+            await item.fn()
+        else:  # a plain call never runs on the loop's thread (D7)
+            await anyio.to_thread.run_sync(item.fn)
+    except anyio.get_cancelled_exc_class():
+        lane.current = None
+        item.on_done(None)
+        raise
+    except BaseException as exc:
+        error = exc
+    lane.current = None
+    item.on_done(error)
+
+
+async def _wait_for_room(lane: Lane, bound: int, loop: LoopHandle) -> None:
+    """Pause ``lane`` until the destination its handler logged past the bound has room
+    (D12), or the session stops, or waiting could never end. The destination wakes the
+    pause as it takes records (``room_wakers``); a look every ``ROOM_RECHECK`` seconds
+    notices the rest (stopping, a cycle of lanes waiting for each other)."""
+    dest, lane.owes = lane.owes, None
+    if dest is None:
+        return
+    gate = lane.gate
+    lane.waiting_on = dest
+    try:
+        while (
+            dest.log_enq - dest.log_done >= bound
+            and not (gate.stopping or dest.failed or dest.abandoned)
+            and not would_deadlock(lane, dest)
+        ):
+            room = anyio.Event()
+            waker = functools.partial(loop.call_soon_if_running, room.set)
+            dest.room_wakers.append(waker)
+            try:
+                with anyio.move_on_after(ROOM_RECHECK):
+                    await room.wait()
+            finally:
+                dest.room_wakers.remove(waker)
+    finally:
+        lane.waiting_on = None

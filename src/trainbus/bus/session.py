@@ -1,0 +1,404 @@
+"""A session: one run of the bus on one event loop, from its start to its close.
+
+One ``fit()`` (or one engine call from plain code) is one session. Everything per-run is
+created here when it starts: the gate, a lane per callback, a thread per thread lane, a
+task per loop lane, the producer's state. What outlives a session (the slots' statistics,
+the counters) lives in the engine's members.
+
+Every task of the session runs in a task group under a shielded scope: a task started
+while the caller is being cancelled must still start (a thread's handed-over coroutine),
+or that thread would wait for it for ever. Every wait on user code is bounded by
+``close_timeout``: a callback that misses it is reported and abandoned (its thread, if it
+is stuck in a plain handler, is left behind as a daemon), and every other callback still
+closes. A second Ctrl-C (:meth:`Session.abandon`) cuts every bounded wait to
+``ABANDON_TIMEOUT``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from trainbus.bus.bridge import LoopHandle, LoopWaker, Spawner
+from trainbus.bus.lanes import STOP, CallItem, Gate, Lane, Stopped
+from trainbus.bus.producer import Producer
+from trainbus.bus.records import Records
+from trainbus.bus.runners import fail_thread_lane, run_loop_lane, run_thread_lane
+from trainbus.bus.slow import long_wait_message, warn_at
+from trainbus.core.exceptions import CallbackTimeoutWarning, SlowCallbackWarning
+
+if TYPE_CHECKING:
+    from trainbus.bus.lanes import WaitKind
+    from trainbus.bus.members import Member
+    from trainbus.bus.options import BusOptions
+    from trainbus.bus.statistics import Counters
+    from trainbus.core.callback import Handler
+    from trainbus.core.events import Event
+    from trainbus.core.logger import Logger
+    from trainbus.core.state import State
+
+__all__ = ["ABANDON_TIMEOUT", "OWN_TIMEOUT_MARGIN", "Session"]
+
+#: Seconds each callback still gets to close after a second Ctrl-C (``abandon``).
+ABANDON_TIMEOUT = 2.0
+#: Seconds added to a callback's own ``close_timeout`` (its retries) before it is abandoned.
+OWN_TIMEOUT_MARGIN = 5.0
+
+
+class Session:
+    """The per-run parts of the bus (create it on the loop; see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        state: State,
+        logger: Logger,
+        members: Sequence[Member],
+        options: BusOptions,
+        counters: Counters,
+    ) -> None:
+        self.state = state
+        self.logger = logger
+        self.options = options
+        self.counters = counters
+        self.loop = LoopHandle()
+        self.gate = gate = Gate(counters)
+        gate.wait_warning = options.wait_warning
+        gate.on_long_wait = self._warn_long_wait
+        self.lanes = [Lane(member, gate) for member in members]
+        self.waker = LoopWaker(self.loop, counters)
+        self.spawner = Spawner(self.loop)
+        self.producer = Producer(
+            state=state,
+            logger=logger,
+            members=members,
+            lanes=self.lanes,
+            options=options,
+            gate=gate,
+            counters=counters,
+            waker=self.waker,
+            warn=self._warn_slow,
+        )
+        self.records = Records(
+            self.lanes,
+            options.queue_size,
+            gate,
+            self.waker,
+            self.loop.thread_id,
+            lambda: self.producer.ident,
+        )
+        #: Scopes of the waits that close_timeout bounds; a second Ctrl-C ends them at once.
+        self._bounded: set[anyio.CancelScope] = set()
+        self._abandoning = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Session]:
+        """Run the lanes on the current loop for the duration of the block.
+
+        On exit the lanes finish what is queued (event handlers are skipped once the
+        session stopped; log records are delivered), within ``close_timeout``; then their
+        threads and tasks end. Nothing started here outlives the block except the thread
+        of a lane abandoned while stuck in a plain handler.
+        """
+        internal = anyio.CancelScope(shield=True)
+        async with anyio.create_task_group() as outer:
+            with anyio.CancelScope(shield=True):
+                tg = await outer.start(_run_internal, internal)
+            threads_done: dict[int, anyio.Event] = {}
+            loop_done: dict[int, anyio.Event] = {}
+            for lane in self.lanes:
+                done = anyio.Event()
+                if lane.on_thread:
+                    threads_done[lane.index] = done
+                    lane.thread = threading.Thread(
+                        target=self._thread_main,
+                        args=(lane, done),
+                        name=f"trainbus-lane-{lane.name}",
+                        daemon=True,
+                    )
+                    lane.thread.start()
+                else:
+                    loop_done[lane.index] = done
+                    tg.start_soon(self._task_main, lane, done, name=f"trainbus-lane-{lane.name}")
+            tg.start_soon(self.spawner.serve, tg)
+            background = anyio.CancelScope()
+            tg.start_soon(self._run_backgrounds, background)
+            for record in self.logger._connect(self.records.submit):
+                self.records.submit(record)
+            try:
+                yield self
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self.drain()
+                    self.logger._connect(None)
+                    background.cancel()
+                    for lane in self.lanes:
+                        self._put(lane, STOP)
+                    for index, event in (*threads_done.items(), *loop_done.items()):
+                        if not self.lanes[index].abandoned:
+                            await event.wait()
+                    for lane in self.lanes:
+                        if lane.thread is not None and not lane.abandoned:
+                            lane.thread.join()
+                    internal.cancel()
+
+    def _put(self, lane: Lane, item: Any) -> None:
+        """Queue an item on ``lane`` from the loop (close calls, drain marks, ``STOP``)."""
+        if lane.on_thread:
+            lane.queue.put(item)
+        else:
+            lane.pending.append(item)
+            if lane.wakeup is not None:
+                lane.wakeup.set()
+
+    def _thread_main(self, lane: Lane, finished: anyio.Event) -> None:
+        try:
+            try:
+                run_thread_lane(lane, self.spawner, self.loop, self.counters)
+            except BaseException as exc:  # a bug of ours: fail the run rather than hang it
+                self.gate.fail(exc, None, None)
+                fail_thread_lane(lane, self.loop, exc)
+        finally:
+            self.loop.call_soon_if_running(finished.set)
+
+    async def _task_main(self, lane: Lane, finished: anyio.Event) -> None:
+        try:
+            await run_loop_lane(lane, self.counters, self.options.queue_size, self.loop)
+        finally:
+            finished.set()
+
+    async def _run_backgrounds(self, scope: anyio.CancelScope) -> None:
+        with scope:
+            async with anyio.create_task_group() as tg:
+                for lane in self.lanes:
+                    handler = lane.member.table.extra.get("background")
+                    if handler is not None:
+                        tg.start_soon(self._background, handler)
+
+    async def _background(self, handler: Handler) -> None:
+        try:
+            await handler.fn(self.state, self.logger)
+        except Exception as exc:
+            self.gate.fail(exc, handler, None)
+
+    # -- the training thread ---------------------------------------------------------------
+
+    async def run_producer(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on a new training thread and wait for it, cancellably.
+
+        If the waiting task is cancelled, the session stops, the thread unwinds at its next
+        event, and the cancellation propagates once the thread has ended (D11), or once
+        ``close_timeout`` has passed (then the thread is reported and left behind).
+        Exceptions from ``fn`` other than :class:`Stopped` are re-raised here.
+        """
+        loop = self.loop
+        finished = anyio.Event()
+        box: list[BaseException] = []
+        producer = self.producer
+
+        def main() -> None:
+            producer.ident = threading.get_ident()
+            try:
+                fn()
+            except Stopped:  # the session stopped it: not an error of its own
+                pass
+            except BaseException as exc:
+                box.append(exc)
+            finally:
+                producer.ident = None
+                loop.call_soon_if_running(finished.set)
+
+        thread = threading.Thread(target=main, name="trainbus-train", daemon=True)
+        thread.start()
+        try:
+            await finished.wait()
+        except BaseException:
+            self.stop()
+            self.cancel_in_flight()
+            with anyio.move_on_after(self.timeout(), shield=True) as scope:
+                self._bounded.add(scope)
+                await finished.wait()
+            self._bounded.discard(scope)
+            if finished.is_set():
+                thread.join()
+            else:
+                self._warn_stuck("the training thread", "its current step")
+            raise
+        thread.join()
+        if box:
+            raise box[0]
+
+    def stop(self) -> None:
+        """Stop the training thread at its next event or wait (any thread)."""
+        self.gate.stop()
+
+    def cancel_in_flight(self) -> None:
+        """Cancel the coroutine handlers running now (loop thread only)."""
+        for lane in self.lanes:
+            if lane.scope is not None:
+                lane.scope.cancel()
+
+    def abandon(self) -> None:
+        """Give up on what is stuck now; close the rest under a short deadline (loop)."""
+        self.stop()
+        self._abandoning = True
+        now = anyio.current_time()
+        for scope in self._bounded:
+            scope.deadline = min(scope.deadline, now)
+        self.cancel_in_flight()
+
+    def describe_waiting(self) -> str:
+        """What runs or waits now, e.g. ``"Upload.batch_end, Metrics"`` (any thread)."""
+        busy = []
+        for lane in self.lanes:
+            if lane.current is not None:
+                busy.append(lane.current)
+            elif lane.done < lane.enq:
+                busy.append(lane.name)
+        return ", ".join(busy)
+
+    # -- close -----------------------------------------------------------------------------
+
+    def timeout(self, lane: Lane | None = None) -> float:
+        """The deadline for ``lane``'s close: ``close_timeout``, or longer when the callback
+        has its own ``close_timeout`` (an uploader retrying that long) plus a margin."""
+        if self._abandoning:
+            return ABANDON_TIMEOUT
+        timeout = self.options.close_timeout
+        own = getattr(lane.member.table.callback, "close_timeout", None) if lane else None
+        if isinstance(own, int | float) and not isinstance(own, bool):
+            timeout = max(timeout, float(own) + OWN_TIMEOUT_MARGIN)
+        return timeout
+
+    async def _bounded_call(
+        self, lane: Lane, fn: Callable[[], Any] | None, is_async: bool, what: str
+    ) -> None:
+        """Run ``fn`` as ``lane``'s next item within its deadline; abandon the lane if it
+        misses it. After ``wait_warning`` seconds a warning names what it still waits for."""
+        timeout = self.timeout(lane)
+        finished = anyio.Event()
+        box: list[BaseException] = []
+
+        def on_done(error: BaseException | None) -> None:
+            if error is not None:
+                box.append(error)
+            finished.set()
+
+        self._put(lane, CallItem(fn, is_async, on_done, what))
+        with anyio.move_on_after(timeout) as scope:
+            self._bounded.add(scope)
+            with anyio.move_on_after(min(self.options.wait_warning, timeout)):
+                await finished.wait()
+            if not finished.is_set():
+                self._emit(
+                    f"closing has waited {self.options.wait_warning:g} s for callback "
+                    f"{lane.name} ({what or lane.current or 'what it had queued'}); it is "
+                    f"abandoned after {timeout:g} s (close_timeout)",
+                    CallbackTimeoutWarning,
+                    lane.member.table.callback,
+                )
+                await finished.wait()
+        self._bounded.discard(scope)
+        if scope.cancelled_caught:
+            lane.abandoned = True
+            doing = what or lane.current or "what it had queued"
+            if lane.scope is not None:
+                lane.scope.cancel()
+            self._warn_stuck(f"callback {lane.name}", doing, lane.member.table.callback, lane)
+        elif box:
+            raise box[0]
+
+    async def drain(self) -> None:
+        """Wait until every lane has run everything queued so far (or was abandoned)."""
+        async with anyio.create_task_group() as tg:
+            for lane in self.lanes:
+                if not lane.abandoned:
+                    tg.start_soon(self._bounded_call, lane, None, False, "")
+
+    async def close_callbacks(self) -> list[BaseException]:
+        """Run every ``close`` (destinations last), then every ``post_close``.
+
+        Each runs on its callback's lane, after what the lane had queued (close is a
+        barrier), within its deadline. Returns the exceptions raised, each with a note
+        naming its callback; one failing or stuck ``close`` does not stop the others.
+        """
+        errors: list[BaseException] = []
+        await self.drain()
+
+        async def call(lane: Lane, handler: Handler, *args: Any) -> None:
+            try:
+                await self._bounded_call(
+                    lane, lambda: handler.fn(*args), handler.is_async, handler.qualname
+                )
+            except BaseException as exc:
+                if isinstance(exc, anyio.get_cancelled_exc_class()):
+                    raise
+                exc.add_note(f"raised by {handler.qualname}")
+                errors.append(exc)
+
+        for destinations in (False, True):  # callbacks first, then destinations
+            async with anyio.create_task_group() as tg:
+                for lane in self.lanes:
+                    close = lane.member.table.close
+                    is_dest = lane.log_slot is not None
+                    if close is not None and is_dest is destinations and not lane.abandoned:
+                        tg.start_soon(call, lane, close, self.state, self.logger)
+        async with anyio.create_task_group() as tg:
+            for lane in self.lanes:
+                post = lane.member.table.post_close
+                if post is not None and not lane.abandoned:
+                    tg.start_soon(call, lane, post)
+        return errors
+
+    # -- warnings on the loop --------------------------------------------------------------
+
+    def _emit(self, message: str, category: type[Warning], where: object = None) -> None:
+        """Warn on the loop thread, at ``where``'s code; an error-warning fails the run."""
+        try:
+            warn_at(message, category, where)
+        except Warning as exc:
+            self.gate.fail(exc, None, None)
+
+    def _warn_stuck(
+        self, who: str, what: str, where: object = None, lane: Lane | None = None
+    ) -> None:
+        when = (
+            "by the second Ctrl-C"
+            if self._abandoning
+            else f"within {self.timeout(lane):g} s (close_timeout)"
+        )
+        self._emit(
+            f"{who} did not finish {what} {when} and was abandoned; a thread stuck in a "
+            "plain handler is left running as a daemon. The other callbacks were closed.",
+            CallbackTimeoutWarning,
+            where,
+        )
+
+    def _warn_long_wait(
+        self, kind: WaitKind, event: Event | None, lanes: list[Lane], seconds: float
+    ) -> None:
+        """The training thread has waited ``seconds`` for ``lanes`` (training thread)."""
+        where = lanes[0].member.table.callback if lanes else None
+        message = long_wait_message(kind, event, lanes, seconds)
+        self.loop.call_soon(self._emit, message, CallbackTimeoutWarning, where)
+
+    def _warn_slow(self, message: str, where: object) -> None:
+        """Emit a SlowCallbackWarning on the loop thread, where the caller's filters apply."""
+        self.loop.call_soon(self._emit, message, SlowCallbackWarning, where)
+
+
+async def _run_internal(
+    scope: anyio.CancelScope,
+    *,
+    task_status: anyio.abc.TaskStatus[anyio.abc.TaskGroup] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    with scope:
+        async with anyio.create_task_group() as tg:
+            task_status.started(tg)
+            await anyio.sleep_forever()
