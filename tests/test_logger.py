@@ -12,6 +12,7 @@ import torch
 from tests.helpers import TinyModel, make_trainer
 from trainbus import (
     Callback,
+    CallbackSignatureError,
     Logger,
     LoggerDestination,
     LogLevel,
@@ -474,3 +475,14 @@ def test_artifacts_are_not_there_and_say_what_to_use_instead() -> None:
     )
     with pytest.raises(NotImplementedError, match=raised):
         trainer.fit_sync()
+
+
+class ComposerV04LogData(LoggerDestination):
+    def log_data(self, timestamp: Any, data: dict[str, Any]) -> None:  # one argument short
+        pass
+
+
+def test_a_log_data_that_cannot_take_composers_arguments_is_refused_at_construction() -> None:
+    with pytest.raises(CallbackSignatureError, match=r"ComposerV04LogData.log_data\(timestamp"
+                       r".*expected `def log_data\(self, state, log_level, data\)`"):  # fmt: skip
+        make_trainer(loggers=[ComposerV04LogData()])

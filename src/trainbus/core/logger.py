@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
-from trainbus.core.callback import Callback, Handler, HandlerTable
+from trainbus.core.callback import Callback, Handler, HandlerTable, _check_signature
 from trainbus.core.handler_names import warn_uncalled_destination_methods
 from trainbus.core.scalars import copy_value, resolve_value
 from trainbus.core.state import _StateView
@@ -401,6 +401,7 @@ def resolve_log_handler(table: HandlerTable) -> Handler | None:
     cls = type(dest)
     warn_uncalled_destination_methods(dest, LoggerDestination)
     if _overrides_method(dest, "log_data"):
+        _check_signature(dest, "log_data", 3, "log_data(self, state, log_level, data)")
         log_data = dest.log_data
         data_async = inspect.iscoroutinefunction(log_data)
         if data_async:
