@@ -221,3 +221,13 @@ def test_plain_train_and_train_sync(tmp_path: Path) -> None:
     assert log.events[-1] == ("fit_end", 4)
     with pytest.raises(ValueError, match="not among the trainer's callbacks"):
         bridge.train_sync(hf_trainer(tmp_path, [], batches=2, sleep=0))
+
+
+async def test_evaluate_outside_train_publishes_nothing(tmp_path: Path) -> None:
+    log = EventLog()
+    bridge = TrainbusCallback(callbacks=[log])
+    host = hf_trainer(tmp_path, [bridge], batches=2, sleep=0, eval_batches=2)
+    await bridge.train(host)
+    seen = len(log.events)
+    assert "eval_loss" in host.evaluate()  # on this loop's thread: no bus, no error
+    assert len(log.events) == seen

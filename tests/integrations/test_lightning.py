@@ -205,6 +205,17 @@ async def test_cancelling_the_awaiting_task_stops_lightning_and_closes() -> None
     assert Closes.closed and 0 < int(bridge.bus.state.timer.batch) < 800
 
 
+async def test_validate_outside_a_fit_publishes_nothing() -> None:
+    log = EventLog()
+    bridge = TrainbusCallback(callbacks=[log])
+    host = trainer([bridge])
+    module = Tiny(sleep=0)
+    await bridge.fit(host, module, loader(2))
+    seen = len(log.events)
+    host.validate(module, loader(2), verbose=False)  # on this loop's thread: no error
+    assert len(log.events) == seen
+
+
 def test_plain_trainer_fit_runs_each_events_handlers_in_turn() -> None:
     log = EventLog()
     bridge = TrainbusCallback(callbacks=[log])

@@ -96,6 +96,7 @@ class TrainbusCallback(transformers.TrainerCallback):
         self._run_name = run_name
         self._direct = False
         self._in_eval = False
+        self._training = False  # between on_train_begin and on_train_end
 
     # -- starting training ------------------------------------------------------------------
 
@@ -114,7 +115,10 @@ class TrainbusCallback(transformers.TrainerCallback):
                 "this TrainbusCallback is not among the trainer's callbacks; build it with "
                 "Trainer(..., callbacks=[bridge]) or call trainer.add_callback(bridge)"
             )
-        return await self.bus.host(lambda: trainer.train(*args, **kwargs))
+        try:
+            return await self.bus.host(lambda: trainer.train(*args, **kwargs))
+        finally:
+            self._training = self._in_eval = False
 
     def train_sync(
         self,
@@ -136,6 +140,7 @@ class TrainbusCallback(transformers.TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         bus = self.bus
         self._direct = not bus.hosting
+        self._training, self._in_eval = True, False
         if self._direct:
             bus.state._stop.clear()  # bus.host() clears it for a hosted run
         st = bus.state
@@ -193,10 +198,12 @@ class TrainbusCallback(transformers.TrainerCallback):
         **kwargs: Any,
     ) -> None:
         values = _numbers(logs or {})
-        if values:
+        if values and self._training:
             self.bus.logger.log_metrics(values)
 
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self._training:  # trainer.evaluate()/predict() outside train()
+            return
         if not self._in_eval:
             self._in_eval = True
             self.bus.publish(E.EVAL_START)
@@ -206,6 +213,8 @@ class TrainbusCallback(transformers.TrainerCallback):
         self, args: Any, state: Any, control: Any, metrics: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        if not self._training:
+            return
         if not self._in_eval:
             self.bus.publish(E.EVAL_START)
         self._in_eval = False
@@ -223,6 +232,7 @@ class TrainbusCallback(transformers.TrainerCallback):
             control.should_training_stop = True
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._training = False
         self.bus.publish(E.FIT_END)
         if self._direct:
             self._direct = False

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import anyio
 import pytorch_lightning as pl
 from pytorch_lightning.loggers import Logger as LightningLogger
+from pytorch_lightning.trainer.states import TrainerFn
 
 from trainbus.core.callback import Callback
 from trainbus.core.events import Event
@@ -35,6 +36,11 @@ from trainbus.integrations.loop import Bus, _refuse_in_loop, batch_size_of
 __all__ = ["TrainbusCallback", "TrainbusLightningLogger"]
 
 E = Event
+
+
+def _skip_validation(trainer: pl.Trainer) -> bool:
+    """Lightning's sanity check, or ``trainer.validate()`` outside a fit: not published."""
+    return bool(trainer.sanity_checking) or trainer.state.fn != TrainerFn.FITTING
 
 
 def _precision(value: Any) -> str:
@@ -273,7 +279,7 @@ class TrainbusCallback(pl.Callback):
             trainer.should_stop = True
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.sanity_checking:
+        if not _skip_validation(trainer):
             self.bus.publish(E.EVAL_START)
 
     def on_validation_batch_start(
@@ -284,7 +290,7 @@ class TrainbusCallback(pl.Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        if trainer.sanity_checking:
+        if _skip_validation(trainer):
             return
         self.bus.state.batch = batch
         self.bus.publish(E.EVAL_BATCH_START, E.EVAL_BEFORE_FORWARD)
@@ -298,13 +304,13 @@ class TrainbusCallback(pl.Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        if trainer.sanity_checking:
+        if _skip_validation(trainer):
             return
         self.bus.state.outputs = outputs
         self.bus.publish(E.EVAL_AFTER_FORWARD, E.EVAL_BATCH_END)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking:
+        if _skip_validation(trainer):
             return
         state = self.bus.state
         metrics = dict(state.current_metrics)
