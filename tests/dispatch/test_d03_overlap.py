@@ -44,7 +44,7 @@ class LossCountModel(TinyModel):
 
 
 class FastThenWaits(Callback):
-    """Cheap at batch 1 (so it may go inline); then waits a while for each batch's loss."""
+    """Cheap at batch 1; then waits a while for each batch's loss."""
 
     def __init__(self, model: TinyModel, losses: Callable[[], int], patience: float) -> None:
         self.model, self.losses, self.patience = model, losses, patience
@@ -63,10 +63,10 @@ class FastThenWaits(Callback):
         self.waited.append((b, self.losses() > b))  # the training thread computed the loss
 
 
-async def test_d3_strict_with_inline_max_0_publishing_never_waits_for_a_plain_handler() -> None:
+async def test_d3_publishing_never_waits_for_a_plain_handler_whose_calls_were_cheap() -> None:
     model = LossCountModel()
     cbs = [FastThenWaits(model, lambda: model.losses, WATCHDOG / 4) for _ in range(5)]
-    trainer = make_trainer(4, callbacks=cbs, model=model, inline_max=0, warn_slow_callbacks=False)
+    trainer = make_trainer(4, callbacks=cbs, model=model, warn_slow_callbacks=False)
     await fit(trainer)
     for cb in cbs:
         assert cb.stalls == 0
@@ -74,10 +74,9 @@ async def test_d3_strict_with_inline_max_0_publishing_never_waits_for_a_plain_ha
 
 
 async def test_d3_cheap_plain_handlers_never_make_publishing_wait() -> None:
-    # The inline fast path defers a cheap plain handler of a non-barrier event to the next
-    # barrier (where the training thread waits anyway) instead of running it at publication:
-    # each handler below returns only once the training thread computed the batch's loss,
-    # so a publish that ran it on the spot would wait out its patience every batch.
+    # A plain handler runs on its callback's thread however cheap its calls were (D7): each
+    # handler below returns only once the training thread computed the batch's loss, so a
+    # publish that ran it on the spot would wait out its patience every batch.
     model = LossCountModel()
     cbs = [FastThenWaits(model, lambda: model.losses, 0.2) for _ in range(3)]
     await fit(make_trainer(5, callbacks=cbs, model=model, warn_slow_callbacks=False))

@@ -35,7 +35,7 @@ async def test_d7_plain_handlers_never_run_on_the_loop_which_stays_responsive() 
         def close(self, state: Any, logger: Any) -> None:
             threads.add(threading.get_ident())
 
-    for event in Event:  # fast plain handlers elsewhere: some run inline, none on the loop
+    for event in Event:  # fast plain handlers elsewhere: all on its thread, none on the loop
         if event is not E.BATCH_END:
             setattr(Plain, event.value, note)
 

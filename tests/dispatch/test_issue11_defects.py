@@ -167,8 +167,8 @@ BAD_ARGUMENTS = [
     pytest.param({"queue_size": "3"}, (TypeError, ValueError), id="queue_size='3'"),
     pytest.param({"max_lag": -1}, ValueError, id="max_lag=-1"),
     pytest.param({"max_lag": 1.5}, (TypeError, ValueError), id="max_lag=1.5"),
-    pytest.param({"inline_max": math.nan}, ValueError, id="inline_max=nan"),
-    pytest.param({"inline_max": -1}, ValueError, id="inline_max=-1"),
+    pytest.param({"close_timeout": math.nan}, ValueError, id="close_timeout=nan"),
+    pytest.param({"wait_warning": -1}, ValueError, id="wait_warning=-1"),
     pytest.param({"barriers": ("batch_ends",)}, ValueError, id="barriers=('batch_ends',)"),
 ]
 

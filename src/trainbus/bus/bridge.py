@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 if TYPE_CHECKING:
-    from trainbus.bus.lanes import Lane
-    from trainbus.bus.statistics import Counters
+    from trainbus.bus.lanes import Counters, Lane
 
 __all__ = ["LoopHandle", "LoopThread", "LoopWaker", "Spawner", "no_running_loop"]
 

@@ -26,11 +26,11 @@ import anyio
 import anyio.lowlevel
 
 from trainbus.bus.bridge import LoopThread, no_running_loop
-from trainbus.bus.lanes import Stopped
+from trainbus.bus.lanes import Counters, Stopped
 from trainbus.bus.members import Member
 from trainbus.bus.options import DEFAULT_CLOSE_TIMEOUT, DEFAULT_WAIT_WARNING, BusOptions
 from trainbus.bus.session import Session
-from trainbus.bus.statistics import BusStatistics, Counters, collect_statistics
+from trainbus.bus.statistics import BusStatistics, collect_statistics
 from trainbus.bus.trace import TraceRecorder
 from trainbus.core.callback import resolve_callback
 from trainbus.core.events import Event

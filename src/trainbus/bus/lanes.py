@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import anyio
 
     from trainbus.bus.members import Member
-    from trainbus.bus.statistics import Counters
+    from trainbus.bus.trace import TraceRecorder
     from trainbus.core.callback import Handler
     from trainbus.core.events import Event
     from trainbus.core.logger import Logger, LogRecord
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "STOP",
     "CallItem",
+    "Counters",
     "EventItem",
     "Gate",
     "Lane",
@@ -286,7 +287,45 @@ def would_deadlock(waiter: Lane | None, dest: Lane) -> bool:
     return hops >= 64
 
 
-# -- the gate ------------------------------------------------------------------------------
+# -- counters and the gate ----------------------------------------------------------------
+
+
+class Counters:
+    """What the producer counts over the engine's lifetime (training thread writes).
+
+    Attributes:
+        published: Events published.
+        batches: ``BATCH_END`` events published.
+        barrier_waits: Waits at barriers (and for ``@blocking`` handlers' lanes).
+        barrier_wait: Seconds spent in those.
+        backpressure_wait: Seconds spent waiting for full queues (D12).
+        loop_wakeups: Wake-ups of the event loop's dispatcher (loop thread writes).
+        trace: The timeline recorder, while one records.
+    """
+
+    __slots__ = ("backpressure_wait", "barrier_wait", "barrier_waits", "batches",
+                 "loop_wakeups", "published", "trace")
+
+    def __init__(self) -> None:
+        self.published = 0
+        self.batches = 0
+        self.barrier_waits = 0
+        self.barrier_wait = 0.0
+        self.backpressure_wait = 0.0
+        self.loop_wakeups = 0
+        self.trace: TraceRecorder | None = None
+
+    def waited(self, kind: str, start: float, elapsed: float) -> None:
+        """Count one wait of the producer."""
+        if kind in ("backpressure", "records"):
+            self.backpressure_wait += elapsed
+            kind = "backpressure"
+        else:
+            self.barrier_wait += elapsed
+            self.barrier_waits += 1
+            kind = "barrier"
+        if self.trace is not None:
+            self.trace.producer_wait(kind, start, elapsed)
 
 
 class Gate:

@@ -28,7 +28,7 @@ __all__ = ["Member", "Slot", "due"]
 class Slot:
     """One handler of one callback, with its statistics (kept across ``fit()`` calls).
 
-    Only the thread running the handler writes the statistics.
+    Only the thread running the handler writes the statistics (``runners.account``).
     """
 
     __slots__ = (
@@ -63,14 +63,6 @@ class Slot:
         self.here_calls = 0
         self.total_time = 0.0
         self.max_time = 0.0
-
-    def account(self, elapsed: float) -> None:
-        """Count one finished call that took ``elapsed`` seconds (the one place calls are
-        counted, whichever thread ran them)."""
-        self.calls += 1
-        self.total_time += elapsed
-        if elapsed > self.max_time:
-            self.max_time = elapsed
 
 
 class Member:

@@ -29,10 +29,9 @@ from trainbus.core.events import Event
 
 if TYPE_CHECKING:
     from trainbus.bus.bridge import LoopWaker
-    from trainbus.bus.lanes import Gate, Lane
+    from trainbus.bus.lanes import Counters, Gate, Lane
     from trainbus.bus.members import Member, Slot
     from trainbus.bus.options import BusOptions
-    from trainbus.bus.statistics import Counters
     from trainbus.core.logger import Logger
     from trainbus.core.state import State
 
@@ -166,6 +165,8 @@ class Producer:
             return
         if lane.done < lane.enq:
             self.gate.wait([(lane, lane.enq)], "blocking", event)
+        if lane.log_done < lane.log_enq:  # records logged before the event come first (D1)
+            self.gate.wait([(lane, lane.log_enq)], "records", event)
         gate = self.gate
         if gate.stopping:
             raise Stopped

@@ -30,9 +30,8 @@ from trainbus.core.scalars import all_ready
 
 if TYPE_CHECKING:
     from trainbus.bus.bridge import LoopHandle, Spawner
-    from trainbus.bus.lanes import Lane
+    from trainbus.bus.lanes import Counters, Lane
     from trainbus.bus.members import Slot
-    from trainbus.bus.statistics import Counters
 
 __all__ = ["CURRENT_LANE", "account", "run_loop_lane", "run_thread_lane"]
 
@@ -47,8 +46,13 @@ ROOM_RECHECK = 0.05
 
 def account(lane: Lane, slot: Slot, batch: int, start: float, elapsed: float,
             counters: Counters) -> None:
-    """Record one finished handler call: its slot's statistics and the timeline."""
-    slot.account(elapsed)
+    """Record one finished handler call, whichever thread ran it: its slot's statistics,
+    the lane's progress (for the lag statistics) and the timeline. The one place calls are
+    counted."""
+    slot.calls += 1
+    slot.total_time += elapsed
+    if elapsed > slot.max_time:
+        slot.max_time = elapsed
     lane.last_batch = batch
     trace = counters.trace
     if trace is not None:
@@ -141,20 +145,23 @@ def fail_thread_lane(lane: Lane, loop: LoopHandle, error: BaseException) -> None
 
 
 async def run_loop_lane(
-    lane: Lane, counters: Counters, record_bound: int, loop: LoopHandle
+    lane: Lane, counters: Counters, record_bound: int, loop: LoopHandle, finished: anyio.Event
 ) -> None:
-    """``lane``'s task on the loop: run its items until ``STOP``.
+    """``lane``'s task on the loop: run its items until ``STOP``, then set ``finished``.
 
     The task runs under a cancel scope of its own, ``lane.scope``: cancelling it cancels
     the handler running now (D11, an abandoned close); the task then goes on with a fresh
     scope (a stopping session skips the remaining event items; close calls still run).
     """
     CURRENT_LANE.set(lane)
-    while True:
-        with anyio.CancelScope() as scope:
-            lane.scope = scope
-            if await _drain_loop_lane(lane, counters, record_bound, loop):
-                return
+    try:
+        while True:
+            with anyio.CancelScope() as scope:
+                lane.scope = scope
+                if await _drain_loop_lane(lane, counters, record_bound, loop):
+                    return
+    finally:
+        finished.set()
 
 
 async def _drain_loop_lane(

@@ -32,10 +32,9 @@ from trainbus.bus.slow import long_wait_message, warn_at
 from trainbus.core.exceptions import CallbackTimeoutWarning, SlowCallbackWarning
 
 if TYPE_CHECKING:
-    from trainbus.bus.lanes import WaitKind
+    from trainbus.bus.lanes import Counters, WaitKind
     from trainbus.bus.members import Member
     from trainbus.bus.options import BusOptions
-    from trainbus.bus.statistics import Counters
     from trainbus.core.callback import Handler
     from trainbus.core.events import Event
     from trainbus.core.logger import Logger
@@ -125,7 +124,10 @@ class Session:
                     lane.thread.start()
                 else:
                     loop_done[lane.index] = done
-                    tg.start_soon(self._task_main, lane, done, name=f"trainbus-lane-{lane.name}")
+                    tg.start_soon(
+                        run_loop_lane, lane, self.counters, self.options.queue_size, self.loop,
+                        done, name=f"trainbus-lane-{lane.name}",
+                    )
             tg.start_soon(self.spawner.serve, tg)
             background = anyio.CancelScope()
             tg.start_soon(self._run_backgrounds, background)
@@ -166,12 +168,6 @@ class Session:
                 fail_thread_lane(lane, self.loop, exc)
         finally:
             self.loop.call_soon_if_running(finished.set)
-
-    async def _task_main(self, lane: Lane, finished: anyio.Event) -> None:
-        try:
-            await run_loop_lane(lane, self.counters, self.options.queue_size, self.loop)
-        finally:
-            finished.set()
 
     async def _run_backgrounds(self, scope: anyio.CancelScope) -> None:
         with scope:

@@ -19,9 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainbus.bus.lanes import Lane
+    from trainbus.bus.lanes import Counters, Lane
     from trainbus.bus.members import Member
-    from trainbus.bus.statistics import Counters
     from trainbus.core.events import Event
 
 __all__ = ["SlowCallbacks", "long_wait_message", "warn_at"]

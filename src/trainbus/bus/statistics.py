@@ -8,11 +8,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from trainbus.bus.lanes import Lane
+    from trainbus.bus.lanes import Counters, Lane
     from trainbus.bus.members import Member
-    from trainbus.bus.trace import TraceRecorder
 
-__all__ = ["BusStatistics", "CallbackStatistics", "Counters", "collect_statistics"]
+__all__ = ["BusStatistics", "CallbackStatistics", "collect_statistics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,44 +91,6 @@ class BusStatistics:
     def handler_time(self) -> float:
         """Seconds spent in handlers, all callbacks together."""
         return sum(c.total_time for c in self.callbacks)
-
-
-class Counters:
-    """What the producer counts over the engine's lifetime (training thread writes).
-
-    Attributes:
-        published: Events published.
-        batches: ``BATCH_END`` events published.
-        barrier_waits: Waits at barriers (and for ``@blocking`` handlers' lanes).
-        barrier_wait: Seconds spent in those.
-        backpressure_wait: Seconds spent waiting for full queues (D12).
-        loop_wakeups: Wake-ups of the event loop's dispatcher (loop thread writes).
-        trace: The timeline recorder, while one records.
-    """
-
-    __slots__ = ("backpressure_wait", "barrier_wait", "barrier_waits", "batches",
-                 "loop_wakeups", "published", "trace")
-
-    def __init__(self) -> None:
-        self.published = 0
-        self.batches = 0
-        self.barrier_waits = 0
-        self.barrier_wait = 0.0
-        self.backpressure_wait = 0.0
-        self.loop_wakeups = 0
-        self.trace: TraceRecorder | None = None
-
-    def waited(self, kind: str, start: float, elapsed: float) -> None:
-        """Count one wait of the producer."""
-        if kind in ("backpressure", "records"):
-            self.backpressure_wait += elapsed
-            kind = "backpressure"
-        else:
-            self.barrier_wait += elapsed
-            self.barrier_waits += 1
-            kind = "barrier"
-        if self.trace is not None:
-            self.trace.producer_wait(kind, start, elapsed)
 
 
 def collect_statistics(

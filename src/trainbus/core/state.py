@@ -277,7 +277,7 @@ class State(Serializable):
         The trainer's bus calls this once per published event; the view costs one small
         object and shares everything that is not per-batch with this state.
         """
-        return _StateView(self, self._frame, self._timer.snapshot())
+        return _StateView(self, self._frame, self._timer._ts)
 
     # -- control ----------------------------------------------------------------------------
 

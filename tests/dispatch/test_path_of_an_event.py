@@ -1,0 +1,73 @@
+"""The path of one event is short enough to read (issue 29): the modules it passes through.
+
+One ``BATCH_END`` published to an ``async def`` handler that awaits, through the barrier
+and back, traced with ``sys.setprofile`` on every thread: the trainbus modules whose
+functions run between the call to ``publish`` and its return. ``CONTRIBUTING.md`` walks
+the same path.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+import trainbus
+from trainbus import Callback, Engine, Event, Logger, State
+
+pytestmark = pytest.mark.anyio
+
+PACKAGE = Path(trainbus.__file__).parent
+MAX_MODULES = 6  # today's main before issue 29: 12
+
+
+class Awaits(Callback):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def batch_end(self, state: Any, logger: Any) -> None:
+        await anyio.sleep(0)
+        self.calls += 1
+
+
+async def test_batch_end_to_an_async_handler_and_back_passes_few_modules() -> None:
+    state = State(model=torch.nn.Linear(1, 1), max_duration="1ep")
+    callback = Awaits()
+    engine = Engine(state, Logger(state), [callback], warn_slow=False)
+    recording = threading.Event()
+    modules: set[str] = set()
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and recording.is_set():
+            path = Path(frame.f_code.co_filename)
+            if path.is_relative_to(PACKAGE):
+                modules.add(path.relative_to(PACKAGE).as_posix())
+
+    def produce() -> None:
+        publish = engine.publisher()
+        publish(Event.BATCH_END)  # warm: the first event builds what later ones reuse
+        state.timer.on_batch_complete(samples=1)
+        recording.set()
+        try:
+            publish(Event.BATCH_END)
+        finally:
+            recording.clear()
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    threading.setprofile(profile)
+    try:
+        await engine.run_cycle(produce)
+    finally:
+        sys.setprofile(previous)
+        threading.setprofile(None)  # type: ignore[arg-type]
+    assert callback.calls == 2
+    print(sorted(modules))
+    assert "bus/runners.py" in modules  # the trace did see the handler's side
+    assert len(modules) <= MAX_MODULES, sorted(modules)
