@@ -1,9 +1,10 @@
 """The training process that ``tests/test_crash_consistency.py`` kills and resumes.
 
-``python tests/crash_child.py WORKDIR URL EVERY [--preemption]``: 3 epochs x 20 batches of
-a model whose forward takes ~50 ms, shuffled data, an eval pass per epoch, a checkpoint
-every ``EVERY`` batches in ``WORKDIR/ckpt`` (resumed from there when it holds one), an
-``HTTPMetricsUploader`` with a journal in ``WORKDIR/spool`` posting to ``URL``, and a
+``python tests/crash_child.py WORKDIR URL EVERY [--preemption] [--default-journal]``: 3 epochs
+x 20 batches of a model whose forward takes ~50 ms, shuffled data, an eval pass per epoch,
+a checkpoint every ``EVERY`` batches in ``WORKDIR/ckpt`` (resumed from there when it holds one), an
+``HTTPMetricsUploader`` with a journal in ``WORKDIR/spool`` posting to ``URL`` (``journal=True``,
+or with ``--default-journal`` the default: a journal because the run has a saver), and a
 ``JSONLinesLogger`` writing ``WORKDIR/metrics.jsonl``. After each batch's checkpoint event
 it prints ``batch <n> saved <checkpoints written>`` (from the training thread, so the run
 is at that point when the line is written). A finished run saves its weights to
@@ -73,9 +74,10 @@ def main(argv: list[str]) -> None:
     loader = DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True)
     model = SlowModel()
     saver = CheckpointSaver(workdir / "ckpt", save_interval=f"{every}ba", overwrite=True)
+    journal = {} if "--default-journal" in argv else {"journal": True}  # the default: None
     uploader = HTTPMetricsUploader(
-        url, spool_dir=workdir / "spool", journal=True, batch_size=8, flush_interval=0.2,
-        backoff=0.01, max_backoff=0.05,
+        url, spool_dir=workdir / "spool", batch_size=8, flush_interval=0.2,
+        backoff=0.01, max_backoff=0.05, **journal,
     )  # fmt: skip
     trainer = Trainer(
         model, loader, f"{EPOCHS}ep",

@@ -54,11 +54,12 @@ def _child(workdir: Path, url: str, every: int, *extra: str) -> subprocess.Popen
 
 
 def run_until(
-    workdir: Path, url: str, every: int, *, stop_at: int | None, sig: int = signal.SIGKILL
+    workdir: Path, url: str, every: int, *, stop_at: int | None, sig: int = signal.SIGKILL,
+    extra: tuple[str, ...] = (),
 ) -> int:
     """Run the child; once it reports batch ``stop_at`` (with a checkpoint on disk), send
     ``sig``. Returns the exit status."""
-    extra = ("--preemption",) if sig == signal.SIGTERM else ()
+    extra = (*extra, "--preemption") if sig == signal.SIGTERM else extra
     child = _child(workdir, url, every, *extra)
     assert child.stdout is not None and child.stderr is not None
     watchdog = threading.Timer(120, child.kill)
@@ -99,14 +100,16 @@ def collect(workdir: Path, server: MetricsServer) -> Outcome:
     return Outcome(weights, points, jsonl, list(server.conflicts))
 
 
-def interrupted(tmp_path: Path, every: int, stops: list[int], sig: int) -> Outcome:
+def interrupted(
+    tmp_path: Path, every: int, stops: list[int], sig: int, *extra: str
+) -> Outcome:
     """Stop the run at each of ``stops`` in turn (resuming in between), then finish it."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     server = MetricsServer()
     try:
         for stop in stops:
-            run_until(tmp_path, server.url, every, stop_at=stop, sig=sig)
-        run_until(tmp_path, server.url, every, stop_at=None)
+            run_until(tmp_path, server.url, every, stop_at=stop, sig=sig, extra=extra)
+        run_until(tmp_path, server.url, every, stop_at=None, extra=extra)
         return collect(tmp_path, server)
     finally:
         server.close()
@@ -131,11 +134,17 @@ def check(outcome: Outcome, reference: Outcome) -> None:
 def test_killed_or_preempted_then_resumed_equals_the_uninterrupted_run(tmp_path: Path) -> None:
     """The fast case (default suite): the reference, a run killed with SIGKILL after batch
     23 and a run stopped by SIGTERM after batch 32 (exit status 143), each then resumed,
-    run side by side (their processes mostly wait for the model's 50 ms forward)."""
-    with ThreadPoolExecutor(3) as pool:
+    run side by side (their processes mostly wait for the model's 50 ms forward); and a
+    run killed after batch 17 whose uploader has only a ``spool_dir`` (``journal`` left at
+    its default): with the run's ``CheckpointSaver`` it journals, so no point is stored
+    twice (before issue 32, 4 points were)."""
+    with ThreadPoolExecutor(4) as pool:
         ref = pool.submit(interrupted, tmp_path / "ref", 5, [], signal.SIGKILL)
         killed = pool.submit(interrupted, tmp_path / "kill", 5, [23], signal.SIGKILL)
         stopped = pool.submit(interrupted, tmp_path / "term", 5, [32], signal.SIGTERM)
+        default = pool.submit(
+            interrupted, tmp_path / "default", 5, [17], signal.SIGKILL, "--default-journal"
+        )
         reference = ref.result()
         names = {name for name, _, _ in reference.server}
         assert names == {"loss/train", "weight/norm", "half", "eval/loss"}
@@ -143,6 +152,7 @@ def test_killed_or_preempted_then_resumed_equals_the_uninterrupted_run(tmp_path:
         assert reference.jsonl == reference.server
         check(killed.result(), reference)
         check(stopped.result(), reference)
+        check(default.result(), reference)
 
 
 @pytest.mark.slow

@@ -160,6 +160,8 @@ class CheckpointSaver(Callback):
         self._thread: threading.Thread | None = None
         self._closing = False
         self._save_requested = False  # request_save(): at the next checkpoint event or FIT_END
+        self._requested_captured = threading.Event()  # that save is captured (or none asked)
+        self._requested_captured.set()
         self._pool: BufferPool = {}  # host buffers of the last write, reused by the next capture
         self._listeners: list[Callable[[Timestamp, pathlib.Path], None]] = []
         stats = ("saves", "written", "capture", "capture_max", "wait", "write", "bytes", "host")
@@ -212,7 +214,40 @@ class CheckpointSaver(Callback):
         handling (``Trainer(preemption=...)``) calls it before asking training to stop,
         so the stopped run leaves a checkpoint of the last batch it trained on.
         """
+        self._requested_captured.clear()
         self._save_requested = True
+
+    def requested_save_captured(self) -> bool:
+        """Whether the save :meth:`request_save` asked for has been captured (or none was)."""
+        return self._requested_captured.is_set()
+
+    def save_now(self, state: State, timeout: float) -> pathlib.Path | None:
+        """Capture and write the requested checkpoint now, from the calling thread.
+
+        For preemption's watchdog (``runtime/preemption.py``) when a stuck handler holds
+        the training thread at a barrier, so that the requested save never comes: it does
+        *not* wait for the handlers published so far (the stuck one never finishes), so
+        callbacks' state is as their handlers left it. The training thread must be held
+        (at a barrier) while this runs. Returns the file once written within ``timeout``
+        seconds, else ``None`` (also when the requested save was captured already, and
+        for a sharded checkpoint, whose collectives need every rank's training thread).
+        """
+        if self._requested_captured.is_set() or not self._save_requested or self._sharded:
+            return None
+        self._save_requested = False
+        timestamp = state.timestamp
+        path = self.path_for(timestamp)
+        if not self.wait_written(timeout):
+            return None
+        if not any(p == [path] for _, p in self.saved_checkpoints):
+            cap = capture(state, weights_only=self.weights_only, epoch_rng=epoch_rng(state),
+                          pool=self._pool)  # fmt: skip
+            self._stats["saves"] += 1
+            self._submit(cap, timestamp, path)
+        self._requested_captured.set()
+        if not self.wait_written(timeout) or self._error is not None:
+            return None
+        return path
 
     def path_for(self, timestamp: Timestamp) -> pathlib.Path:
         """The file a checkpoint at ``timestamp`` is written to (a folder for an FSDP model)."""
@@ -259,11 +294,13 @@ class CheckpointSaver(Callback):
         self._sharded = _dcp.is_sharded(state.model)
         timestamp = state.timestamp
         path = self.path_for(timestamp)
-        if self._save_requested:
+        requested = self._save_requested
+        if requested:
             self._save_requested = False
             if any(p == [path] for _, p in self.saved_checkpoints) or (
                 self._job is not None and self._job[2] == path
             ):
+                self._requested_captured.set()
                 return  # this very batch is saved already
         t0 = time.perf_counter()
         self._wait_idle()  # one save in flight: a due save waits for the previous write
@@ -298,6 +335,8 @@ class CheckpointSaver(Callback):
         s["capture_max"] = max(s["capture_max"], elapsed)
         s["host"] = cap.host_bytes
         self._submit(cap, timestamp, path)
+        if requested:
+            self._requested_captured.set()
 
     def _raise_write_error(self) -> None:
         if self._error is None:  # the common case, read without the lock (every batch)

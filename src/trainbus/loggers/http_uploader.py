@@ -76,8 +76,26 @@ class HTTPMetricsUploader(BatchingDestination):
             requires) instead of one file per batch: a point is written before it counts
             as logged, each batch's key before its first attempt, and the uploader's
             ``state_dict`` (saved in checkpoints) records the journal's position, so a run
-            resumed from a checkpoint after a crash sends every point exactly once. See
-            ``docs/crash-consistency.md``.
+            resumed from a checkpoint after a crash sends every point exactly once. The
+            default, ``None``, journals whenever the uploader has a ``spool_dir`` and the
+            run a :class:`~trainbus.callbacks.CheckpointSaver` (decided by the
+            ``Trainer``); ``False`` keeps one spool file per batch. See "What is
+            guaranteed" below and ``docs/crash-consistency.md``.
+
+    What is guaranteed, for a run killed (``SIGKILL``, OOM, a lost node) and resumed from
+    its newest checkpoint (``Trainer(load_path=...)``), at a server that keeps the first
+    request per ``Idempotency-Key``:
+
+    - with a ``spool_dir`` and a ``CheckpointSaver`` (the journal, by default): every point
+      of the uninterrupted run reaches the server exactly once;
+    - with a ``spool_dir`` and ``journal=False``: no batch the killed run sealed is lost or
+      stored twice, but the points it logged after its last checkpoint are logged again by
+      the resumed run under new keys (stored twice), and points not yet sealed are lost;
+    - without a ``spool_dir``: what was not delivered when the process died is lost, and
+      what was delivered after the checkpoint is stored twice.
+
+    A resumed run whose uploader cannot be exactly once warns once
+    (:class:`MetricsUploadWarning`). A retry never duplicates a batch in any case.
 
     Attributes:
         points_sent: Points the server acknowledged (2xx).
@@ -120,7 +138,7 @@ class HTTPMetricsUploader(BatchingDestination):
         backoff: float = 0.5,
         max_backoff: float = 30.0,
         run_name: str | None = None,
-        journal: bool = False,
+        journal: bool | None = None,
     ) -> None:
         httpx = require_httpx("HTTPMetricsUploader")
         try:
@@ -135,6 +153,8 @@ class HTTPMetricsUploader(BatchingDestination):
             raise TypeError(f"headers must be a mapping of names to values, got {headers!r}")
         if run_name is not None and not isinstance(run_name, str):
             raise TypeError(f"run_name={run_name!r} must be a str or None")
+        if journal is not None and not isinstance(journal, bool):
+            raise TypeError(f"journal={journal!r} must be True, False or None (the default)")
         if journal and spool_dir is None:
             raise ValueError(
                 "journal=True needs a spool_dir to keep the journal in; pass "
@@ -158,9 +178,38 @@ class HTTPMetricsUploader(BatchingDestination):
         # AsyncClient would otherwise repeat at the start of each fit, beside training.
         self._ssl_context = httpx.create_ssl_context()
         self._journal: Journal | None = None
+        self._journal_choice = journal
         if journal:
-            assert spool_dir is not None
-            self._journal = self._spool = Journal(spool_dir, batch_size=batch_size)
+            self._use_journal()
+
+    @property
+    def journal(self) -> bool:
+        """Whether points go through the write-ahead journal (see the ``journal`` argument)."""
+        return self._journal is not None
+
+    def _use_journal(self) -> None:
+        spool = self.spool_dir
+        assert spool is not None
+        if self._journal is None:
+            self._journal = self._spool = Journal(spool, batch_size=self.batch_size)
+
+    def _plan_exactly_once(self, *, checkpointed: bool, resumed: bool) -> str | None:
+        """The Trainer's question (``loggers/_exactly_once.py``): journal by default when
+        the run saves checkpoints and there is a spool; why not exactly once otherwise."""
+        if self._journal_choice is None and checkpointed and self.spool_dir is not None:
+            self._use_journal()
+        if self._journal is not None:
+            return None
+        if self.spool_dir is None:
+            return (
+                "HTTPMetricsUploader has no spool_dir, so it cannot deliver each point "
+                "exactly once across a crash; pass spool_dir='...' (with a CheckpointSaver "
+                "it then journals every point)"
+            )
+        return (
+            "HTTPMetricsUploader(journal=False) cannot deliver each point exactly once "
+            "across a crash; leave journal at its default (None) or pass journal=True"
+        )
 
     def _client_options(self) -> dict[str, Any]:
         return {**super()._client_options(), "verify": self._ssl_context}
