@@ -7,17 +7,15 @@ Split out of ``event_stream.py``; users get :class:`Subscription` from
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import anyio
 import anyio.lowlevel
 
 from trainbus.callbacks._stream_items import StreamGap, StreamItem
 from trainbus.core.exceptions import StreamOverflowError
-
-if TYPE_CHECKING:
-    from trainbus.callbacks.event_stream import EventStream
 
 __all__ = ["Subscription"]
 
@@ -56,13 +54,19 @@ class Subscription:
         "policy",
     )
 
-    def __init__(self, stream: EventStream | None, buffer_size: int, policy: str) -> None:
-        self._stream = stream
+    def __init__(
+        self,
+        unsubscribe: Callable[[Subscription], None] | None,
+        buffer_size: int,
+        policy: str,
+    ) -> None:
+        #: Takes this subscription off its stream (``None``: the run has ended).
+        self._stream = unsubscribe
         self._buffer: deque[StreamItem] = deque()
         self._size = buffer_size
         self.policy = policy
         self._missed = 0
-        self._ended = stream is None
+        self._ended = unsubscribe is None
         self._wakeup: anyio.Event | None = None
         self.dropped = 0
         self.disconnected = False
@@ -138,9 +142,9 @@ class Subscription:
 
     def close(self) -> None:
         """Unsubscribe now: buffered items are discarded and iteration ends."""
-        stream = self._stream
-        if stream is not None:
-            stream._unsubscribe(self)
+        unsubscribe = self._stream
+        if unsubscribe is not None:
+            unsubscribe(self)
         self._buffer.clear()
         self._missed = 0
         self._end()

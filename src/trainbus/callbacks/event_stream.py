@@ -290,7 +290,7 @@ class EventStream(LoggerDestination):
             if since is not None:
                 self._replay(done, since)
             return done
-        sub = Subscription(self, size, policy)
+        sub = Subscription(self._unsubscribe, size, policy)
         if since is not None:
             self._replay(sub, since)
         self._subscribers[sub] = None
