@@ -14,10 +14,9 @@ import pytest
 import torch
 
 from trainbus import Callback, Event, Logger, State, blocking, trailing
-from trainbus.bus.lanes import STOP, CallItem, EventItem, Gate, Lane, LogItem, Stopped
+from trainbus.bus.lanes import STOP, CallItem, Counters, EventItem, Gate, Lane, LogItem, Stopped
 from trainbus.bus.members import Member
 from trainbus.bus.runners import fail_thread_lane
-from trainbus.bus.statistics import Counters
 from trainbus.core.callback import resolve_callback
 from trainbus.core.logger import LogRecord
 
