@@ -42,7 +42,7 @@ from trainbus.loggers._delivery import (
     require_httpx,
     undelivered_message,
 )
-from trainbus.loggers._inbox import Inbox, loop_caller
+from trainbus.loggers._inbox import Inbox
 from trainbus.loggers._retry import Retrier
 from trainbus.loggers._spool import Batch, Spool
 
@@ -134,6 +134,10 @@ class BatchingDestination(LoggerDestination):
     async def _finish(self, client: httpx.AsyncClient, completed: bool) -> None:
         """After delivery at close (e.g. mark the run finished); by default nothing."""
 
+    def _spoolable(self, batch: Batch) -> bool:
+        """Whether ``batch`` goes to the spool (MLflow's parameters skip a journal)."""
+        return True
+
     # -- what training calls -----------------------------------------------------------------
 
     def _add(self, items: list[Any], params: bool) -> None:
@@ -160,7 +164,7 @@ class BatchingDestination(LoggerDestination):
         httpx = require_httpx(type(self).__name__)
         self._completed = False
         signal = self._signal = Signal()
-        self._inbox.wake = loop_caller(self._take)
+        self._inbox.attach(self._take)
         try:
             if self._spool is not None:
                 await self._recover(self._spool)
@@ -173,7 +177,8 @@ class BatchingDestination(LoggerDestination):
                 fatal, self._fatal = self._fatal, None
                 raise fatal
         finally:
-            self._signal = self._client = self._inbox.wake = None
+            self._signal = self._client = None
+            self._inbox.detach()
             if self._close_done is not None:  # a close waiting for this task stops waiting
                 self._close_done.set()
                 self._close_done = None
@@ -257,8 +262,10 @@ class BatchingDestination(LoggerDestination):
             batch.run = self._run
             self._outbox.append(batch)
             self._keys.add(batch.key)
-            if self._spool is not None:
+            if self._spool is not None and self._spoolable(batch):
                 self._to_spool.append(batch)
+            elif self._spool is not None:
+                batch.unspoolable = True  # sent from memory (see _spoolable)
             sealed = True
         if sealed and self._signal is not None:
             self._signal.notify()

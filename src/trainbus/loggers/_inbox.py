@@ -1,51 +1,30 @@
 """Items handed from a destination's lane thread to the event loop, one wake-up per batch.
 
-A destination whose ``log_record`` is a plain ``def`` runs on a thread lane of its own:
-the bus hands it records in bursts with a cheap thread wake-up instead of an event-loop
-iteration (a loop lane costs the loop two iterations per record: the self-pipe
-wake-up, then the dispatcher task), or, once its calls proved cheap, the training thread
-runs the burst itself (``docs/concurrency.md``). Either way one thread at a time.
+A destination whose ``log_record`` is a plain ``def`` always runs on a thread lane of its
+own (placement is declared, ``docs/concurrency.md``): the bus wakes that thread for a
+record instead of spending two event-loop iterations on it (the loop's self-pipe wake-up,
+then the lane's task), and never runs the destination's records on the training thread.
 :class:`Inbox` is how such a destination passes what it made of the records to its
-batching, which lives on the loop: the lane appends (``put``), and wakes the loop only once
-a request's worth of items has come (or hyperparameters, which are sealed at once); the
-loop takes everything at that wake-up, at each ``flush_interval`` and at ``close``.
+batching, which lives on the loop: the lane thread appends (``put``), and wakes the loop
+only once a request's worth of items has come (or hyperparameters, which are sealed at
+once); the loop takes everything at that wake-up, at each ``flush_interval`` and at
+``close``. The wake-up crosses into the loop through the bus's bridge
+(:class:`~trainbus.bus.bridge.LoopHandle`), the one module that does.
 
-Thread safety: ``put`` runs on whoever runs the lane (one thread at a time: its own, or
-the training thread while it holds the lane) and ``take`` on the loop; the ``deque`` is
-the only shared structure (its ``append``/``popleft`` are atomic), and each counter has one
-writer at a time.
+Thread safety: ``put`` runs on the lane's thread and ``take`` on the loop; the ``deque``
+is the only shared structure (its ``append``/``popleft`` are atomic), and each counter has
+one writer.
 """
 
 from __future__ import annotations
 
-import asyncio
-import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["Inbox", "loop_caller"]
+from trainbus.bus.bridge import LoopHandle
 
-
-def loop_caller(fn: Callable[[], None]) -> Callable[[], None]:
-    """A function that schedules ``fn()`` on the running event loop (asyncio or trio).
-
-    Call the result from any thread: it returns at once; once the loop has ended it does
-    nothing.
-    """
-    try:
-        call: Callable[..., Any] = asyncio.get_running_loop().call_soon_threadsafe
-    except RuntimeError:
-        trio = sys.modules["trio"]
-        call = trio.lowlevel.current_trio_token().run_sync_soon
-
-    def call_soon() -> None:
-        try:
-            call(fn)
-        except Exception:  # asyncio: "Event loop is closed"; trio: RunFinishedError
-            return
-
-    return call_soon
+__all__ = ["Inbox"]
 
 
 class Inbox:
@@ -61,8 +40,17 @@ class Inbox:
         self._since_wake = 0
         self.put_items = 0  # written by the putting thread only
         self.taken_items = 0  # written by the loop only
-        #: Called (on the putting thread) to wake the loop; ``None`` while none runs.
-        self.wake: Callable[[], None] | None = None
+        self._loop: LoopHandle | None = None  # set while a loop takes the items
+        self._on_loop: Callable[[], None] | None = None
+
+    def attach(self, on_loop: Callable[[], None]) -> None:
+        """Call ``on_loop()`` on the running loop whenever a batch is here (loop only)."""
+        self._on_loop = on_loop
+        self._loop = LoopHandle()
+
+    def detach(self) -> None:
+        """Stop waking the loop; items put from now on wait for the next ``take``."""
+        self._loop = self._on_loop = None
 
     def put(self, items: list[Any], params: bool) -> None:
         """Queue ``items`` (``params``: hyperparameters); wake the loop once a batch is here."""
@@ -71,9 +59,9 @@ class Inbox:
         self._since_wake += len(items)
         if params or self._since_wake >= self._batch_size:
             self._since_wake = 0
-            wake = self.wake
-            if wake is not None:
-                wake()
+            loop, on_loop = self._loop, self._on_loop
+            if loop is not None and on_loop is not None:
+                loop.call_soon_if_running(on_loop)  # nothing once the loop has ended
 
     def take(self) -> Iterator[tuple[list[Any], bool]]:
         """Every ``(items, params)`` queued so far, oldest first (loop only)."""
