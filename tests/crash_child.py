@@ -1,6 +1,7 @@
 """The training process that ``tests/test_crash_consistency.py`` kills and resumes.
 
-``python tests/crash_child.py WORKDIR URL EVERY [--preemption] [--default-journal]``: 3 epochs
+``python tests/crash_child.py WORKDIR URL EVERY [--preemption] [--default-journal]
+[--mlflow URI EXPERIMENT]``: 3 epochs
 x 20 batches of a model whose forward takes ~50 ms, shuffled data, an eval pass per epoch,
 a checkpoint every ``EVERY`` batches in ``WORKDIR/ckpt`` (resumed from there when it holds one), an
 ``HTTPMetricsUploader`` with a journal in ``WORKDIR/spool`` posting to ``URL`` (``journal=True``,
@@ -23,7 +24,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainbus import Callback, Preemption, Trainer, blocking
 from trainbus.callbacks import CheckpointSaver
-from trainbus.loggers import HTTPMetricsUploader, JSONLinesLogger
+from trainbus.loggers import HTTPMetricsUploader, JSONLinesLogger, MLflowLogger
 
 BATCHES, EPOCHS, DELAY = 20, 3, 0.05
 
@@ -79,12 +80,19 @@ def main(argv: list[str]) -> None:
         url, spool_dir=workdir / "spool", batch_size=8, flush_interval=0.2,
         backoff=0.01, max_backoff=0.05, **journal,
     )  # fmt: skip
+    loggers: list[Any] = [uploader, JSONLinesLogger(workdir / "metrics.jsonl", flush_interval=0.5)]
+    if "--mlflow" in argv:  # --mlflow URI EXPERIMENT: an MLflowLogger too (journal by default)
+        uri, experiment = argv[argv.index("--mlflow") + 1 : argv.index("--mlflow") + 3]
+        loggers.append(MLflowLogger(
+            uri, experiment_name=experiment, spool_dir=workdir / "mlflow-spool",
+            flush_interval=0.2, backoff=0.01, max_backoff=0.05,
+        ))  # fmt: skip
     trainer = Trainer(
         model, loader, f"{EPOCHS}ep",
         eval_dataloader=DataLoader(TensorDataset(ex, ey), batch_size=4),
         optimizers=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
         callbacks=[saver, Progress(saver)],
-        loggers=[uploader, JSONLinesLogger(workdir / "metrics.jsonl", flush_interval=0.5)],
+        loggers=loggers,
         run_name="crash", seed=0, load_path=workdir / "ckpt", warn_slow_callbacks=False,
         preemption=Preemption(grace=10.0) if "--preemption" in argv else False,
     )  # fmt: skip

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,7 +28,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.loggers.mlflow_server import MLflowServer
 from tests.loggers.test_http_uploader import MetricsServer
+from tests.loggers.test_mlflow import history
 
 REPO = Path(__file__).resolve().parents[1]
 CHILD = REPO / "tests" / "crash_child.py"
@@ -153,6 +156,43 @@ def test_killed_or_preempted_then_resumed_equals_the_uninterrupted_run(tmp_path:
         check(killed.result(), reference)
         check(stopped.result(), reference)
         check(default.result(), reference)
+
+
+def mlflow_points(server: MLflowServer, experiment: str) -> Counter[Point]:
+    """``(key, step, value)`` of every metric point of the experiment's one run."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=server.url)
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None
+    runs = client.search_runs([found.experiment_id])
+    assert len(runs) == 1, [r.info.run_id for r in runs]  # the resumed run reuses it
+    return history(server, runs[0].info.run_id)
+
+
+@pytest.mark.slow
+def test_mlflow_killed_and_resumed_holds_each_point_once(
+    tmp_path: Path, mlflow_server: MLflowServer
+) -> None:
+    """An ``MLflowLogger`` with a ``spool_dir`` (``journal`` left at its default) in a run
+    killed with SIGKILL after batch 23 and resumed: one MLflow run holding every point of
+    the uninterrupted run once (before issue 32 the resumed run made a second MLflow run)."""
+    tag = uuid.uuid4().hex[:8]
+    with ThreadPoolExecutor(2) as pool:
+        ref = pool.submit(
+            interrupted, tmp_path / "ref", 5, [], signal.SIGKILL,
+            "--mlflow", mlflow_server.url, f"ref-{tag}",
+        )  # fmt: skip
+        killed = pool.submit(
+            interrupted, tmp_path / "kill", 5, [23], signal.SIGKILL,
+            "--mlflow", mlflow_server.url, f"kill-{tag}",
+        )  # fmt: skip
+        reference, outcome = ref.result(), killed.result()
+    expected = mlflow_points(mlflow_server, f"ref-{tag}")
+    assert set(expected.values()) == {1} and len(expected) == len(reference.server)
+    got = mlflow_points(mlflow_server, f"kill-{tag}")
+    assert got == expected
+    check(outcome, reference)
 
 
 @pytest.mark.slow

@@ -11,6 +11,15 @@ interval, retries with backoff, the spool, the close deadline). ``close`` marks 
 
 Retries are safe: MLflow's SQL store keeps one copy of a metric logged twice with the same
 key, step, timestamp and value, and accepts a parameter logged again with the same value.
+
+Exactly once across a crash (``journal``, on by default with a ``spool_dir`` and a
+``CheckpointSaver``): the write-ahead journal of ``_journal.py``, as for
+:class:`~trainbus.loggers.HTTPMetricsUploader`. Each metric point is journaled with its
+wall time before it counts as logged, so a batch resent after a crash carries the same
+key, step, timestamp and value (the server keeps one copy); ``state_dict`` records the
+MLflow run and the journal's position, so the resumed run logs into the same MLflow run and
+drops the points the killed run journaled after the checkpoint. Parameters are not
+journaled: the resumed run logs them again (MLflow accepts the same value twice).
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from trainbus.core.exceptions import TrackingServerError
 from trainbus.loggers._batching import BatchingDestination
 from trainbus.loggers._delivery import (
@@ -36,6 +47,7 @@ from trainbus.loggers._delivery import (
     retryable,
     send,
 )
+from trainbus.loggers._journal import Journal
 
 if TYPE_CHECKING:
     import httpx
@@ -86,6 +98,14 @@ class MLflowLogger(BatchingDestination):
         flush_interval: Seconds; buffered points are sent at least this often.
         spool_dir: A directory where each batch is written before its first attempt
             (resent by the next logger started on it, to the same run).
+        journal: Keep a write-ahead journal of every metric point in ``spool_dir`` (which
+            it requires) and save the MLflow run and the journal's position in each
+            checkpoint, so that a run killed and resumed from its checkpoint holds every
+            point of the uninterrupted run once, in one MLflow run. ``None`` (the default)
+            journals when there is a ``spool_dir`` and the run has a ``CheckpointSaver``;
+            ``False`` never. Without it, a resumed run creates a new MLflow run and the
+            points logged after the checkpoint are logged again. See
+            ``docs/crash-consistency.md``.
         timeout: Seconds one request may take as a whole.
         close_timeout: Seconds ``close`` waits for delivery.
         backoff: Seconds before the first retry; doubles per retry.
@@ -127,8 +147,16 @@ class MLflowLogger(BatchingDestination):
         close_timeout: float = 30.0,
         backoff: float = 0.5,
         max_backoff: float = 30.0,
+        journal: bool | None = None,
     ) -> None:
         httpx = require_httpx("MLflowLogger")
+        if journal is not None and not isinstance(journal, bool):
+            raise TypeError(f"journal={journal!r} must be True, False or None (the default)")
+        if journal and spool_dir is None:
+            raise ValueError(
+                "journal=True needs a spool_dir to keep the journal in; pass "
+                "spool_dir='runs/spool', or journal=False"
+            )
         uri = tracking_uri if tracking_uri is not None else os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
             raise ValueError(
@@ -186,12 +214,72 @@ class MLflowLogger(BatchingDestination):
             pair = base64.b64encode(f"{user}:{password}".encode()).decode()
             self._headers["Authorization"] = f"Basic {pair}"
         self._ssl_context = httpx.create_ssl_context()
+        self._journal: Journal | None = None
+        self._journal_choice = journal
+        if journal:
+            self._use_journal()
         self._keys_seen: dict[str, str] = {}
         self._heads: dict[str, str] = {}  # name -> '{"key":"<key>","value":'
         self._renamed: dict[str, str] = {}
 
     def _client_options(self) -> dict[str, Any]:
         return {**super()._client_options(), "verify": self._ssl_context}
+
+    # -- exactly once (docs/crash-consistency.md) --------------------------------------------
+
+    @property
+    def journal(self) -> bool:
+        """Whether metric points go through the write-ahead journal."""
+        return self._journal is not None
+
+    def _use_journal(self) -> None:
+        spool = self.spool_dir
+        assert spool is not None
+        if self._journal is None:
+            self._journal = self._spool = Journal(spool, batch_size=self.batch_size)
+
+    def _plan_exactly_once(self, *, checkpointed: bool, resumed: bool) -> str | None:
+        """The Trainer's question (``loggers/_exactly_once.py``); see ``journal``."""
+        if self._journal_choice is None and checkpointed and self.spool_dir is not None:
+            self._use_journal()
+        if self._journal is not None:
+            return None
+        if self.spool_dir is None:
+            return (
+                "MLflowLogger has no spool_dir, so a resumed run logs into a new MLflow run "
+                "and cannot hold each point once; pass spool_dir='...' (with a "
+                "CheckpointSaver it then journals every point)"
+            )
+        return (
+            "MLflowLogger(journal=False) cannot hold each point once across a crash; leave "
+            "journal at its default (None) or pass journal=True"
+        )
+
+    async def fit_start(self, state: State, logger: Logger) -> None:
+        """Open the journal (reading what a killed run left) off the event loop."""
+        if self._journal is not None:
+            await anyio.to_thread.run_sync(self._journal.open)
+
+    def state_dict(self) -> dict[str, Any]:
+        """With a journal: the MLflow run and the journal's position at this checkpoint."""
+        if self._journal is None:
+            return {}
+        return {"run_id": self.run_id, "experiment_id": self.experiment_id,
+                **self._journal.state_dict()}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """With a journal: log into the saved MLflow run; drop the points journaled after it."""
+        if self._journal is None or not state:
+            return
+        if state.get("run_id"):
+            self.run_id = str(state["run_id"])
+            self.experiment_id = state.get("experiment_id")
+        self._journal.load_state_dict(state)
+
+    def _spoolable(self, batch: Batch) -> bool:
+        """A journal holds metric points only: a batch of parameters is sent from memory."""
+        return self._journal is None or not any(isinstance(p, dict) and "param" in p
+                                                for p in batch.points)  # fmt: skip
 
     # -- items and batches -----------------------------------------------------------------
 
@@ -233,6 +321,8 @@ class MLflowLogger(BatchingDestination):
                 {"key": self._key(k), "value": str(v)[:MAX_PARAM_VALUE], "param": True}
                 for k, v in record.metrics.items()
             ]
+        if self._journal is not None:
+            return self._journaled(record)
         tail = f',"timestamp":{int(record.wall_time * 1000)},"step":{int(record.step)}}}'
         heads, items = self._heads, []
         for name, value in record.metrics.items():
@@ -247,11 +337,36 @@ class MLflowLogger(BatchingDestination):
             items.append(f"{head}{json.dumps(number)}{tail}")
         return items
 
+    def _journaled(self, record: LogRecord) -> list[Any]:
+        """Metric points as the journal keeps them (dicts, the wall time in seconds), on
+        disk before they count as logged; the points the killed run journaled are dropped."""
+        assert self._journal is not None
+        step, wall_time, items = int(record.step), float(record.wall_time), []
+        for name, value in record.metrics.items():
+            number = _metric_value(value)
+            if number is None:
+                self._skipped += 1
+                continue
+            items.append({"name": name, "value": number, "step": step, "wall_time": wall_time})
+        return self._journal.admit(items) if items else items
+
     async def close(self, state: State, logger: Logger) -> None:
         """Deliver, end the run (``FINISHED`` or ``FAILED``), report (see the base class).
 
-        Also warns once about names MLflow would refuse, which were renamed.
+        Also warns once about names MLflow would refuse, which were renamed. A journal is
+        deleted when the run completed with every batch delivered, else kept (as
+        :class:`~trainbus.loggers.HTTPMetricsUploader` does).
         """
+        try:
+            await self._close(state, logger)
+        finally:
+            journal = self._journal
+            if journal is not None:
+                done = self._completed and not state.stop_requested
+                done = done and not (self._outbox or self._buffer or self._to_spool)
+                await anyio.to_thread.run_sync(journal.retire if done else journal.close)
+
+    async def _close(self, state: State, logger: Logger) -> None:
         if self._renamed:
             renamed, self._renamed = self._renamed, {}
             warnings.warn(
@@ -265,12 +380,17 @@ class MLflowLogger(BatchingDestination):
 
     def _cut(self, buffer: list[Any]) -> int:
         """Items of one kind, within MLflow's count and size limits per request."""
-        params = not isinstance(buffer[0], str)
+        params = _is_param(buffer[0])
         limit = MAX_PARAMS if params else min(self.batch_size, MAX_METRICS)
         size = 0
         for n, item in enumerate(buffer[:limit]):
-            if isinstance(item, str) is params:
+            if _is_param(item) is not params:
                 return n
+            if not isinstance(item, str) and not params:  # a journaled point
+                size += len(item["name"]) + 64
+                if size > MAX_BYTES and n > 0:
+                    return n
+                continue
             size += len(item["key"]) + len(item["value"]) + 64 if params else len(item) + 1
             if size > MAX_BYTES and n > 0:
                 return n
@@ -353,6 +473,11 @@ class MLflowLogger(BatchingDestination):
                 metrics.append(item)
             elif "param" in item:
                 params.append({"key": item["key"], "value": item["value"]})
+            elif "name" in item:  # a journaled point: the same timestamp on every resend
+                metrics.append(json.dumps({
+                    "key": self._key(item["name"]), "value": item["value"],
+                    "timestamp": int(float(item["wall_time"]) * 1000), "step": int(item["step"]),
+                }, allow_nan=False))  # fmt: skip
             else:  # a metric dict, spooled by an earlier version
                 metrics.append(json.dumps(item, allow_nan=False))
         run, points = json.dumps(batch.run), ",".join(metrics)
@@ -374,3 +499,7 @@ class MLflowLogger(BatchingDestination):
         )
         if reply is not None:
             raise TrackingServerError(f"runs/update was refused: {reply.describe()}")
+
+
+def _is_param(item: Any) -> bool:
+    return isinstance(item, dict) and "param" in item
