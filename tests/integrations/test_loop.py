@@ -225,3 +225,15 @@ async def test_bus_stop_ends_train_at_its_next_event_and_run_returns_none() -> N
     loop = Loop(bus, batches=6)
     assert await bus.run(loop.train) is None
     assert stopper.closed and int(bus.state.timer.batch) <= 3
+
+
+async def test_checkpoint_saver_on_a_bus_saves_each_epoch(tmp_path: Any) -> None:
+    from trainbus.callbacks import CheckpointSaver
+
+    saver = CheckpointSaver(tmp_path / "ckpt", save_interval="1ep")
+    memory = InMemoryLogger()
+    bus = trainbus.Bus(callbacks=[saver], loggers=[memory], max_duration="2ep")
+    loop = Loop(bus, batches=2)
+    await bus.run(loop.train, epochs=2)
+    assert [int(ts.epoch) for ts, _ in saver.saved_checkpoints] == [1, 2]
+    assert all(path.exists() for _, paths in saver.saved_checkpoints for path in paths)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -33,6 +34,7 @@ import anyio
 import torch
 
 from trainbus.bus.engine import Engine
+from trainbus.checkpoint.resume import attach_handler_drain
 from trainbus.core.callback import Callback
 from trainbus.core.events import Event
 from trainbus.core.exceptions import EngineThreadError
@@ -165,6 +167,9 @@ class Bus:
         )
         self._init_published = False
         self._training_thread: int | None = None
+        self._publisher: Callable[..., None] | None = None
+        # CheckpointSaver drains every queued handler and record before it captures.
+        attach_handler_drain(self.state, functools.partial(self.engine.wait_all, records=True))
 
     # -- running ----------------------------------------------------------------------------
 
@@ -222,11 +227,12 @@ class Bus:
         box: list[T] = []
 
         def produce() -> None:
+            self._publisher = self.engine.publisher()  # this cycle's, bound
             self._training_thread = threading.get_ident()
             try:
                 box.append(fn())
             finally:
-                self._training_thread = None
+                self._training_thread = self._publisher = None
 
         self.state._stop.clear()  # a stop request ends one cycle, as in Trainer.fit()
         await self.engine.run_cycle(produce)  # raises a handler's error, a cancellation
@@ -242,15 +248,24 @@ class Bus:
     def publish(self, *events: Event | str) -> None:
         """Publish ``events``, in order (on the training thread).
 
-        A non-barrier event returns at once; at a barrier event this waits for every
-        earlier handler (and runs ``@blocking`` handlers before returning). From plain
-        code outside :meth:`run` each event's handlers run before this returns (the
-        engine's plain-code mode).
+        Events published in one call (nothing computed between them) share one state
+        snapshot and wake each callback's lane once. A non-barrier event returns at
+        once; at a barrier event this waits for every earlier handler (and runs
+        ``@blocking`` handlers before returning). From plain code outside :meth:`run`
+        each event's handlers run before this returns (the engine's plain-code mode).
 
         Raises:
             EngineThreadError: Called from a thread that is not the training thread
                 while the bus runs, or on an event loop's thread outside :meth:`run`.
         """
+        publish = self._publisher
+        if publish is not None and self._training_thread == threading.get_ident():
+            for event in events:
+                if event.__class__ is not Event:
+                    events = tuple(Event(e) for e in events)
+                    break
+            publish(*events)  # together: one snapshot, each lane woken once
+            return
         run_event = self.engine.run_event
         for event in events:
             run_event(event)
