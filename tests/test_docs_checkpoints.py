@@ -27,6 +27,9 @@ EXPECTED = {
         "['ep1-ba4-rank0.pt', 'ep1-ba6-rank0.pt']",
         "resumed from s3 at batch 6",
     ],
+    "Integrity": [
+        "refused: True", "resumed from the intact one at batch 3", "warned: True",
+    ],
     "Load errors": [
         "load_path='missing.pt' does not exist",
         "load_path='torn.pt' cannot be read as a checkpoint: it is truncated or corrupt",

@@ -15,6 +15,7 @@ from tests.docs_pages import Page
 PAGE = Page.read("crash-consistency.md")
 DOC = PAGE.path
 EXPECTED = {
+    "The uploader's journal": ["before the Trainer: False", "with a CheckpointSaver: True"],
     "The JSON-lines file": ["steps: [1, 2, 3, 4, 5, 6]"],
 }
 
