@@ -82,13 +82,23 @@ def test_every_checkpoint_is_uploaded_with_the_bytes_written(
     assert stats.bytes_uploaded == sum(len(got[f"run-1/{n}"]) for n in names)
 
 
-def test_uploads_run_on_their_own_loop_whatever_fit_runs_on(
-    tmp_path: pathlib.Path, aws_env: str, bucket: str, no_leaked_threads: None
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_uploads_run_on_the_fits_loop_under_either_backend(
+    tmp_path: pathlib.Path, aws_env: str, bucket: str, no_leaked_threads: None, backend: str
 ) -> None:
     saver = CheckpointSaver(tmp_path / "ckpt", filename="ba{batch}.pt", save_interval="3ba")
-    uploader = CheckpointUploader(saver, f"s3://{bucket}/trio")
-    trainer([saver, uploader]).fit_sync(backend="trio")
-    assert sorted(objects(aws_env, bucket, "trio/ba")) == ["trio/ba3.pt", "trio/ba6.pt"]
+    uploader = CheckpointUploader(saver, f"s3://{bucket}/{backend}", num_checkpoints_to_keep=1)
+    threads: set[str] = set()
+
+    class Threads(Callback):
+        def batch_end(self, state: Any, logger: Any) -> None:
+            threads.update(t.name for t in threading.enumerate())
+
+    trainer([saver, uploader, Threads()], epochs=3).fit_sync(backend=backend)
+    got = objects(aws_env, bucket, f"{backend}/")  # pruned to 1: manifest put + delete ran
+    assert sorted(got) == [f"{backend}/ba9.pt", f"{backend}/trainbus-manifest-rank0.json"]
+    assert uploader.statistics().uploaded == 3
+    assert "trainbus-checkpoint-uploader" not in threads  # no event loop of its own
 
 
 def test_large_files_go_up_in_parts(tmp_path: pathlib.Path, aws_env: str, bucket: str) -> None:
@@ -238,8 +248,9 @@ def test_a_checkpoint_pruned_locally_before_its_upload_is_still_uploaded(
     assert [p.name for p in folder.iterdir()] == ["ba3.pt"]  # the hidden links are gone
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_uploads_unfinished_at_close_timeout_are_cancelled_and_reported(
-    tmp_path: pathlib.Path, endpoint: str, bucket: str, no_leaked_threads: None
+    tmp_path: pathlib.Path, endpoint: str, bucket: str, no_leaked_threads: None, backend: str
 ) -> None:
     gate = threading.Event()  # never opened while the run closes: the upload hangs
     proxy = DroppingProxy(endpoint, min_body=100_000, gate=gate)
@@ -250,7 +261,7 @@ def test_uploads_unfinished_at_close_timeout_are_cancelled_and_reported(
             secret_access_key="t", close_timeout=0.5,
         )  # fmt: skip
         with pytest.raises(TimeoutError, match=r"1 upload\(s\) .* close_timeout=0.5 s"):
-            trainer([saver, uploader], epochs=1).fit_sync()
+            trainer([saver, uploader], epochs=1).fit_sync(backend=backend)
     finally:
         gate.set()
         proxy.close()

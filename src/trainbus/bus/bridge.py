@@ -37,9 +37,17 @@ T = TypeVar("T")
 
 
 class LoopHandle:
-    """The running event loop, callable from any thread. Create it on the loop."""
+    """The running event loop, callable from any thread. Create it on the loop.
 
-    __slots__ = ("call_soon", "thread_id")
+    Attributes:
+        call_soon: ``call_soon(fn, *args)`` runs ``fn(*args)`` soon on the loop; returns at
+            once (any thread; raises once the loop has ended).
+        thread_id: The loop's thread.
+        backend: ``"asyncio"`` or ``"trio"``, for code that must pick a library's API by
+            the loop it runs on (obstore's ``*_async`` functions need asyncio).
+    """
+
+    __slots__ = ("backend", "call_soon", "thread_id")
 
     def __init__(self) -> None:
         self.thread_id = threading.get_ident()
@@ -47,6 +55,7 @@ class LoopHandle:
         if found is None:
             raise RuntimeError("LoopHandle() must be created on a running asyncio or trio loop")
         self.call_soon: Callable[..., Any] = found
+        self.backend = "asyncio" if asyncio.events._get_running_loop() is not None else "trio"
 
     def call_soon_if_running(self, fn: Callable[..., Any], *args: Any) -> None:
         """:attr:`call_soon`, or nothing if the loop has ended (an abandoned thread that
@@ -55,6 +64,7 @@ class LoopHandle:
             self.call_soon(fn, *args)
         except Exception:  # asyncio: "Event loop is closed"; trio: RunFinishedError
             return
+
 
 def _current_call_soon() -> Callable[..., Any] | None:
     try:

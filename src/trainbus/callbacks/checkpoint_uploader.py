@@ -2,27 +2,34 @@
 
 The saver's writer thread hands over each file once it is complete on disk
 (:meth:`CheckpointSaver.add_listener`); the uploader pins it there with a hidden hard
-link (so the saver may prune the local file at once) and schedules its upload on the
-uploader's own asyncio event loop, which runs in a thread started at the first hand-off
-and joined at ``close``. Uploads use
-``obstore`` (Rust; multipart for files larger than ``part_size``, ``part_concurrency``
-parts in flight; the GIL is released while bytes move). At most ``max_in_flight`` uploads
-are unfinished: a further hand-off waits, which holds the saver's writer, so the next save
-waits too (no checkpoint is skipped, memory and disk stay bounded). How a checkpoint
-becomes complete remotely, and how resuming finds it: :mod:`trainbus.checkpoint.s3`.
+link (so the saver may prune the local file at once) and queues it for the uploader's
+``background`` task, which runs on the fit's own event loop and starts one upload task
+per file (the hand-over wakes that task through the bus's bridge,
+:class:`~trainbus.bus.bridge.LoopHandle`). Uploads use ``obstore`` (Rust; multipart for
+files larger than ``part_size``, ``part_concurrency`` parts in flight; the GIL is released
+while bytes move): its ``*_async`` functions under asyncio, which need an asyncio loop;
+under trio its blocking functions, each in an anyio worker thread (an upload cancelled at
+``close_timeout`` then returns at once and its thread ends with its request). At most
+``max_in_flight`` uploads are unfinished: a further hand-off waits, which holds the
+saver's writer, so the next save waits too (no checkpoint is skipped, memory and disk
+stay bounded). How a checkpoint becomes complete remotely, and how resuming finds it:
+:mod:`trainbus.checkpoint.s3`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
+import functools
 import json
 import pathlib
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
+from trainbus.bus.bridge import LoopHandle
 from trainbus.callbacks.checkpoint_saver import CheckpointSaver, _rank
 from trainbus.checkpoint.s3 import (
     MANIFEST_FORMAT,
@@ -76,10 +83,14 @@ def _positive_int(value: Any, name: str, example: str, low: int = 1) -> int:
     return value
 
 
-async def _settle() -> None:
-    """Wait until every other task of the uploader's loop has ended (cancelled ones too)."""
-    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-    await asyncio.gather(*tasks, return_exceptions=True)
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """A file handed over by the saver's writer, waiting for its upload task."""
+
+    key: str
+    source: PinnedFile
+    timestamp: Timestamp
+    seq: int
 
 
 class CheckpointUploader(Callback):
@@ -173,14 +184,16 @@ class CheckpointUploader(Callback):
         self._store = self.options.store(url)  # needs obstore: fails here, not mid-run
         self._slots = threading.BoundedSemaphore(self.max_in_flight)
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._futures: list[concurrent.futures.Future[None]] = []
         self._error: BaseException | None = None
-        self._entries: list[dict[str, Any]] | None = None  # the manifest; loop thread only
+        self._jobs: deque[_Job] = deque()  # the writer appends, the loop takes
+        self._loop: LoopHandle | None = None  # set while ``background`` takes jobs
+        self._wakeup: anyio.Event | None = None  # loop only, as is what follows
+        self._running: set[anyio.CancelScope] = set()  # one per upload task
+        self._ended: anyio.Event | None = None  # set (and replaced) when an upload ends
+        self._entries: list[dict[str, Any]] | None = None  # the manifest
         self._order: dict[str, int] = {}
         self._seq = 0
-        self._manifest_lock: asyncio.Lock | None = None
+        self._manifest_lock: anyio.Lock | None = None
         self._stats = dict.fromkeys(
             ("handed", "uploaded", "bytes", "seconds", "retries", "pruned", "wait"), 0.0
         )
@@ -223,30 +236,48 @@ class CheckpointUploader(Callback):
         """Raise an upload error, if any (the run stops)."""
         self._raise_error()
 
-    def close(self, state: State, logger: Logger) -> None:
+    async def background(self, state: State, logger: Logger) -> None:
+        """Start an upload task for each file handed over, for the whole fit (loop)."""
+        self._manifest_lock, self._ended = anyio.Lock(), anyio.Event()
+        wakeup = self._wakeup = anyio.Event()
+        try:
+            async with anyio.create_task_group() as tg:
+                self._loop = LoopHandle()  # from now on a hand-over wakes this task
+                while True:
+                    while self._jobs:  # those handed over before, too
+                        job = self._jobs.popleft()
+                        scope = anyio.CancelScope()
+                        self._running.add(scope)
+                        tg.start_soon(self._run, job, scope)
+                    await wakeup.wait()
+                    wakeup = self._wakeup = anyio.Event()
+        finally:
+            self._loop = self._wakeup = None
+            self._drop_queued()
+
+    async def close(self, state: State, logger: Logger) -> None:
         """Wait for the saver's last write and every upload; raise an error not yet raised.
 
         Uploads unfinished after ``close_timeout`` are cancelled (the manifest names only
         complete checkpoints) and reported with a ``TimeoutError``.
         """
-        deadline = time.monotonic() + self.close_timeout
-        self.saver.wait_written(self.close_timeout)
+        deadline = anyio.current_time() + self.close_timeout
+        await anyio.to_thread.run_sync(
+            self.saver.wait_written, self.close_timeout, abandon_on_cancel=True
+        )
         self.saver.remove_listener(self._hand_over)
-        with self._lock:
-            futures, self._futures = self._futures, []
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        left = max(0.0, deadline - time.monotonic())
-        _, pending = concurrent.futures.wait(futures, timeout=left)
-        for future in pending:
-            future.cancel()
-        if loop is not None and thread is not None:
-            asyncio.run_coroutine_threadsafe(_settle(), loop).result()
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join()
+        with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
+            while self._ended is not None and (self._running or self._jobs):
+                await self._ended.wait()
+        pending = len(self._running) + self._drop_queued()
+        for scope in self._running:
+            scope.cancel()
+        with anyio.CancelScope(shield=True):
+            while self._ended is not None and self._running:  # a cancelled upload ends
+                await self._ended.wait()  # at once, releasing its file
         if pending:
             error = TimeoutError(
-                f"CheckpointUploader: {len(pending)} upload(s) to {self.url!r} did not finish "
+                f"CheckpointUploader: {pending} upload(s) to {self.url!r} did not finish "
                 f"within close_timeout={self.close_timeout:g} s and were cancelled (they are "
                 "not in the manifest); pass a larger close_timeout="
             )
@@ -262,6 +293,15 @@ class CheckpointUploader(Callback):
         if error is not None:
             raise error
 
+    def _drop_queued(self) -> int:
+        """Release the files of jobs no upload task took (loop); return how many."""
+        dropped = 0
+        while self._jobs:
+            self._jobs.popleft().source.release()
+            self._slots.release()
+            dropped += 1
+        return dropped
+
     # -- the saver's writer thread -----------------------------------------------------------
 
     def _hand_over(self, timestamp: Timestamp, path: pathlib.Path) -> None:
@@ -274,49 +314,62 @@ class CheckpointUploader(Callback):
         self._stats["wait"] += time.perf_counter() - t0
         try:
             source = PinnedFile.pin(path)  # the saver may prune the file before the upload is done
-            with self._lock:
-                self._stats["handed"] += 1
-                seq, self._seq = self._seq, self._seq + 1
-                loop = self._loop or self._start()
-                job = self._upload(key, source, timestamp, seq)
-                future = asyncio.run_coroutine_threadsafe(job, loop)
-                self._futures = [f for f in self._futures if not f.done()] + [future]
         except BaseException:
             self._slots.release()
             raise
-        future.add_done_callback(lambda _: self._slots.release())
+        with self._lock:
+            self._stats["handed"] += 1
+            seq, self._seq = self._seq, self._seq + 1
+        self._jobs.append(_Job(key, source, timestamp, seq))
+        loop = self._loop  # None until ``background`` runs: it takes the job when it does
+        if loop is not None:
+            loop.call_soon_if_running(self._poke)
 
-    def _start(self) -> asyncio.AbstractEventLoop:
-        loop = asyncio.new_event_loop()
+    # -- the fit's event loop ----------------------------------------------------------------
 
-        def run() -> None:
-            asyncio.set_event_loop(loop)
-            try:
-                loop.run_forever()
-            finally:
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
+    def _poke(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
 
-        self._loop, self._thread = (
-            loop,
-            threading.Thread(target=run, name="trainbus-checkpoint-uploader", daemon=True),
-        )
-        self._thread.start()
-        return loop
+    async def _run(self, job: _Job, scope: anyio.CancelScope) -> None:
+        try:
+            with scope:
+                await self._upload(job.key, job.source, job.timestamp, job.seq)
+        finally:
+            self._running.discard(scope)
+            self._slots.release()
+            ended, self._ended = self._ended, anyio.Event()
+            if ended is not None:
+                ended.set()
 
-    # -- the uploader's event loop -----------------------------------------------------------
-
-    async def _upload(self, key: str, source: PinnedFile, timestamp: Timestamp, seq: int) -> None:
+    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """``obstore.<name>_async(...)`` under asyncio; ``obstore.<name>(...)`` in a worker
+        thread under trio (obstore's async functions need an asyncio loop)."""
         import obstore
 
+        if self._loop is not None and self._loop.backend == "asyncio":
+            return await getattr(obstore, f"{name}_async")(*args, **kwargs)
+        call = functools.partial(getattr(obstore, name), *args, **kwargs)
+        return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+
+    async def _read(self, key: str) -> bytes:
+        import obstore
+
+        if self._loop is not None and self._loop.backend == "asyncio":
+            got = await obstore.get_async(self._store, key)
+            return bytes(await got.bytes_async())
+        read = lambda: bytes(obstore.get(self._store, key).bytes())  # noqa: E731
+        return await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
+
+    async def _upload(self, key: str, source: PinnedFile, timestamp: Timestamp, seq: int) -> None:
         t0 = time.perf_counter()
         size = source.size
         try:
             try:
                 for attempt in range(1, self.attempts + 1):
                     try:
-                        await obstore.put_async(
-                            self._store, key, source.body(), chunk_size=self.part_size,
+                        await self._call(
+                            "put", self._store, key, source.body(), chunk_size=self.part_size,
                             max_concurrency=self.part_concurrency,
                         )  # fmt: skip
                         break
@@ -324,7 +377,7 @@ class CheckpointUploader(Callback):
                         if attempt == self.attempts or not transient(exc):
                             raise
                         self._stats["retries"] += 1
-                        await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+                        await anyio.sleep(self.backoff * 2 ** (attempt - 1))
             finally:
                 source.release()
             entry = {"key": key, "size": size, "timestamp": timestamp.state_dict()}
@@ -339,16 +392,13 @@ class CheckpointUploader(Callback):
                     self._error = exc
 
     async def _add(self, entry: dict[str, Any], seq: int) -> None:
-        import obstore
         from obstore.exceptions import NotFoundError
 
-        if self._manifest_lock is None:
-            self._manifest_lock = asyncio.Lock()
+        assert self._manifest_lock is not None
         async with self._manifest_lock:
             if self._entries is None:  # a resumed run continues the manifest it finds
                 try:
-                    got = await obstore.get_async(self._store, manifest_key(_rank()))
-                    data = bytes(await got.bytes_async())
+                    data = await self._read(manifest_key(_rank()))
                     found = parse_manifest(data, f"{self.url}/{manifest_key(_rank())}")
                 except (NotFoundError, FileNotFoundError):  # obstore raises either
                     found = []
@@ -362,12 +412,12 @@ class CheckpointUploader(Callback):
             cut = len(entries) - keep if keep > 0 and len(entries) > keep else 0
             pruned, entries = entries[:cut], entries[cut:]
             body = json.dumps({"format": MANIFEST_FORMAT, "checkpoints": entries}).encode()
-            await obstore.put_async(self._store, manifest_key(_rank()), body)
+            await self._call("put", self._store, manifest_key(_rank()), body)
             with self._lock:
                 self._entries = entries
             for old in pruned:  # after the manifest stopped naming them
                 try:
-                    await obstore.delete_async(self._store, old["key"])
+                    await self._call("delete", self._store, old["key"])
                 except (NotFoundError, FileNotFoundError):  # obstore raises either
                     pass
                 self._stats["pruned"] += 1
