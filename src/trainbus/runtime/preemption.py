@@ -27,8 +27,9 @@ there past the cluster's ``SIGKILL``. So the signal also starts a watchdog threa
 (:class:`_Watchdog`), bounded by ``grace`` from the signal:
 
 - after ``patience`` seconds (the Trainer's ``close_timeout``, at most ``grace / 2``)
-  without the requested checkpoint captured, it names on stderr what the run waits for
-  (the stuck callback and event), captures and writes the checkpoint itself
+  without the requested checkpoint captured (in a run with a ``CheckpointSaver``;
+  without one only the last bound below applies), it names on stderr what the run waits
+  for (the stuck callback and event), captures and writes the checkpoint itself
   (:meth:`CheckpointSaver.save_now`: the training thread is held at the barrier, its
   state consistent as of the batch it finished), then abandons the stuck handlers
   (``Engine._abandon``, as a second Ctrl-C does: their threads left behind as daemons,
@@ -228,8 +229,10 @@ class _Watchdog(threading.Thread):
         if self.done.wait(self.patience):
             return
         savers = self._savers()
-        if all(s.requested_save_captured() for s in savers) and savers:
-            self._wait_or_exit(name)  # the checkpoint is taken; closing is bounded too
+        if all(s.requested_save_captured() for s in savers):
+            # The checkpoint is taken (or there is none to take: without a saver nothing
+            # tells a stuck run from one still closing): only the final bound applies.
+            self._wait_or_exit(name)
             return
         waiting = self.engine._describe_waiting() or "a handler"
         self._say(
