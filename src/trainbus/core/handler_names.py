@@ -163,7 +163,8 @@ def warn_unknown_handlers(callback: object, base: type) -> None:
     built-ins alike.
     """
     for klass in type(callback).__mro__:
-        if klass.__module__.startswith("trainbus._") or klass is object:
+        own = klass.__module__ == "trainbus" or klass.__module__.startswith("trainbus.core.")
+        if own or klass is object:
             continue  # Callback, LoggerDestination, ...: their methods are all known
         for name, attr in vars(klass).items():
             if name.startswith("_") or name in _EVENT_NAMES or not callable(attr):
