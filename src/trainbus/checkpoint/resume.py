@@ -286,16 +286,31 @@ def _read_remote(url: str, state: State) -> LoadedCheckpoint | None:
          if isinstance(cb, CheckpointUploader) and cb.url == url.rstrip("/")),
         S3Options(),
     )  # fmt: skip
-    got = download_newest(url, options, _rank())
-    if got is None:
-        return None  # no complete checkpoint there yet: a first run starts fresh
-    where, local = got
-    try:
-        return _read_one(local, state)
-    except CheckpointLoadError as exc:
-        raise CheckpointLoadError(str(exc).replace(str(local), where)) from exc.__cause__
-    finally:
-        local.unlink(missing_ok=True)  # loaded into memory (or refused) by now
+    skip: frozenset[str] = frozenset()
+    while True:
+        got = download_newest(url, options, _rank(), skip)
+        if got is None:
+            if skip:  # every complete checkpoint there is damaged: do not start over
+                raise CheckpointLoadError(
+                    f"load_path={url!r}: every checkpoint in its manifest is damaged "
+                    f"({', '.join(sorted(skip))}); restore one, or use another prefix"
+                )
+            return None  # no complete checkpoint there yet: a first run starts fresh
+        where, local = got
+        try:
+            return _read_checked(local, state)
+        except _Damaged as exc:  # the newest intact one instead, as in a folder
+            warnings.warn(
+                f"checkpoint {where!r} is damaged ({exc.__cause__}); it is skipped "
+                "(resuming from the newest intact checkpoint)",
+                CheckpointWarning,
+                stacklevel=4,
+            )
+            skip = skip | {where[len(url.rstrip("/")) + 1 :]}
+        except CheckpointLoadError as exc:
+            raise CheckpointLoadError(str(exc).replace(str(local), where)) from exc.__cause__
+        finally:
+            local.unlink(missing_ok=True)  # loaded into memory (or refused) by now
 
 
 def _read_checked(path: pathlib.Path, state: State) -> LoadedCheckpoint:

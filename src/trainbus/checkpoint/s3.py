@@ -218,7 +218,9 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, Exception) and not isinstance(exc, refused)
 
 
-def _find_complete(store: Any, url: str, rank: int) -> dict[str, Any] | None:
+def _find_complete(
+    store: Any, url: str, rank: int, skip: frozenset[str] = frozenset()
+) -> dict[str, Any] | None:
     obstore = require_obstore()
     from obstore.exceptions import NotFoundError
 
@@ -228,6 +230,8 @@ def _find_complete(store: Any, url: str, rank: int) -> dict[str, Any] | None:
     except (NotFoundError, FileNotFoundError):  # obstore raises either
         return None
     for entry in reversed(parse_manifest(bytes(data), where)):
+        if entry["key"] in skip:
+            continue
         try:
             meta = obstore.head(store, entry["key"])
         except (NotFoundError, FileNotFoundError):  # obstore raises either
@@ -238,11 +242,14 @@ def _find_complete(store: Any, url: str, rank: int) -> dict[str, Any] | None:
     return None
 
 
-def download_newest(url: str, options: S3Options, rank: int) -> tuple[str, pathlib.Path] | None:
+def download_newest(
+    url: str, options: S3Options, rank: int, skip: frozenset[str] = frozenset()
+) -> tuple[str, pathlib.Path] | None:
     """Download the newest complete checkpoint under ``url`` for ``rank`` to a temporary file.
 
     Returns ``(its s3:// URL, the local file)`` (the caller deletes the file), or ``None``
-    when the prefix holds no complete checkpoint (no manifest yet: a first run).
+    when the prefix holds no complete checkpoint (no manifest yet: a first run). Entries
+    whose key is in ``skip`` (found damaged by the caller) are passed over.
 
     Raises:
         OSError: the store cannot be reached or refuses (obstore's error, with a note).
@@ -250,7 +257,7 @@ def download_newest(url: str, options: S3Options, rank: int) -> tuple[str, pathl
     obstore = require_obstore()
     store = options.store(url, "load_path")
     try:
-        entry = _find_complete(store, url, rank)
+        entry = _find_complete(store, url, rank, skip)
         if entry is None:
             return None
         fd, name = tempfile.mkstemp(prefix="trainbus-s3-", suffix=".pt")
