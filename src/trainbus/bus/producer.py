@@ -123,6 +123,8 @@ class Producer:
                 self._batch_end()
             if self._barrier_all or event in self.barriers:
                 self._barrier(event)
+                if event is Event.BATCH_END and self.counters.trace is not None:
+                    self._trace_mark = _perf()  # the next batch's span starts after the wait
             if gate.stopping:
                 raise Stopped
 
@@ -195,7 +197,6 @@ class Producer:
             now = _perf()
             mark = self._trace_mark or trace.origin
             trace.producer_span(f"batch {batches}", mark, now - mark)
-            self._trace_mark = now
         for lane in self.lagged:
             lane.mark_batch_end(batches)
         if self.warn_slow and self.slow.checking:
