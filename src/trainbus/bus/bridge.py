@@ -191,21 +191,28 @@ class LoopThread:
 
     Daemon, so a process that never closes it still exits; :meth:`stop` ends it. (anyio
     starts tasks only from a task, so one task starts the coroutines other threads hand
-    in, as :class:`Spawner` does.)
+    in, as :class:`Spawner` does.) It serves the engine's calls from plain code, and the
+    built-ins whose server must outlive ``fit()`` and needs asyncio whatever backend the
+    fit runs on (the ``Dashboard``'s uvicorn: :meth:`start_main`).
+
+    Args:
+        name: The thread's name.
+        backend: The loop's anyio backend, ``"asyncio"`` or ``"trio"``.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, backend: str = "asyncio") -> None:
         self._started = threading.Event()
         self._queue: deque[Callable[[], Coroutine[Any, Any, None]]] = deque()
         self._wakeup: anyio.Event | None = None
         self._stopping = False
+        self.backend = backend
         self.loop: LoopHandle | None = None
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
         self._started.wait()
 
     def _main(self) -> None:
-        anyio.run(self._serve)
+        anyio.run(self._serve, backend=self.backend)
 
     async def _serve(self) -> None:
         self.loop = LoopHandle()
@@ -222,6 +229,10 @@ class LoopThread:
         assert self._wakeup is not None
         self._wakeup.set()
 
+    def is_alive(self) -> bool:
+        """Whether the thread (and its loop) still runs."""
+        return self._thread.is_alive()
+
     def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Start ``fn(*args)`` as a task on the loop without waiting (another thread)."""
         assert self.loop is not None
@@ -231,6 +242,20 @@ class LoopThread:
 
         self._queue.append(runner)
         self.loop.call_soon(self._poke)
+
+    def start_main(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Start ``fn(*args)``, a long-lived task (a server), without waiting; the loop and
+        its thread end once it returns or raises (its exception ends the thread), or at
+        :meth:`stop` once every task has ended (another thread)."""
+
+        async def main() -> None:
+            try:
+                await fn(*args)
+            finally:
+                self._stopping = True
+                self._poke()
+
+        self.start_soon(main)
 
     def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run ``await fn(*args)`` on the loop and return its result (another thread)."""
@@ -245,9 +270,10 @@ class LoopThread:
         self.start_soon(runner)
         return future.result()
 
-    def stop(self) -> None:
-        """End the loop once its tasks are done, and its thread (another thread)."""
+    def stop(self, timeout: float | None = None) -> None:
+        """End the loop once its tasks are done, and its thread (another thread); wait at
+        most ``timeout`` seconds for them (``None``: for as long as they take)."""
         if self._thread.is_alive() and self.loop is not None:
             self._stopping = True
-            self.loop.call_soon(self._poke)
-            self._thread.join()
+            self.loop.call_soon_if_running(self._poke)
+            self._thread.join(timeout)

@@ -2,18 +2,20 @@
 
 The page (loss and eval curves, throughput, a callbacks panel and a timeline of the last
 batches; ``docs/dashboard.md``) is the one ``trainbus.serve`` shows for its jobs. The
-server runs on a thread of its own with its own event loop, so browser tabs, slow or
-closed, never touch the training loop: the callback's handlers (plain and cheap) only
-append each item to an outbox, and four times a second the server's loop publishes what
-waits there into an :class:`~trainbus.callbacks.EventStream` whose subscribers have
-bounded buffers. The bus snapshots (callbacks panel, timeline) are taken on the server's
-thread every ``interval`` seconds while a tab watches (and once at the end of the run).
+server (uvicorn, which needs asyncio whatever backend ``fit()`` runs on, and outlives the
+run) runs on an asyncio loop of its own, a :class:`~trainbus.bus.bridge.LoopThread`, so
+browser tabs, slow or closed, never touch the training loop: the callback's handlers
+(plain and cheap) only append each item to an outbox, and four times a second the
+server's loop publishes what waits there into an
+:class:`~trainbus.callbacks.EventStream` whose subscribers have bounded buffers; the
+run's end wakes that loop through the bridge (:class:`~trainbus.bus.bridge.LoopHandle`).
+The bus snapshots (callbacks panel, timeline) are taken on the server's thread every
+``interval`` seconds while a tab watches (and once at the end of the run).
 Needs ``pip install 'trainbus[service]'`` (Starlette, uvicorn).
 """
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import threading
 import time
@@ -22,6 +24,9 @@ from collections import deque
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
+from trainbus.bus.bridge import LoopHandle, LoopThread
 from trainbus.callbacks._stream_items import StreamEvent, StreamMetrics, json_ready
 from trainbus.callbacks.event_stream import DEFAULT_STREAM_EVENTS, EventStream
 from trainbus.core.events import Event
@@ -99,8 +104,8 @@ class Dashboard(LoggerDestination):
         self._running = False
         self._outbox: deque[Any] = deque(maxlen=max(history, 1024))
         self._flush_scheduled = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop: LoopHandle | None = None  # the server's loop, while it serves
+        self._thread: LoopThread | None = None
         self._server: Any = None
         self._hub: ConnectionHub | None = None
         self._started = threading.Event()
@@ -171,13 +176,12 @@ class Dashboard(LoggerDestination):
         self.port = sock.getsockname()[1]
         self._hub = ConnectionHub()
         self._started.clear()
-        self._thread = threading.Thread(
-            target=self._serve, args=(sock,), name="trainbus-dashboard", daemon=True
-        )
-        self._thread.start()
+        self._thread = LoopThread("trainbus-dashboard", backend="asyncio")
+        self._thread.start_main(self._serve, sock)
         self._started.wait(timeout=10)
 
-    def _serve(self, sock: socket.socket) -> None:
+    async def _serve(self, sock: socket.socket) -> None:
+        """Serve until :meth:`stop` (the server's loop)."""
         import uvicorn
 
         from trainbus.serve._dashboard import dashboard_app
@@ -198,7 +202,7 @@ class Dashboard(LoggerDestination):
             tick = min(_FLUSH_S, self.interval)
             next_snapshot = time.monotonic() + self.interval
             while True:
-                await asyncio.sleep(tick)
+                await anyio.sleep(tick)
                 self._flush()
                 if time.monotonic() >= next_snapshot:
                     next_snapshot = time.monotonic() + self.interval
@@ -211,17 +215,13 @@ class Dashboard(LoggerDestination):
                         else:
                             feed.take()
 
-        async def main() -> None:
-            self._loop = asyncio.get_running_loop()
-            self._flush()  # what the run published before (or while) the server was down
-            ticking = asyncio.create_task(ticker())
-            try:
-                await server.serve(sockets=[sock])
-            finally:
-                ticking.cancel()
-
         try:
-            asyncio.run(main())
+            self._loop = LoopHandle()
+            self._flush()  # what the run published before (or while) the server was down
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ticker)
+                await server.serve(sockets=[sock])
+                tg.cancel_scope.cancel()
         finally:
             self._loop = None
             self._started.set()
@@ -238,11 +238,8 @@ class Dashboard(LoggerDestination):
                 hub.close_all()
                 server.should_exit = True
 
-            try:
-                loop.call_soon_threadsafe(shut)
-            except RuntimeError:  # the loop closed already
-                pass
-        thread.join(timeout=10)
+            loop.call_soon_if_running(shut)  # nothing if the loop closed already
+        thread.stop(timeout=10)
         self._thread = None
 
     def __enter__(self) -> Dashboard:
@@ -273,10 +270,8 @@ class Dashboard(LoggerDestination):
             if loop is None:
                 return  # flushed when the server starts
             self._flush_scheduled = True
-            try:
-                loop.call_soon_threadsafe(self._flush)
-            except RuntimeError:  # the server stopped meanwhile
-                self._flush_scheduled = False
+            # Nothing if the server stopped meanwhile: the next one flushes when it starts.
+            loop.call_soon_if_running(self._flush)
 
     def _flush(self) -> None:
         """On the server's loop: publish what waits in the outbox.
