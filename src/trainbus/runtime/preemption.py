@@ -180,11 +180,12 @@ class Preemption:
         try:
             yield
         finally:
+            watchdog = self._watchdog
+            if watchdog is not None:
+                watchdog.finish()  # first: it sends no signal after this
             for s, old in previous.items():
                 signal.signal(s, old)
-            watchdog, self._watchdog = self._watchdog, None
-            if watchdog is not None:
-                watchdog.finish()
+            self._watchdog = None
 
     def raise_if_triggered(self) -> None:
         """Raise :class:`TrainingPreempted` if a signal stopped the run."""
@@ -212,9 +213,11 @@ class _Watchdog(threading.Thread):
         self.done = threading.Event()  # fit() is returning
         self.raise_now = False  # the main thread's handler raises HandlerAbandoned
         self.main = threading.main_thread().ident
+        self._sending = threading.Lock()  # no signal to the main thread once fit() returns
 
     def finish(self) -> None:
-        self.done.set()
+        with self._sending:
+            self.done.set()
 
     def _say(self, text: str) -> None:
         print(f"trainbus: {text}", file=sys.stderr, flush=True)
@@ -251,10 +254,11 @@ class _Watchdog(threading.Thread):
         self.engine._abandon()
         if self.done.wait(min(2.0, max(0.0, self.deadline - time.monotonic()) / 2)):
             return
-        if self._loop_wedged():
-            self._say(f"{name}: the event loop is blocked by {waiting}; interrupting it")
-            self.raise_now = True
-            signal.pthread_kill(self.main or 0, self.signum)
+        with self._sending:
+            if not self.done.is_set() and self._loop_wedged():
+                self._say(f"{name}: the event loop is blocked by {waiting}; interrupting it")
+                self.raise_now = True
+                signal.pthread_kill(self.main or 0, self.signum)
         self._wait_or_exit(name)
 
     def _loop_wedged(self) -> bool:
