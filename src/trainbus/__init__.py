@@ -22,6 +22,7 @@ from trainbus.bus import TraceRecorder as TraceRecorder
 from trainbus.bus.engine import Engine as Engine
 from trainbus.core.callback import Callback as Callback
 from trainbus.core.callback import blocking as blocking
+from trainbus.core.destination import LoggerDestination as LoggerDestination
 from trainbus.core.events import Event as Event
 from trainbus.core.exceptions import CallbackSignatureError as CallbackSignatureError
 from trainbus.core.exceptions import CallbackTimeoutWarning as CallbackTimeoutWarning
@@ -38,7 +39,6 @@ from trainbus.core.exceptions import UnknownHandlerWarning as UnknownHandlerWarn
 from trainbus.core.filters import every as every
 from trainbus.core.filters import once as once
 from trainbus.core.logger import Logger as Logger
-from trainbus.core.logger import LoggerDestination as LoggerDestination
 from trainbus.core.logger import LogLevel as LogLevel
 from trainbus.core.logger import LogRecord as LogRecord
 from trainbus.core.serializable import Serializable as Serializable

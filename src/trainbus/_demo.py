@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainbus.core.callback import Callback, blocking
-from trainbus.core.logger import LoggerDestination
+from trainbus.core.destination import LoggerDestination
 from trainbus.training.trainer import Trainer
 
 if TYPE_CHECKING:

@@ -33,9 +33,9 @@ from trainbus.bus.session import Session
 from trainbus.bus.statistics import BusStatistics, collect_statistics
 from trainbus.bus.trace import TraceRecorder
 from trainbus.core.callback import resolve_callback
+from trainbus.core.destination import resolve_log_handler
 from trainbus.core.events import Event
 from trainbus.core.exceptions import CallbackSignatureError, EngineThreadError, FitInProgressError
-from trainbus.core.logger import resolve_log_handler
 
 if TYPE_CHECKING:
     from trainbus.bus.lanes import Lane

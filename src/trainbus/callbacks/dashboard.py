@@ -29,8 +29,9 @@ import anyio
 from trainbus.bus.bridge import LoopHandle, LoopThread
 from trainbus.callbacks._stream_items import StreamEvent, StreamMetrics, json_ready
 from trainbus.callbacks.event_stream import DEFAULT_STREAM_EVENTS, EventStream
+from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
-from trainbus.core.logger import LoggerDestination, LogRecord
+from trainbus.core.logger import LogRecord
 
 if TYPE_CHECKING:
     from trainbus.bus.engine import Engine

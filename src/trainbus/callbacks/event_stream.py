@@ -42,9 +42,10 @@ from trainbus.callbacks._subscription import (
     _check_buffer_size,
     _check_policy,
 )
+from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
 from trainbus.core.exceptions import StreamOverflowError
-from trainbus.core.logger import LoggerDestination, LogRecord
+from trainbus.core.logger import LogRecord
 
 if TYPE_CHECKING:
     from trainbus.bus.engine import Engine

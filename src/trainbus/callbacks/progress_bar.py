@@ -16,8 +16,8 @@ import threading
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from trainbus.callbacks._interval import Interval
+from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
-from trainbus.core.logger import LoggerDestination
 from trainbus.core.scalars import DeferredScalar
 from trainbus.core.time import Time, TimeUnit
 

@@ -1,14 +1,13 @@
-"""The logger callbacks write to, and the destinations that receive what they log.
+"""The logger callbacks write to, and the records it makes.
 
 ``logger.log_metrics(...)`` never does I/O: it copies the values into a
-:class:`LogRecord` and queues the record on every destination's lane, in order. Each
-destination is a callback, so its ``log_metrics`` may be ``async def`` and runs
-concurrently with training and with the other destinations.
+:class:`LogRecord` and queues the record on every destination's lane, in order. The
+destinations are callbacks (``destination.py``), so their ``log_metrics`` may be
+``async def`` and runs concurrently with training and with the other destinations.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import operator
 import time
@@ -17,8 +16,6 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
-from trainbus.core.callback import Callback, Handler, HandlerTable, _check_signature
-from trainbus.core.handler_names import warn_uncalled_destination_methods
 from trainbus.core.scalars import copy_value, resolve_value
 from trainbus.core.state import _StateView
 from trainbus.core.time import Time
@@ -27,7 +24,7 @@ if TYPE_CHECKING:
     from trainbus.core.state import State
     from trainbus.core.timer import Timestamp
 
-__all__ = ["LogLevel", "LogRecord", "Logger", "LoggerDestination", "resolve_log_handler"]
+__all__ = ["LogLevel", "LogRecord", "Logger"]
 
 
 class LogLevel(IntEnum):
@@ -304,9 +301,10 @@ class Logger:
         raise NotImplementedError(_NO_ARTIFACTS.format(call=call))
 
     @property
-    def destinations(self) -> tuple[LoggerDestination, ...]:
-        """The run's logger destinations, in the order they receive records (Composer's)."""
-        return tuple(cb for cb in self._state.callbacks if isinstance(cb, LoggerDestination))
+    def destinations(self) -> tuple[Any, ...]:
+        """The run's logger destinations (:class:`~trainbus.LoggerDestination`), in the order
+        they receive records (Composer's)."""
+        return tuple(cb for cb in self._state.callbacks if getattr(cb, "_receives_records", False))
 
     # -- Composer v0.6 API ------------------------------------------------------------------
 
@@ -343,109 +341,7 @@ class Logger:
         self.data(LogLevel.BATCH, data)
 
 
-class LoggerDestination(Callback):
-    """A callback that receives what is logged. Its methods may be ``async def``.
-
-    Override :meth:`log_metrics` (and :meth:`log_hyperparameters`), or
-    :meth:`log_record` for the step, wall time and level together. Records reach a
-    destination in the order they were logged, on the destination's own lane, so a
-    slow destination delays nobody else.
-
-    Example:
-        >>> class PrintMetrics(LoggerDestination):
-        ...     def log_metrics(self, metrics, step):
-        ...         print(step, metrics)
-    """
-
-    def log_metrics(self, metrics: dict[str, Any], step: int) -> Any:
-        """Receive metrics logged at ``step``."""
-
-    def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> Any:
-        """Receive the run's hyperparameters."""
-
-    def log_record(self, record: LogRecord) -> Any:
-        """Receive one logged record; by default calls the two methods above."""
-        if record.hyperparameters:
-            return self.log_hyperparameters(record.metrics)
-        return self.log_metrics(record.metrics, record.step)
-
-    def log_data(self, state: State, log_level: LogLevel, data: dict[str, Any]) -> Any:
-        """Composer v0.6's entry point: override it to receive every record through it.
-
-        Called once per logged record, in logged order, on the destination's lane (like
-        :meth:`log_record`), with ``state`` as of the event whose handler logged the values
-        (``record.state``), the record's :class:`LogLevel` and its values (hyperparameters
-        arrive at ``LogLevel.FIT``, as Composer's ``logger.data_fit(...)``). A destination
-        that overrides it gets no ``log_record``/``log_metrics``/``log_hyperparameters``
-        calls. May be ``async def``.
-        """
-
-
-def _overrides_method(dest: LoggerDestination, name: str) -> bool:
-    own = inspect.getattr_static(type(dest), name)
-    return name in getattr(dest, "__dict__", {}) or own is not getattr(LoggerDestination, name)
-
-
-def resolve_log_handler(table: HandlerTable) -> Handler | None:
-    """For a destination, the handler that receives its log records (else ``None``).
-
-    An overridden ``log_data`` (Composer's) gets every record as ``(record.state,
-    record.level, record.metrics)``; else an overridden ``log_record`` is used as it is;
-    otherwise records are routed to ``log_metrics`` / ``log_hyperparameters``, awaited if
-    either is ``async def``. A method the destination defines that this leaves uncalled is
-    warned about (:func:`~trainbus.core.handler_names.warn_uncalled_destination_methods`).
-    """
-    dest = table.callback
-    if not isinstance(dest, LoggerDestination):
-        return None
-    cls = type(dest)
-    warn_uncalled_destination_methods(dest, LoggerDestination)
-    if _overrides_method(dest, "log_data"):
-        _check_signature(dest, "log_data", 3, "log_data(self, state, log_level, data)")
-        log_data = dest.log_data
-        data_async = inspect.iscoroutinefunction(log_data)
-        if data_async:
-
-            async def deliver_async(record: LogRecord) -> None:
-                await log_data(record.state, record.level, record.metrics)  # type: ignore[arg-type]
-
-            data_fn: Callable[[LogRecord], Any] = deliver_async
-        else:
-
-            def deliver(record: LogRecord) -> Any:
-                return log_data(record.state, record.level, record.metrics)  # type: ignore[arg-type]
-
-            data_fn = deliver
-        return Handler(dest, f"{cls.__qualname__}.log_data", data_fn, data_async, False)
-    if cls.log_record is not LoggerDestination.log_record:
-        method = dest.log_record
-        fn: Callable[..., Any] = method
-        is_async = inspect.iscoroutinefunction(method)
-    else:
-        metrics, hparams = dest.log_metrics, dest.log_hyperparameters
-        m_async = inspect.iscoroutinefunction(metrics)
-        h_async = inspect.iscoroutinefunction(hparams)
-        is_async = m_async or h_async
-        if is_async:
-
-            async def route(record: LogRecord) -> None:
-                if record.hyperparameters:
-                    result = hparams(record.metrics)
-                    if h_async:
-                        await result
-                else:
-                    result = metrics(record.metrics, record.step)
-                    if m_async:
-                        await result
-
-            fn = route
-        else:
-            fn = dest.log_record
-    return Handler(dest, f"{cls.__qualname__}.log_record", fn, is_async, False)
-
-
 # Shown as ``trainbus.X`` in tracebacks and reprs (each is exported there; pickling works).
 LogLevel.__module__ = "trainbus"
 LogRecord.__module__ = "trainbus"
 Logger.__module__ = "trainbus"
-LoggerDestination.__module__ = "trainbus"

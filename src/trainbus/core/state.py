@@ -15,16 +15,13 @@ import math
 import threading
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from trainbus.core.serializable import Serializable
 from trainbus.core.time import Time, TimeUnit, ensure_time
 from trainbus.core.timer import Timer, Timestamp
-
-if TYPE_CHECKING:
-    from trainbus.core.callback import Callback
 
 __all__ = ["State"]
 
@@ -152,7 +149,7 @@ class State(Serializable):
         eval_dataloader: Any = None,
         precision: str = "fp32",
         grad_accum: int = 1,
-        callbacks: Sequence[Callback] = (),
+        callbacks: Sequence[Any] = (),
         device: torch.device | str = "cpu",
         run_name: str = "run",
     ) -> None:

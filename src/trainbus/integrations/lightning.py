@@ -27,9 +27,9 @@ from pytorch_lightning.loggers import Logger as LightningLogger
 from pytorch_lightning.trainer.states import TrainerFn
 
 from trainbus.core.callback import Callback
+from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
 from trainbus.core.exceptions import EngineThreadError
-from trainbus.core.logger import LoggerDestination
 from trainbus.core.time import Time
 from trainbus.integrations.loop import Bus, _refuse_in_loop, batch_size_of
 

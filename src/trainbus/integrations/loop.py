@@ -22,10 +22,8 @@ Example:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
-import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
@@ -33,12 +31,14 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 import anyio
 import torch
 
+from trainbus.bus.bridge import no_running_loop
 from trainbus.bus.engine import Engine
 from trainbus.checkpoint.resume import attach_handler_drain
 from trainbus.core.callback import Callback
+from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
 from trainbus.core.exceptions import EngineThreadError
-from trainbus.core.logger import Logger, LoggerDestination
+from trainbus.core.logger import Logger
 from trainbus.core.state import State
 from trainbus.core.time import Time
 from trainbus.training.checks import check_callbacks
@@ -357,14 +357,7 @@ class Bus:
 
 def _refuse_in_loop(what: str, alternative: str) -> None:
     """Raise ``EngineThreadError`` if an event loop (asyncio or trio) runs on this thread."""
-    running = False
-    try:
-        asyncio.get_running_loop()
-        running = True
-    except RuntimeError:
-        trio: Any = sys.modules.get("trio")
-        running = trio is not None and bool(trio.lowlevel.in_trio_run())
-    if running:
+    if not no_running_loop():
         raise EngineThreadError(
             f"{what} starts its own event loop, but this thread already runs one; "
             f"use `{alternative}` instead"

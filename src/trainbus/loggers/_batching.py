@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from trainbus.core.logger import LoggerDestination, LogRecord
+from trainbus.core.destination import LoggerDestination
+from trainbus.core.logger import LogRecord
 from trainbus.loggers._delivery import (
     MetricsUploadWarning,
     Reply,

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
-from trainbus.core.logger import LoggerDestination, LogRecord
+from trainbus.core.destination import LoggerDestination
+from trainbus.core.logger import LogRecord
 from trainbus.core.time import Time, TimeUnit, ensure_time
 from trainbus.core.timer import Timestamp
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainbus.core.logger import LoggerDestination, LogLevel, LogRecord, _to_level
+from trainbus.core.destination import LoggerDestination
+from trainbus.core.logger import LogLevel, LogRecord, _to_level
 from trainbus.core.timer import Timestamp
 
 __all__ = ["InMemoryLogger"]

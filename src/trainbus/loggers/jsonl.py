@@ -41,8 +41,9 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
+from trainbus.core.destination import LoggerDestination
 from trainbus.core.exceptions import TrainbusWarning
-from trainbus.core.logger import LoggerDestination, LogRecord
+from trainbus.core.logger import LogRecord
 
 if TYPE_CHECKING:
     from trainbus.core.logger import Logger

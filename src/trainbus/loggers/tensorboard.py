@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainbus.core.logger import LoggerDestination, LogRecord
+from trainbus.core.destination import LoggerDestination
+from trainbus.core.logger import LogRecord
 
 if TYPE_CHECKING:
     from trainbus.core.logger import Logger

@@ -22,7 +22,8 @@ import anyio.abc
 
 from trainbus.callbacks._stream_items import json_ready
 from trainbus.callbacks.event_stream import EventStream
-from trainbus.core.logger import LoggerDestination, LogRecord
+from trainbus.core.destination import LoggerDestination
+from trainbus.core.logger import LogRecord
 from trainbus.serve._status import (
     JobFactoryError,
     JobStatus,

@@ -21,9 +21,10 @@ from trainbus.bus import (
 from trainbus.bus.engine import Engine
 from trainbus.checkpoint.resume import attach_handler_drain, read_checkpoint, restore_checkpoint
 from trainbus.core.callback import Callback, resolve_callback
+from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
 from trainbus.core.exceptions import EngineThreadError, FitInProgressError
-from trainbus.core.logger import Logger, LoggerDestination
+from trainbus.core.logger import Logger
 from trainbus.core.state import State
 from trainbus.core.time import Time
 from trainbus.loggers._exactly_once import plan_exactly_once
