@@ -29,7 +29,7 @@ from tests.failures._child import Child, child_env
 SCRIPT = Path(__file__).parent / "scripts" / "preempt_stuck.py"
 GRACE = 15.0
 STUCK = {"plain": "Stuck.batch_end", "async": "AsyncStuck.batch_end",
-         "async-sleep": "AsyncStuck.batch_end"}  # fmt: skip
+         "async-sleep": "AsyncStuck.batch_end", "stubborn": "AsyncStuck.batch_end"}  # fmt: skip
 
 
 def _finish(workdir: Path) -> subprocess.CompletedProcess[str]:
@@ -63,6 +63,29 @@ SLOW = [
 def test_sigterm_with_a_stuck_handler_checkpoints_closes_and_exits_143_within_grace(
     tmp_path: Path, reference: dict[str, torch.Tensor], stuck: str, runner: str
 ) -> None:
+    err = _preempt(tmp_path, stuck, runner)
+    for name in ("closed-plain", "closed-async"):  # every other callback closed
+        assert (tmp_path / name).read_text() == "5", name
+    assert "ignored" not in err
+    _check_resume(tmp_path, reference)
+
+
+@pytest.mark.slow
+def test_a_loop_blocked_for_good_still_ends_within_grace_with_its_checkpoint(
+    tmp_path: Path, reference: dict[str, torch.Tensor]
+) -> None:
+    """The last bound: a handler that blocks the loop and ignores ``HandlerAbandoned``. The
+    process ends with ``os._exit(143)`` one second before the grace period ends, after the
+    checkpoint was written; the callbacks' ``close`` could not run (the loop never came back)."""
+    err = _preempt(tmp_path, "stubborn", "fit_sync")
+    assert "ignored HandlerAbandoned" in err  # interrupted, and it went on blocking
+    assert "exiting with status 143 now" in err
+    _check_resume(tmp_path, reference)
+
+
+def _preempt(tmp_path: Path, stuck: str, runner: str) -> str:
+    """Run the child with a stuck handler, SIGTERM it 0.3 s after it blocked; check the
+    exit status, the bound, the handler named on stderr and the checkpoint. Its stderr."""
     child = Child(
         [str(SCRIPT), str(tmp_path), "--stuck", stuck, "--runner", runner,
          "--grace", str(GRACE)],
@@ -81,12 +104,13 @@ def test_sigterm_with_a_stuck_handler_checkpoints_closes_and_exits_143_within_gr
     child.close()
     assert status == 143, child
     assert elapsed < GRACE, f"the stop took {elapsed:.1f} s, over grace={GRACE:g} s"
-    err = "\n".join(child.err)
+    err = "\n".join([*child.out, *child.err])
     assert STUCK[stuck] in err  # the abandoned handler, named with its event
     assert (tmp_path / "ckpt" / "ba5.pt").is_file()
-    for name in ("closed-plain", "closed-async"):  # every other callback closed
-        assert (tmp_path / name).read_text() == "5", name
+    return err
 
+
+def _check_resume(tmp_path: Path, reference: dict[str, torch.Tensor]) -> None:
     resumed = _finish(tmp_path)  # from the checkpoint, without the stuck callback
     assert resumed.returncode == 0, resumed.stderr
     got = torch.load(tmp_path / "final.pt", weights_only=True)

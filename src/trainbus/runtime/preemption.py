@@ -214,10 +214,20 @@ class _Watchdog(threading.Thread):
         self.raise_now = False  # the main thread's handler raises HandlerAbandoned
         self.main = threading.main_thread().ident
         self._sending = threading.Lock()  # no signal to the main thread once fit() returns
+        # The last bound, on a timer of its own: it fires even if this thread is stuck
+        # (a callback's state_dict() that waits for the stuck handler, say).
+        self._last = threading.Timer(self.deadline - self.started_at, self._exit)
+        self._last.daemon = True
+        self._last.name = "trainbus-preemption-deadline"
+
+    def start(self) -> None:
+        self._last.start()
+        super().start()
 
     def finish(self) -> None:
         with self._sending:
             self.done.set()
+        self._last.cancel()
 
     def _say(self, text: str) -> None:
         print(f"trainbus: {text}", file=sys.stderr, flush=True)
@@ -234,8 +244,7 @@ class _Watchdog(threading.Thread):
         savers = self._savers()
         if all(s.requested_save_captured() for s in savers):
             # The checkpoint is taken (or there is none to take: without a saver nothing
-            # tells a stuck run from one still closing): only the final bound applies.
-            self._wait_or_exit(name)
+            # tells a stuck run from one still closing): only the last bound applies.
             return
         waiting = self.engine._describe_waiting() or "a handler"
         self._say(
@@ -259,7 +268,6 @@ class _Watchdog(threading.Thread):
                 self._say(f"{name}: the event loop is blocked by {waiting}; interrupting it")
                 self.raise_now = True
                 signal.pthread_kill(self.main or 0, self.signum)
-        self._wait_or_exit(name)
 
     def _loop_wedged(self) -> bool:
         """Whether the main thread runs user code, not the event loop's wait for I/O."""
@@ -270,9 +278,10 @@ class _Watchdog(threading.Thread):
         idle = ("/selectors.py", "/asyncio/", "/trio/", "/anyio/", "/threading.py")
         return not any(part in where for part in idle)
 
-    def _wait_or_exit(self, name: str) -> None:
-        if self.done.wait(max(0.0, self.deadline - time.monotonic())):
+    def _exit(self) -> None:
+        if self.done.is_set():
             return
+        name = signal.Signals(self.signum).name
         waiting = self.engine._describe_waiting()
         self._say(
             f"{name}: grace={self.owner.grace:g}s is almost over and fit() has not returned "

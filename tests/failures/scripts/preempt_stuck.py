@@ -1,6 +1,6 @@
 """A run for the bounded-SIGTERM tests (tests/failures/test_preemption_stuck.py).
 
-    python preempt_stuck.py WORKDIR [--stuck plain|async|async-sleep]
+    python preempt_stuck.py WORKDIR [--stuck plain|async|async-sleep|stubborn]
                             [--runner fit_sync|asyncio|trio] [--grace 15]
 
 20 batches of ~20 ms, ``Trainer(preemption=Preemption(grace=...), close_timeout=6)``, a
@@ -8,7 +8,8 @@
 preemption's checkpoint), resumed from that folder; a ``JSONLinesLogger`` and two callbacks
 that write ``WORKDIR/closed-<name>`` in their ``close`` (one plain, one ``async def``).
 ``--stuck``: a callback whose ``batch_end`` at batch 5 blocks for 90 s (``time.sleep``,
-``await anyio.sleep``, or ``time.sleep`` inside ``async def``) after printing ``stuck``.
+``await anyio.sleep``, or ``time.sleep`` inside ``async def``; ``stubborn``: the last, and it
+ignores the exception that interrupts it) after printing ``stuck``.
 ``--runner``: ``trainer.fit_sync()``, or ``anyio.run(trainer.fit)`` on asyncio or trio.
 stdout ``done`` at the end of an uninterrupted run (weights in WORKDIR/final.pt).
 """
@@ -64,6 +65,13 @@ class AsyncStuck(Callback):
             print("stuck", flush=True)
             if self.how == "async":
                 await anyio.sleep(90)
+            elif self.how == "stubborn":  # blocks the loop and ignores being interrupted
+                deadline = time.monotonic() + 90
+                while time.monotonic() < deadline:
+                    try:
+                        time.sleep(deadline - time.monotonic())
+                    except Exception as exc:
+                        print(f"ignored {type(exc).__name__}", flush=True)
             else:
                 time.sleep(90)  # blocks the event loop's thread itself
 
@@ -84,7 +92,9 @@ class AsyncClosed(Closed):
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("workdir", type=Path)
-    parser.add_argument("--stuck", choices=["plain", "async", "async-sleep"], default=None)
+    parser.add_argument(
+        "--stuck", choices=["plain", "async", "async-sleep", "stubborn"], default=None
+    )
     parser.add_argument("--runner", choices=["fit_sync", "asyncio", "trio"], default="fit_sync")
     parser.add_argument("--grace", type=float, default=15.0)
     args = parser.parse_args(argv)
