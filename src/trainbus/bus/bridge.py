@@ -13,7 +13,11 @@ loop is busy costs one wake-up. The tools:
 - :class:`Spawner`: run a coroutine function as a task on the loop for a thread and wait
   for it (a thread lane's ``async def`` handlers).
 - :class:`LoopThread`: a daemon thread running an event loop of its own, for plain code
-  that calls the engine with no loop running (``engine.run_event`` outside ``fit()``).
+  that calls the engine with no loop running (``engine.run_event`` outside ``fit()``), and
+  for the ``Dashboard``'s server, which needs asyncio and outlives ``fit()``.
+- :func:`no_running_loop`: whether the calling thread runs no loop.
+
+``tests/test_bridge.py`` fails if any other module of trainbus makes such a crossing.
 """
 
 from __future__ import annotations
