@@ -20,6 +20,7 @@ import importlib
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -30,7 +31,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from harness import report  # noqa: E402
+from harness import report, runner  # noqa: E402
 from harness.runner import LABELS, PEERS, Context  # noqa: E402
 from suite import MODULES  # noqa: E402
 
@@ -56,13 +57,21 @@ def loadavg() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    runner.kill_children()
+    raise SystemExit(f"terminated by signal {signum}")  # so the workers are closed
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _terminated)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="every row, smaller and faster")
     parser.add_argument("--only", help="comma-separated benchmark modules (suite/*.py)")
     parser.add_argument("--peers", help="comma list of ignite,lightning,composer, or none")
     parser.add_argument("--out", type=Path, default=BENCH, help="where README.md and results/ go")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--reuse-counts", action="store_true",
+                        help="take the instruction counts from results/latest.json (no callgrind)")
     parser.add_argument("--update-readme", action="store_true",
                         help="replace <!-- perf-table --> ... in the top-level README.md")
     args = parser.parse_args(argv)
@@ -71,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         results = json.loads(latest.read_text())
     else:
-        results = run_suite(args)
+        previous = json.loads(latest.read_text()) if latest.exists() else None
+        results = run_suite(args, previous)
         results_dir.mkdir(parents=True, exist_ok=True)
         name = f"{results['meta']['commit'].replace(' ', '')}-{results['meta']['mode']}.json"
         for path in (results_dir / name, latest):
@@ -88,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_suite(args: argparse.Namespace) -> dict[str, Any]:
+def run_suite(args: argparse.Namespace, previous: dict[str, Any] | None) -> dict[str, Any]:
+    """Run the selected benchmarks. With ``--only``, the other rows (and counts) of the
+    previous results are kept, each with the date of its own run."""
     started, load_start = time.perf_counter(), loadavg()
     ctx = Context(quick=args.quick, log=lambda m: print(m, flush=True))
     if args.peers is not None:
@@ -104,12 +116,25 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
             for adapter, configs in mod.counts(args.quick).items():
                 plan.setdefault(adapter, []).extend(configs)
     errors: dict[str, str] = {}
-    print(f"callgrind: {sum(map(len, plan.values()))} configs", flush=True)
-    try:
-        ctx.prefetch_counts(plan)
-    except Exception:
-        errors["callgrind"] = traceback.format_exc()
-        print(errors["callgrind"], flush=True)
+    adapters = {label: a for a, label in LABELS.items()}
+    if previous and (args.reuse_counts or args.only):
+        for c in previous.get("counts", []):
+            adapter = adapters[c["framework"]]
+            ctx.counts[(adapter, c["config"], False)] = c["quiet"]
+            if c.get("loaded"):
+                ctx.counts[(adapter, c["config"], True)] = c["loaded"]
+    if not args.reuse_counts:
+        for adapter, configs in plan.items():  # measured again
+            for config in configs:
+                key = json.dumps(config, sort_keys=True)
+                ctx.counts.pop((adapter, key, False), None)
+                ctx.counts.pop((adapter, key, True), None)
+        print(f"callgrind: {sum(map(len, plan.values()))} configs", flush=True)
+        try:
+            ctx.prefetch_counts(plan)
+        except Exception:
+            errors["callgrind"] = traceback.format_exc()
+            print(errors["callgrind"], flush=True)
     rows: list[dict[str, Any]] = []
     try:
         for name, mod in modules.items():
@@ -124,19 +149,27 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
                         + errors[name].strip().splitlines()[-1], "verdict": "failed",
                         "data": {}}]
             for r in new:
-                r.update(kind=kind, module=name, seconds=time.perf_counter() - t0)
+                r.update(kind=kind, module=name, seconds=time.perf_counter() - t0,
+                         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"))
                 print(f"{name}: {r['figure']}: {r['measured'][:140]} -> {r['verdict']}",
                       flush=True)
             rows += new
     finally:
         ctx.close()
+    if previous and args.only:
+        kept = [r for r in previous["rows"] if r.get("module") not in modules]
+        for r in kept:
+            r.setdefault("date", previous["meta"]["date"])
+        order = {name: i for i, name in enumerate(MODULES)}
+        rows = sorted(kept + rows, key=lambda r: order.get(r.get("module", ""), 99))
+        errors = {**{m: e for m, e in previous.get("errors", {}).items() if m not in modules},
+                  **errors}
     for adapter in ("plain", "trainbus_fw", *PEERS):
-        if adapter == "plain" or ctx.missing(adapter) is None:
-            ctx.versions.setdefault(adapter, "")
+        ctx.missing(adapter)  # imports it once: its version
     counts = [{"framework": LABELS[a], "config": k,
                "quiet": v, "loaded": ctx.counts.get((a, k, True))}
               for (a, k, loaded), v in ctx.counts.items() if not loaded]
-    versions = {LABELS[a]: v or "(not used)" for a, v in ctx.versions.items()}
+    versions = {LABELS[a]: v for a, v in ctx.versions.items()}
     versions.update({LABELS[a]: r for a, r in ctx.availability.items() if r})
     dirty = " (dirty)" if git("status", "--porcelain", "--", "../src") else ""
     meta = {
@@ -148,6 +181,9 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
         "loadavg": {"start": load_start, "end": loadavg()},
         "seconds": time.perf_counter() - started, "versions": versions,
     }
+    if previous and args.only:  # the kept rows came from the previous run
+        meta["command"] += f"; other rows: {previous['meta']['command']} ({previous['meta']['date']})"
+        meta["seconds"] += previous["meta"]["seconds"]
     return {"meta": meta, "rows": rows, "counts": counts, "errors": errors}
 
 

@@ -19,9 +19,11 @@ hooks directly (the floor) ran in the same run, in their own virtual environment
   per call is the difference per batch divided by the handler calls per batch. Fixed costs
   cancel: each config is fitted for B1 and B2 batches and the difference divided by
   B2 - B1. *Training thread* counts the thread that ran the model's `addmm`; *all
-  threads* adds the event loop and the callbacks' threads. Every count is measured twice,
-  quiet and beside a CPU-bound neighbour the suite starts; a count that moves by more than
-  5% is marked as a defect of the code (a decision taken by measured time).
+  threads* adds the event loop and the callbacks' threads. trainbus's counts (and the plain
+  loop's, the method's control) are measured twice, quiet and beside a CPU-bound neighbour
+  the suite starts (a busy Python loop); a count that moves by more than 5% is marked as a
+  defect of the code (a decision taken by measured time). "Quiet" means without that
+  neighbour: the machine's load average is in the table below.
 - **Wall clock** only where the effect is large: the arms of a row run in rounds
   interleaved across frameworks (the order rotated each round); the ratio is taken within
   each round, then its median, min and max over the rounds are shown as `median (min-max)`.
@@ -50,6 +52,15 @@ def _meta(meta: dict[str, Any]) -> list[str]:
     for name, version in meta.get("versions", {}).items():
         lines.append(f"| {name} | {version} |")
     return lines
+
+
+def _quick_note(meta: dict[str, Any]) -> list[str]:
+    if meta["mode"] != "quick":
+        return [""]
+    return ["**This is a `--quick` run** (a smoke test): fewer batches and 3 rounds; counts "
+            "quiet only (no neighbour pass), two callgrind processes at a time, Lightning "
+            "and Composer not counted; 10^5 records for the memory row. Its figures are "
+            "not the suite's measurement.", ""]
 
 
 def _table(rows: list[dict[str, Any]]) -> list[str]:
@@ -84,7 +95,7 @@ def readme(results: dict[str, Any]) -> str:
         " do not edit. -->", "",
         f"SPEC section 7, row by row: {tally['met']} met, {tally['missed']} missed, "
         f"{tally['not decided']} not decided (of {len(rows)}).", "",
-        HOW_TO_READ, *_meta(meta), "",
+        HOW_TO_READ, *_meta(meta), "", *_quick_note(meta),
         "## Instructions (callgrind)", "", *_table(instr), "",
         "## Wall clock and memory", "", *_table(other), "",
         "## Every count, quiet and beside a CPU-bound neighbour", "",

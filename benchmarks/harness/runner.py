@@ -29,10 +29,21 @@ BENCH = Path(__file__).resolve().parents[1]
 ROOT = BENCH.parent
 VENVS = BENCH / ".venvs"
 PEERS = {"ignite_fw": "ignite", "lightning_fw": "lightning", "composer_fw": "composer"}
+#: counted beside the neighbour too: trainbus, and the plain loop as the method's control
+LOADED_PASS = ("plain", "trainbus_fw")
 #: peers whose callgrind process takes minutes: counted in the full run only
 QUICK_UNCOUNTED = ("lightning_fw", "composer_fw")
 LABELS = {"plain": "plain loop", "trainbus_fw": "trainbus", "ignite_fw": "Ignite",
           "lightning_fw": "Lightning", "composer_fw": "Composer"}
+
+
+#: callgrind processes running now (``kill_children`` ends them when the run is stopped)
+CHILDREN: set[subprocess.Popen[str]] = set()
+
+
+def kill_children() -> None:
+    for proc in list(CHILDREN):
+        proc.kill()
 
 
 def real_python(python: str) -> str:
@@ -126,23 +137,31 @@ def _totals(path: Path) -> tuple[int, bool]:
 
 
 def callgrind(adapter: str, configs: Sequence[dict[str, Any]], loaded: bool,
-              timeout: float = 1500) -> list[dict[str, float]]:
+              timeout: float = 1500, threads: bool = True) -> list[dict[str, float]]:
     """Per config: instructions per batch (or per ``run_event`` call) on the training thread
     (the thread that ran the model's ``addmm``; the calling thread for ``run_event``) and on
-    all threads, from the difference between its two dumps."""
+    all threads, from the difference between its two dumps. ``threads=False``: all threads
+    only, in one file per dump (a dump of 1,000 threads' files takes minutes)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cg.out"
-        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+               f"--separate-threads={'yes' if threads else 'no'}",
                "--max-threads=4000",  # a thread per plain callback: 1,000 in the growth row
                f"--callgrind-out-file={out}", str(python_for(adapter)), "-m",
                "harness.worker", "callgrind", adapter, "--configs", json.dumps(list(configs))]
         with neighbour() if loaded else contextlib.nullcontext():
-            proc = subprocess.run(cmd, cwd=BENCH, env=env_for(adapter), capture_output=True,
-                                  text=True, timeout=timeout)
+            proc = subprocess.Popen(cmd, cwd=BENCH, env=env_for(adapter), text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            CHILDREN.add(proc)
+            try:
+                _, stderr = proc.communicate(timeout=timeout)
+            finally:
+                proc.kill()
+                CHILDREN.discard(proc)
         if proc.returncode:
-            raise RuntimeError(f"callgrind {adapter} failed:\n{proc.stderr[-3000:]}")
+            raise RuntimeError(f"callgrind {adapter} failed:\n{stderr[-3000:]}")
         dumps: dict[int, list[tuple[int, bool]]] = {}
-        for path in Path(tmp).glob("cg.out.*-*"):
+        for path in Path(tmp).glob("cg.out.*"):
             number = int(path.name.split(".")[-1].split("-")[0])
             dumps.setdefault(number, []).append(_totals(path))
 
@@ -175,6 +194,8 @@ class Context:
     versions: dict[str, str] = field(default_factory=dict)
     #: frameworks whose instructions are not counted in this run, and why
     uncounted: dict[str, str] = field(default_factory=dict)
+    #: (framework, config) -> why its callgrind process failed
+    count_errors: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @property
     def rounds(self) -> int:
@@ -228,22 +249,29 @@ class Context:
                 out[arm].append(res["median"])
         return out
 
-    def count(self, adapter: str, config: dict[str, Any]) -> Count:
-        """A config's instruction count, quiet and loaded (``prefetch_counts`` ran it)."""
+    def _pair(self, adapter: str, config: dict[str, Any]) -> tuple[dict[str, float],
+                                                                    dict[str, float] | None]:
         key = json.dumps(config, sort_keys=True)
-        quiet = self.counts[(adapter, key, False)]
-        loaded = self.counts.get((adapter, key, True))
+        if (adapter, key, False) not in self.counts:
+            why = self.count_errors.get((adapter, key)) or self.count_reason(adapter)
+            raise RuntimeError(f"no instruction count for {LABELS[adapter]} {key}: {why}")
+        return self.counts[(adapter, key, False)], self.counts.get((adapter, key, True))
+
+    def count(self, adapter: str, config: dict[str, Any]) -> Count:
+        """A config's count on the training thread, quiet and loaded (``prefetch_counts``)."""
+        quiet, loaded = self._pair(adapter, config)
         return Count(quiet["train"], loaded["train"] if loaded else None)
 
     def count_all(self, adapter: str, config: dict[str, Any]) -> Count:
-        key = json.dumps(config, sort_keys=True)
-        quiet = self.counts[(adapter, key, False)]
-        loaded = self.counts.get((adapter, key, True))
+        """A config's count on all threads, quiet and loaded."""
+        quiet, loaded = self._pair(adapter, config)
         return Count(quiet["all"], loaded["all"] if loaded else None)
 
     def prefetch_counts(self, plan: dict[str, list[dict[str, Any]]]) -> None:
         """One callgrind process per framework and condition for every config the selected
-        benchmarks declared: all quiet, one at a time, then all beside a neighbour. With
+        benchmarks declared (the 1,000-callback configs in a second one): all quiet, one at a
+        time, then trainbus's and the plain loop's beside a CPU-bound neighbour (but the
+        1,000-callback configs). With
         ``quick`` the quiet processes run two at a time and the loaded pass is left out."""
         if self.quick:
             for adapter in QUICK_UNCOUNTED:
@@ -252,13 +280,29 @@ class Context:
             jobs = []
             for adapter, configs in plan.items():
                 unique = list({json.dumps(c, sort_keys=True): c for c in configs}.values())
-                if unique and self.count_reason(adapter) is None:
-                    jobs.append((adapter, unique))
+                if self.count_reason(adapter) is not None or (
+                        loaded and adapter not in LOADED_PASS):
+                    continue
+                # the 1,000-callback fits in a process of their own, all threads counted
+                # together (two processes can run at once)
+                for part in ([c for c in unique if c.get("n", 0) < 1000],
+                             [c for c in unique if c.get("n", 0) >= 1000]):
+                    # 1,000 threads take minutes under valgrind: counted quiet only
+                    if part and not (loaded and part[0].get("n", 0) >= 1000):
+                        jobs.append((adapter, part))
             with ThreadPoolExecutor(max_workers=2 if self.quick else 1) as pool:
                 futures = [(adapter, todo, pool.submit(self._timed_callgrind, adapter, todo,
                                                        loaded)) for adapter, todo in jobs]
                 for adapter, todo, future in futures:
-                    figures = future.result()
+                    try:
+                        figures = future.result()
+                    except Exception as exc:  # the rows that need it say so
+                        reason = str(exc).strip().splitlines()[0]
+                        for config in todo:
+                            self.count_errors[(adapter, json.dumps(config, sort_keys=True))] = (
+                                f"{reason} ({'loaded' if loaded else 'quiet'})")
+                        self.log(f"  callgrind {LABELS[adapter]}: {exc}"[:3000])
+                        continue
                     for config, fig in zip(todo, figures, strict=True):
                         self.counts[(adapter, json.dumps(config, sort_keys=True), loaded)] = fig
 
@@ -271,7 +315,8 @@ class Context:
     def _timed_callgrind(self, adapter: str, todo: list[dict[str, Any]],
                          loaded: bool) -> list[dict[str, float]]:
         t0 = time.perf_counter()
-        figures = callgrind(adapter, todo, loaded)
+        figures = callgrind(adapter, todo, loaded,
+                            threads=all(c.get("n", 0) < 1000 for c in todo))
         self.log(f"  callgrind {LABELS[adapter]} ({'loaded' if loaded else 'quiet'}, "
                  f"{len(todo)} configs): {time.perf_counter() - t0:.0f} s")
         return figures

@@ -99,7 +99,7 @@ def callgrind(name: str, configs: list[dict[str, Any]]) -> None:
         b1, b2 = config["batches"]
         w = wl.make_workload(config.get("workload", "tiny"), b2)
         fit, calls = mod.make_fit(w, config["scenario"], config["n"], None)
-        cleanup = fit(w.batches[:5])  # warm-up: imports, caches, first-call paths
+        cleanup = fit(w.batches[:2])  # warm-up: imports, caches, first-call paths
         if callable(cleanup):
             cleanup()
         for batches in (b1, b2):

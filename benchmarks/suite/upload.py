@@ -26,7 +26,7 @@ def run(ctx: Context) -> list[dict[str, Any]]:
     uploader = ("trainbus_fw", "uploader", 1)
     arms = [base, same, uploader, *_wall.peer_arms(ctx, "upload", 1)]
     with latency_server(20) as url:
-        times = ctx.interleaved(arms, workload="mlp", batches=20 if ctx.quick else 100,
+        times = ctx.interleaved(arms, workload="mlp", batches=50 if ctx.quick else 200,
                                 reps=1, url=url)
     labels = {same: "trainbus (one awaited POST from an async def)",
               uploader: "trainbus HTTPMetricsUploader"}
