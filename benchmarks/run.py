@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         previous = json.loads(latest.read_text()) if latest.exists() else None
         results = run_suite(args, previous)
         results_dir.mkdir(parents=True, exist_ok=True)
-        name = f"{results['meta']['commit'].replace(' ', '')}-{results['meta']['mode']}.json"
+        commit = results["meta"]["commit"].replace(" (dirty)", "-dirty")
+        name = f"{commit}-{results['meta']['mode']}.json"
         for path in (results_dir / name, latest):
             path.write_text(json.dumps(results, indent=1) + "\n")
     (args.out / "README.md").write_text(report.readme(results))

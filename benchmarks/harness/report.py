@@ -121,7 +121,7 @@ def short_table(results: dict[str, Any]) -> str:
            "details and peers in [benchmarks/README.md](benchmarks/README.md).", "",
            "| figure | trainbus | target | verdict |", "|---|---|---|---|"]
     for r in results["rows"]:
-        short = re.split(r"\. |; ", r["measured"])[0].removeprefix("trainbus ")
+        short = r.get("short") or re.split(r"\. |; ", r["measured"])[0].removeprefix("trainbus ")
         out.append(f"| {r['figure']} | {short} | {r['target']} | {r['verdict']} |")
     return "\n".join(out) + "\n"
 

@@ -97,8 +97,10 @@ def count_verdict(count: Count, target: float | None) -> str:
     return verdict(count.quiet, count.spread, target)
 
 
-def row(figure: str, target_text: str, measured: str, verdict_: str,
-        **data: Any) -> dict[str, Any]:
-    """One SPEC section 7 row as the report prints it, with its raw data kept beside it."""
+def row(figure: str, target_text: str, measured: str, verdict_: str, *,
+        short: str | None = None, **data: Any) -> dict[str, Any]:
+    """One SPEC section 7 row as the report prints it, with its raw data kept beside it;
+    ``short``: trainbus's figure for the top-level README's table (default: the first
+    clause of ``measured``)."""
     return {"figure": figure, "target": target_text, "measured": measured,
-            "verdict": verdict_, "data": data}
+            "verdict": verdict_, "short": short, "data": data}

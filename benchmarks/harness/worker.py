@@ -97,9 +97,10 @@ def callgrind(name: str, configs: list[dict[str, Any]]) -> None:
             trainer.engine.close()
             continue
         b1, b2 = config["batches"]
-        w = wl.make_workload(config.get("workload", "tiny"), b2)
+        w = wl.make_workload(config.get("workload", "tiny"), max(b2, 10))
         fit, calls = mod.make_fit(w, config["scenario"], config["n"], None)
-        cleanup = fit(w.batches[:2])  # warm-up: imports, caches, first-call paths
+        # warm-up: imports, caches, first-call paths (one batch for 1,000 callbacks)
+        cleanup = fit(w.batches[:1 if config["n"] >= 1000 else 10])
         if callable(cleanup):
             cleanup()
         for batches in (b1, b2):

@@ -63,7 +63,7 @@ def _ratio(first: Count, rest: Count) -> Count:
 
 
 def run(ctx: Context) -> list[dict[str, Any]]:
-    cells, data, verdicts = [], {}, []
+    cells, data, verdicts, shorts = [], {}, [], []
     big = big_batches(ctx.quick)
     for adapter, kind in ARMS:
         label = LABELS[adapter] + ("" if adapter != "trainbus_fw" else f" {kind}")
@@ -85,8 +85,11 @@ def run(ctx: Context) -> list[dict[str, Any]]:
                                      "per_call_top": many.as_dict()}
         if adapter == "trainbus_fw":
             verdicts.append(stats.count_verdict(ratio, TARGET))
+            shorts.append(f"{kind.removeprefix('noop-') if kind != 'noop' else 'plain'} "
+                          f"{first.quiet:,.0f} -> {rest.quiet:,.0f} a call")
     verdict = (stats.MISSED if stats.MISSED in verdicts else stats.UNDECIDED
                if stats.UNDECIDED in verdicts else stats.MET)
     return [stats.row(FIGURE, f"linear: the marginal cost a call within {TARGET}x from "
                       f"callbacks 2-10 to 11-{top(ctx.quick):,}", "; ".join(cells), verdict,
+                      short="; ".join(shorts),
                       unit="instructions per call, all threads", **data)]
