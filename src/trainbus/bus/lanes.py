@@ -237,7 +237,14 @@ class Lane:
     # -- counting (the runner) ------------------------------------------------------------
 
     def count_done(self) -> None:
-        """Count one finished (or skipped) event item; tell the gate at its target."""
+        """Count one finished (or skipped) event item; tell the gate at its target.
+
+        The queue's peak is kept here, off the training thread: between two counts the
+        depth only grows, so it is at its highest just before each count.
+        """
+        depth = self.enq - self.done
+        if depth > self.member.peak:
+            self.member.peak = depth
         self.done += 1
         target = self.wait_done
         if target is not None and self.done >= target:

@@ -36,6 +36,7 @@ class Slot:
         "event",
         "fn",
         "handler",
+        "here",
         "here_calls",
         "is_async",
         "is_blocking",
@@ -52,8 +53,10 @@ class Slot:
         self.fn = handler.fn
         self.qualname = handler.qualname
         self.is_async = handler.is_async
-        #: A plain ``@blocking`` handler: the training thread runs it (D9).
+        #: ``@blocking``: the training thread waits for it (D9).
         self.is_blocking = handler.is_blocking
+        #: A plain ``@blocking`` handler: the training thread runs it itself.
+        self.here = handler.is_blocking and not handler.is_async
         #: The filter (``@every``/``@once``); replaced by a never-true one after ``@once``.
         self.when: Callable[[Any], bool] | None = handler.when
         #: Batches this handler may trail the ``BATCH_END`` barrier by (``@trailing``).
@@ -108,7 +111,7 @@ class Member:
         # A destination whose @blocking handler runs on the training thread gets a thread
         # too: its records then run under the lane's lock, never beside that handler (D1).
         blocking_destination = log_handler is not None and any(
-            slot.is_blocking and not slot.is_async for slot in self.slots.values()
+            slot.here for slot in self.slots.values()
         )
         self.on_thread = table.has_sync or plain_log or blocking_destination
         self.lags = frozenset(slot.lag for slot in self.slots.values()) or frozenset({0})

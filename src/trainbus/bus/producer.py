@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainbus.bus.lanes import EventItem, Stopped
 from trainbus.bus.members import due
-from trainbus.bus.runners import CURRENT_LANE, account
+from trainbus.bus.runners import account
 from trainbus.bus.slow import SlowCallbacks
 from trainbus.core.events import Event
 
@@ -84,6 +84,9 @@ class Producer:
         self._trace_mark = 0.0
         #: While set, every event is published as a barrier that waits for every handler.
         self._barrier_all = False
+        #: The lane whose @blocking handler runs on this thread now (its records and
+        #: ``wait_all`` must not wait for itself).
+        self.running_here: Lane | None = None
         self.slow = SlowCallbacks()
 
     def is_producer(self) -> bool:
@@ -113,12 +116,23 @@ class Producer:
                 when = slot.when
                 if when is not None and not due(slot, when, item.view.timestamp):
                     continue
-                if slot.is_blocking:
-                    self._blocking(lane, slot, item)
+                if slot.here:  # a plain @blocking handler: run it now, on this thread (D9)
+                    self._run_here(lane, slot, item)
                     continue
-                if lane.enq - lane.done >= queue_size:
-                    self.gate.wait([(lane, lane.enq - queue_size + 1)], "backpressure", event)
-                self._append(lane, slot, item)
+                # Queue it on its lane (D3): an append, and a wake-up if its runner sleeps.
+                if lane.enq - lane.done >= queue_size:  # D12: wait for room first
+                    gate.wait([(lane, lane.enq - queue_size + 1)], "backpressure", event)
+                lane.enq += 1  # before the item: its runner never counts past enq
+                if not lane.uniform:
+                    lane.last_by_lag[slot.lag] = lane.enq
+                if lane.on_thread:
+                    lane.queue.put(item)
+                else:
+                    lane.pending.append(item)  # then look at idle: see LoopWaker
+                    if lane.idle and not lane.wake_requested:
+                        self.waker.wake(lane)
+                if slot.is_blocking:  # an async @blocking handler: wait for it (D9)
+                    gate.wait([(lane, lane.enq)], "blocking", event)
             if event is Event.BATCH_END:
                 self._batch_end()
             if self._barrier_all or event in self.barriers:
@@ -141,48 +155,37 @@ class Producer:
         view, logger = self._view
         return EventItem(event, view, logger, ts._batch)
 
-    def _append(self, lane: Lane, slot: Slot, item: EventItem) -> None:
-        """Queue ``item`` on ``lane`` and make sure its runner will take it."""
-        lane.enq += 1  # before the item: its runner never counts past enq
-        if not lane.uniform:
-            lane.last_by_lag[slot.lag] = lane.enq
-        if lane.on_thread:
-            lane.queue.put(item)
-        else:
-            lane.pending.append(item)  # then look at idle: see LoopWaker
-            if lane.idle and not lane.wake_requested:
-                self.waker.wake(lane)
-        depth = lane.enq - lane.done
-        if depth > lane.member.peak:
-            lane.member.peak = depth
+    def _run_here(self, lane: Lane, slot: Slot, item: EventItem) -> None:
+        """Run a plain ``@blocking`` handler on this thread, after its lane's backlog (D9).
 
-    def _blocking(self, lane: Lane, slot: Slot, item: EventItem) -> None:
-        """Run a ``@blocking`` handler before returning (D9), after its lane's backlog."""
-        event = item.event
-        if slot.is_async:  # coroutines run on the loop: queue it, wait for this very item
-            if lane.enq - lane.done >= self.queue_size:
-                self.gate.wait([(lane, lane.enq - self.queue_size + 1)], "backpressure", event)
-            self._append(lane, slot, item)
-            self.gate.wait([(lane, lane.enq)], "blocking", event)
-            return
-        if lane.done < lane.enq:
-            self.gate.wait([(lane, lane.enq)], "blocking", event)
-        if lane.log_done < lane.log_enq:  # records logged before the event come first (D1)
-            self.gate.wait([(lane, lane.log_enq)], "records", event)
+        A callback with a thread of its own may run something there now (a record): the
+        handler then waits for the lane's earlier items and runs under the lane's lock
+        (D1). A callback without a thread runs nothing unless it has queued items.
+        """
         gate = self.gate
-        if gate.stopping:
-            raise Stopped
-        token = CURRENT_LANE.set(lane)
-        with lane.lock:  # never beside the lane's own thread (records, D1)
-            lane.current = slot.qualname
-            t0 = _perf()
-            try:
-                slot.fn(item.view, item.logger)
-            except BaseException as exc:
-                gate.fail(exc, slot.handler, event, lane)
-            elapsed = _perf() - t0
-            lane.current = None
-        CURRENT_LANE.reset(token)
+        if lane.on_thread or lane.done < lane.enq:
+            event = item.event
+            if lane.done < lane.enq:
+                gate.wait([(lane, lane.enq)], "blocking", event)
+            if lane.log_done < lane.log_enq:  # records logged before the event first (D1)
+                gate.wait([(lane, lane.log_enq)], "records", event)
+            if gate.stopping:
+                raise Stopped
+            with lane.lock:
+                self._call_here(lane, slot, item)
+            return
+        self._call_here(lane, slot, item)
+
+    def _call_here(self, lane: Lane, slot: Slot, item: EventItem) -> None:
+        self.running_here = lane
+        lane.current = slot.qualname
+        t0 = _perf()
+        try:
+            slot.fn(item.view, item.logger)
+        except BaseException as exc:
+            self.gate.fail(exc, slot.handler, item.event, lane)
+        elapsed = _perf() - t0
+        lane.current = self.running_here = None
         slot.here_calls += 1
         account(lane, slot, item.batch, t0, elapsed, self.counters)
 
@@ -234,7 +237,7 @@ class Producer:
         if targets:
             self.gate.wait(targets, "barrier")
         if records:
-            own = CURRENT_LANE.get()  # the @blocking handler's lane that asks, if any
+            own = self.running_here  # the @blocking handler's lane that asks, if any
             logged = [
                 (lane, lane.log_enq)
                 for lane in self.destinations

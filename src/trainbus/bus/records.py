@@ -18,7 +18,7 @@ wait for records.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from trainbus.bus.lanes import LogItem, would_deadlock
@@ -27,6 +27,7 @@ from trainbus.bus.runners import CURRENT_LANE
 if TYPE_CHECKING:
     from trainbus.bus.bridge import LoopWaker
     from trainbus.bus.lanes import Gate, Lane
+    from trainbus.bus.producer import Producer
     from trainbus.core.logger import LogRecord
 
 __all__ = ["Records"]
@@ -42,14 +43,14 @@ class Records:
         gate: Gate,
         waker: LoopWaker,
         loop_thread: int,
-        producer_ident: Callable[[], int | None],
+        producer: Producer,
     ) -> None:
         self.destinations = [lane for lane in lanes if lane.log_slot is not None]
         self.bound = bound
         self.gate = gate
         self.waker = waker
         self.loop_thread = loop_thread
-        self._producer_ident = producer_ident
+        self._producer = producer
 
     def submit(self, record: LogRecord) -> None:
         """Queue ``record`` on every destination's lane, within each one's bound."""
@@ -71,11 +72,11 @@ class Records:
 
     def _wait_for_room(self, lane: Lane) -> None:
         ident = threading.get_ident()
-        waiter = CURRENT_LANE.get()  # on the training thread: a @blocking handler's lane
-        if ident == self._producer_ident():
-            if waiter is not lane:
+        if ident == self._producer.ident:
+            if self._producer.running_here is not lane:  # not a @blocking handler's own
                 self.gate.wait([(lane, lane.log_enq - self.bound + 1)], "records")
             return
+        waiter = CURRENT_LANE.get()
         if ident == self.loop_thread:
             if waiter is not None and waiter is not lane:
                 waiter.owes = lane  # its task waits for room after this handler

@@ -88,7 +88,7 @@ class Session:
             gate,
             self.waker,
             self.loop.thread_id,
-            lambda: self.producer.ident,
+            self.producer,
         )
         #: Scopes of the waits that close_timeout bounds; a second Ctrl-C ends them at once.
         self._bounded: set[anyio.CancelScope] = set()
@@ -244,9 +244,8 @@ class Session:
         """Give up on what is stuck now; close the rest under a short deadline (loop)."""
         self.stop()
         self._abandoning = True
-        now = anyio.current_time()
-        for scope in self._bounded:
-            scope.deadline = min(scope.deadline, now)
+        for scope in tuple(self._bounded):  # each bounded wait ends now, as if it timed out
+            scope.cancel()
         self.cancel_in_flight()
 
     def describe_waiting(self) -> str:
