@@ -34,7 +34,11 @@ def run(ctx: Context) -> list[dict[str, Any]]:
         if reason := ctx.count_reason(adapter):
             cells.append(f"{LABELS[adapter]}: {reason}")
             continue
-        c = over_floor(ctx, adapter)
+        try:
+            c = over_floor(ctx, adapter)
+        except RuntimeError as exc:  # its callgrind process failed: the row says so
+            cells.append(f"{LABELS[adapter]}: {str(exc)[:200]}")
+            continue
         data[adapter] = c.as_dict()
         cells.append(f"{LABELS[adapter]} +{_calls.fmt(c)}")
         if adapter == "ignite_fw":
