@@ -103,6 +103,7 @@ def run_suite(args: argparse.Namespace, previous: dict[str, Any] | None) -> dict
     """Run the selected benchmarks. With ``--only``, the other rows (and counts) of the
     previous results are kept, each with the date of its own run."""
     started, load_start = time.perf_counter(), loadavg()
+    commit = git("rev-parse", "--short", "HEAD")  # what is measured: the tree at the start
     ctx = Context(quick=args.quick, log=lambda m: print(m, flush=True))
     if args.peers is not None:
         keep = {p for p in args.peers.split(",") if p and p != "none"}
@@ -177,7 +178,7 @@ def run_suite(args: argparse.Namespace, previous: dict[str, Any] | None) -> dict
         "command": " ".join(["python benchmarks/run.py", *(sys.argv[1:] if args is not None else [])]),
         "mode": "quick" if args.quick else "full",
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
-        "commit": git("rev-parse", "--short", "HEAD") + dirty,
+        "commit": commit + dirty,
         "machine": machine(), "python": platform.python_version(),
         "loadavg": {"start": load_start, "end": loadavg()},
         "seconds": time.perf_counter() - started, "versions": versions,
