@@ -163,7 +163,8 @@ class Producer:
         (D1). A callback without a thread runs nothing unless it has queued items.
         """
         gate = self.gate
-        if lane.on_thread or lane.done < lane.enq:
+        locked = lane.on_thread or lane.done < lane.enq
+        if locked:
             event = item.event
             if lane.done < lane.enq:
                 gate.wait([(lane, lane.enq)], "blocking", event)
@@ -171,19 +172,17 @@ class Producer:
                 gate.wait([(lane, lane.log_enq)], "records", event)
             if gate.stopping:
                 raise Stopped
-            with lane.lock:
-                self._call_here(lane, slot, item)
-            return
-        self._call_here(lane, slot, item)
-
-    def _call_here(self, lane: Lane, slot: Slot, item: EventItem) -> None:
+            lane.lock.acquire()
         self.running_here = lane
         lane.current = slot.qualname
         t0 = _perf()
         try:
             slot.fn(item.view, item.logger)
         except BaseException as exc:
-            self.gate.fail(exc, slot.handler, item.event, lane)
+            gate.fail(exc, slot.handler, item.event, lane)
+        finally:
+            if locked:
+                lane.lock.release()
         elapsed = _perf() - t0
         lane.current = self.running_here = None
         slot.here_calls += 1
