@@ -21,7 +21,7 @@ import os
 import pathlib
 import random
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,7 @@ from trainbus.checkpoint.sharded import find_checkpoint, find_checkpoints
 from trainbus.core.exceptions import CheckpointLoadError, CheckpointWarning
 
 if TYPE_CHECKING:
+    from trainbus.checkpoint.s3 import S3Options
     from trainbus.core.state import State
 
 __all__ = [
@@ -179,13 +180,9 @@ def _load_callbacks(path: pathlib.Path, state: State, saved: dict[str, Any]) -> 
         )
 
 
-def _is_saver_folder(path: pathlib.Path, state: State) -> bool:
-    from trainbus.callbacks.checkpoint_saver import CheckpointSaver
-
+def _is_saver_folder(path: pathlib.Path, saver_folders: Sequence[pathlib.Path]) -> bool:
     target = path.resolve()
-    return any(
-        isinstance(cb, CheckpointSaver) and cb.folder.resolve() == target for cb in state.callbacks
-    )
+    return any(folder.resolve() == target for folder in saver_folders)
 
 
 @dataclass
@@ -203,8 +200,18 @@ class LoadedCheckpoint:
     sharded: bool = False
 
 
-def read_checkpoint(load_path: str | os.PathLike[str], state: State) -> LoadedCheckpoint | None:
+def read_checkpoint(
+    load_path: str | os.PathLike[str],
+    state: State,
+    *,
+    saver_folders: Sequence[pathlib.Path] = (),
+    s3_options: S3Options | None = None,
+) -> LoadedCheckpoint | None:
     """Find and read the checkpoint at ``load_path``; check it fits ``state``'s model.
+
+    The caller (the Trainer) says what the run's callbacks write: ``saver_folders``, the
+    folders of its ``CheckpointSaver``s, and ``s3_options``, the endpoint and credentials of
+    its ``CheckpointUploader`` to ``load_path``, if any.
 
     Returns ``None`` for a folder without a complete checkpoint, for a path that does
     not exist yet but is the folder of one of the run's ``CheckpointSaver``s (so one
@@ -225,9 +232,9 @@ def read_checkpoint(load_path: str | os.PathLike[str], state: State) -> LoadedCh
             "file or a CheckpointSaver folder"
         )
     if isinstance(load_path, str) and load_path.startswith("s3://"):
-        return _read_remote(load_path, state)
+        return _read_remote(load_path, state, s3_options)
     path = pathlib.Path(load_path)
-    if not path.exists() and _is_saver_folder(path, state):
+    if not path.exists() and _is_saver_folder(path, saver_folders):
         return None  # autoresume's first run: the saver has not made its folder yet
     if path.is_dir() and not (_dcp.is_complete(path) or _dcp.is_interrupted(path)):
         return _read_newest_intact(path, state)
@@ -275,20 +282,14 @@ def _read_newest_intact(folder: pathlib.Path, state: State) -> LoadedCheckpoint 
     return None
 
 
-def _read_remote(url: str, state: State) -> LoadedCheckpoint | None:
+def _read_remote(url: str, state: State, options: S3Options | None) -> LoadedCheckpoint | None:
     """The newest complete checkpoint under ``s3://bucket/prefix`` (``trainbus.checkpoint.s3``)."""
-    from trainbus.callbacks.checkpoint_saver import _rank
-    from trainbus.callbacks.checkpoint_uploader import CheckpointUploader
     from trainbus.checkpoint.s3 import S3Options, download_newest
 
-    options = next(
-        (cb.options for cb in state.callbacks
-         if isinstance(cb, CheckpointUploader) and cb.url == url.rstrip("/")),
-        S3Options(),
-    )  # fmt: skip
+    options = options or S3Options()
     skip: frozenset[str] = frozenset()
     while True:
-        got = download_newest(url, options, _rank(), skip)
+        got = download_newest(url, options, _dcp._rank(), skip)
         if got is None:
             if skip:  # every complete checkpoint there is damaged: do not start over
                 raise CheckpointLoadError(

@@ -295,7 +295,9 @@ class Trainer:
         self._init_delivered = False
         self._finished = False  # whether a fit() of this trainer reached max_duration
         # Read and check the checkpoint before INIT; restore it after, as Composer does.
-        checkpoint = None if load_path is None else read_checkpoint(load_path, self.state)
+        checkpoint = None if load_path is None else read_checkpoint(
+            load_path, self.state, **_what_callbacks_write(load_path, self.state.callbacks)
+        )
         # Before anything is logged or restored: destinations choose their exactly-once path.
         plan_exactly_once(self.state.callbacks, resumed=checkpoint is not None)
         if no_running_loop():  # as Composer does: INIT handlers run in the constructor
@@ -433,3 +435,19 @@ def _only_abandoned(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return all(_only_abandoned(e) for e in exc.exceptions)
     return isinstance(exc, HandlerAbandoned)
+
+
+def _what_callbacks_write(load_path: object, callbacks: Sequence[object]) -> dict[str, Any]:
+    """The folders the run's savers write and the S3 options of its uploader to
+    ``load_path``: where ``read_checkpoint`` may find the run's own checkpoints."""
+    from trainbus.callbacks.checkpoint_saver import CheckpointSaver
+    from trainbus.callbacks.checkpoint_uploader import CheckpointUploader
+
+    url = str(load_path).rstrip("/")
+    return {
+        "saver_folders": [cb.folder for cb in callbacks if isinstance(cb, CheckpointSaver)],
+        "s3_options": next(
+            (c.options for c in callbacks if isinstance(c, CheckpointUploader) and c.url == url),
+            None,
+        ),
+    }
