@@ -217,7 +217,7 @@ def exposure(stats: Any, drain_time: float) -> tuple[float, float, float]:
 
     ``stats`` is ``engine.statistics()`` after ``fit()``; ``drain_time`` the seconds from
     ``FIT_END`` until ``fit()`` returned. Hidden time is the handler time the training
-    thread did not wait for (``benchmarks/bench_trailing.py`` reports the same figure).
+    thread did not wait for.
     """
     waited = stats.barrier_wait_time + stats.backpressure_wait_time
     work = stats.handler_time
