@@ -134,6 +134,7 @@ def check(outcome: Outcome, reference: Outcome) -> None:
     assert set(outcome.jsonl.values()) == {1}
 
 
+@pytest.mark.slow  # 21 s of real processes; the default suite keeps the other crash tests
 def test_killed_or_preempted_then_resumed_equals_the_uninterrupted_run(tmp_path: Path) -> None:
     """The fast case (default suite): the reference, a run killed with SIGKILL after batch
     23 and a run stopped by SIGTERM after batch 32 (exit status 143), each then resumed,

@@ -147,6 +147,7 @@ def test_a_bit_flip_in_the_newest_s3_checkpoint_falls_back_to_the_newest_intact_
     assert "fails its CRC-32 check" in done.stderr
 
 
+@pytest.mark.slow  # 7 s of killed writes
 def test_a_write_killed_half_way_leaves_no_partial_file_once_a_saver_runs_again(
     tmp_path: Path, reference: Reference
 ) -> None:

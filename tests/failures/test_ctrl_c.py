@@ -138,6 +138,7 @@ def test_two_quick_ctrl_c_still_close_and_keep_every_point(backend: str, tmp_pat
     check_interrupted_run(child, status, elapsed, out, [])
 
 
+@pytest.mark.slow  # a real demo run; the Ctrl-C paths themselves stay in the default suite
 def test_cli_demo_ctrl_c_exits_130_with_a_complete_metrics_file(tmp_path: Path) -> None:
     run = tmp_path / "run"
     child = Child(
