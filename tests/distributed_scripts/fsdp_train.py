@@ -29,7 +29,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainbus
-from trainbus import Callback, State, Trainer, _gloo_exit
+from trainbus import Callback, State, Trainer
+from trainbus.runtime import gloo_exit as _gloo_exit
 from trainbus.callbacks import CheckpointSaver
 
 
