@@ -30,8 +30,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import trainbus
 from trainbus import Callback, State, Trainer
-from trainbus.runtime import gloo_exit as _gloo_exit
 from trainbus.callbacks import CheckpointSaver
+from trainbus.runtime import gloo_exit as _gloo_exit
 
 
 class Net(torch.nn.Module):
