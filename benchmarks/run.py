@@ -5,6 +5,7 @@
     python benchmarks/run.py --only growth,sleepers   # some rows
     python benchmarks/run.py --report-only    # rewrite the README from results/latest.json
     python benchmarks/run.py --update-readme  # also replace the table in the top README
+    python benchmarks/run.py --trainbus-src ../before/src --out /tmp/before   # another tree
 
 Results go to ``benchmarks/results/<commit>-<mode>.json`` and ``results/latest.json``;
 ``benchmarks/README.md`` and ``results/readme_table.md`` are written from them. Peers run
@@ -74,7 +75,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="take the instruction counts from results/latest.json (no callgrind)")
     parser.add_argument("--update-readme", action="store_true",
                         help="replace <!-- perf-table --> ... in the top-level README.md")
+    parser.add_argument("--trainbus-src", type=Path,
+                        help="measure the trainbus of another checkout (its src/ folder), for a "
+                             "before/after comparison; use with --out")
     args = parser.parse_args(argv)
+    if args.trainbus_src is not None:
+        runner.TRAINBUS_SRC = args.trainbus_src.resolve()
     results_dir = args.out / "results"
     latest = results_dir / "latest.json"
     if args.report_only:
@@ -103,7 +109,8 @@ def run_suite(args: argparse.Namespace, previous: dict[str, Any] | None) -> dict
     """Run the selected benchmarks. With ``--only``, the other rows (and counts) of the
     previous results are kept, each with the date of its own run."""
     started, load_start = time.perf_counter(), loadavg()
-    commit = git("rev-parse", "--short", "HEAD")  # what is measured: the tree at the start
+    # what is measured: the tree at the start
+    commit = git("-C", str(runner.TRAINBUS_SRC), "rev-parse", "--short", "HEAD")
     ctx = Context(quick=args.quick, log=lambda m: print(m, flush=True))
     if args.peers is not None:
         keep = {p for p in args.peers.split(",") if p and p != "none"}
@@ -173,7 +180,7 @@ def run_suite(args: argparse.Namespace, previous: dict[str, Any] | None) -> dict
               for (a, k, loaded), v in ctx.counts.items() if not loaded]
     versions = {LABELS[a]: v for a, v in ctx.versions.items()}
     versions.update({LABELS[a]: r for a, r in ctx.availability.items() if r})
-    dirty = " (dirty)" if git("status", "--porcelain", "--", "../src") else ""
+    dirty = " (dirty)" if git("-C", str(runner.TRAINBUS_SRC), "status", "--porcelain", "--", ".") else ""
     meta = {
         "command": " ".join(["python benchmarks/run.py", *(sys.argv[1:] if args is not None else [])]),
         "mode": "quick" if args.quick else "full",

@@ -59,8 +59,13 @@ def python_for(adapter: str) -> Path:
     return Path(real_python(sys.executable))
 
 
+#: The trainbus source measured: this tree's, or another checkout's (``--trainbus-src``, for a
+#: before/after comparison of a change; the run's report names it).
+TRAINBUS_SRC = Path(os.environ.get("TRAINBUS_BENCH_SRC", ROOT / "src"))
+
+
 def env_for(adapter: str) -> dict[str, str]:
-    path = [str(BENCH)] if adapter in PEERS else [str(ROOT / "src"), str(BENCH)]
+    path = [str(BENCH)] if adapter in PEERS else [str(TRAINBUS_SRC), str(BENCH)]
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/"),
             "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1",
             "PYTHONHASHSEED": "0"}

@@ -160,7 +160,7 @@ def test_a_broken_thread_lane_counts_events_and_records_fails_calls_and_stops() 
 
     record = LogRecord({"x": 1.0}, 0, 0.0)
     for item in (event_item(), LogItem(record), CallItem(lambda: None, False, calls.append), STOP):
-        lane.queue.put(item)
+        lane.pending.append(item)
     lane.enq = 1
     lane.log_enq = 1
     error = RuntimeError("internal")

@@ -152,6 +152,7 @@ class Lane:
         "room_waiters",
         "room_wakers",
         "scope",
+        "sleeper",
         "slots",
         "thread",
         "uniform",
@@ -170,14 +171,18 @@ class Lane:
         self.slots = member.slots
         self.log_slot = member.log_slot
         self.on_thread = member.on_thread
-        #: A thread lane's items (its thread sleeps in ``get()``).
-        self.queue: SimpleQueue[WorkItem] = SimpleQueue()
-        #: A loop lane's items (its task sleeps on ``wakeup``).
+        #: The lane's items, in order (its runner takes them from the left).
         self.pending: deque[WorkItem] = deque()
-        #: A loop lane: whether its task sleeps (set by the task, on the loop).
+        #: Whether the runner sleeps (or is about to): set by the runner before its
+        #: second look at ``pending``, so an append either is seen or sees it sleep.
         self.idle = False
-        #: A loop lane: whether a wake-up was asked for since it went to sleep.
+        #: Whether a wake-up was asked for since the runner went to sleep.
         self.wake_requested = False
+        #: A thread lane's thread sleeps in ``sleeper.acquire()`` (held while it sleeps);
+        #: :meth:`wake_thread` releases it.
+        self.sleeper = threading.Lock()
+        self.sleeper.acquire()
+        #: A loop lane's task sleeps on ``wakeup`` (``bridge.LoopWaker`` sets it).
         self.wakeup: anyio.Event | None = None
         #: Held by whoever runs one of the lane's items: its thread, or the training thread
         #: running a plain ``@blocking`` handler (so the two never overlap, D1).
@@ -217,6 +222,14 @@ class Lane:
         self.current: str | None = None
         #: Set when one of its handlers raised: it runs nothing more but its close (D10).
         self.failed = False
+
+    def wake_thread(self) -> None:
+        """Wake a thread lane's thread, which sleeps or is about to (any thread)."""
+        self.wake_requested = True
+        try:
+            self.sleeper.release()
+        except RuntimeError:  # released already: the thread is awake or about to be
+            pass
 
     # -- lags (training thread; ``@trailing`` slots) --------------------------------------
 

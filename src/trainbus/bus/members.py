@@ -78,6 +78,7 @@ class Member:
         slots: The slot per event it handles (none for events it ignores).
         log_slot: For a logger destination, the slot receiving log records.
         on_thread: Whether it has a thread of its own (see the module docstring).
+        shares_thread: Whether the training thread runs some of its plain handlers too.
         lags: The distinct lags (batches) of its slots.
         peak: The most event handler calls ever queued at once for it.
         peak_records: For a destination, the most records ever queued at once for it.
@@ -91,6 +92,7 @@ class Member:
         "name",
         "on_thread",
         "peak",
+        "shares_thread",
         "peak_records",
         "slots",
         "table",
@@ -114,6 +116,9 @@ class Member:
             slot.here for slot in self.slots.values()
         )
         self.on_thread = table.has_sync or plain_log or blocking_destination
+        #: Whether its plain handlers run on two threads, its own and (``@blocking``) the
+        #: training thread: then each item of its thread runs under its lane's lock (D1).
+        self.shares_thread = self.on_thread and any(slot.here for slot in self.slots.values())
         self.lags = frozenset(slot.lag for slot in self.slots.values()) or frozenset({0})
         self.peak = 0
         self.peak_records = 0

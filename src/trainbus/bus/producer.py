@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from trainbus.bus.lanes import EventItem, Stopped
 from trainbus.bus.members import due
@@ -29,7 +29,7 @@ from trainbus.core.events import Event
 
 if TYPE_CHECKING:
     from trainbus.bus.bridge import LoopWaker
-    from trainbus.bus.lanes import Counters, Gate, Lane
+    from trainbus.bus.lanes import Counters, Gate, Lane, WaitKind
     from trainbus.bus.members import Member, Slot
     from trainbus.bus.options import BusOptions
     from trainbus.core.logger import Logger
@@ -38,6 +38,18 @@ if TYPE_CHECKING:
 __all__ = ["Producer"]
 
 _perf = time.perf_counter
+
+#: Events inside a batch, before its end. A thread lane is not woken for these: what they
+#: queue on a callback's thread runs when the batch ends (``BATCH_END``, ``EVAL_BATCH_END``),
+#: in one wake-up of the thread, or when the training thread waits, whichever is first. A
+#: thread's wake-up is a thread switch (and a turn of the GIL), the dearest part of a plain
+#: call; a loop lane's is a task switch, so loop lanes are woken at every publish (D3).
+INSIDE_BATCH: Final = frozenset({
+    Event.AFTER_DATALOADER, Event.BATCH_START, Event.BEFORE_TRAIN_BATCH, Event.BEFORE_FORWARD,
+    Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS, Event.BEFORE_BACKWARD,
+    Event.AFTER_BACKWARD, Event.AFTER_TRAIN_BATCH, Event.EVAL_BATCH_START,
+    Event.EVAL_BEFORE_FORWARD, Event.EVAL_AFTER_FORWARD,
+})
 
 
 class Producer:
@@ -88,6 +100,8 @@ class Producer:
         #: ``wait_all`` must not wait for itself).
         self.running_here: Lane | None = None
         self.slow = SlowCallbacks()
+        self.thread_lanes = [lane for lane in lanes if lane.on_thread]
+        self.loop_lanes = [lane for lane in lanes if not lane.on_thread]
 
     def is_producer(self) -> bool:
         """Whether the calling thread is the one publishing."""
@@ -107,6 +121,7 @@ class Producer:
         if gate.stopping:
             raise Stopped
         queue_size = self.queue_size
+        threads = False
         for event in events:
             self.counters.published += 1
             item: EventItem | None = None
@@ -121,18 +136,15 @@ class Producer:
                     continue
                 # Queue it on its lane (D3): an append, and a wake-up if its runner sleeps.
                 if lane.enq - lane.done >= queue_size:  # D12: wait for room first
-                    gate.wait([(lane, lane.enq - queue_size + 1)], "backpressure", event)
+                    self.wait([(lane, lane.enq - queue_size + 1)], "backpressure", event)
                 lane.enq += 1  # before the item: its runner never counts past enq
                 if not lane.uniform:
                     lane.last_by_lag[slot.lag] = lane.enq
-                if lane.on_thread:
-                    lane.queue.put(item)
-                else:
-                    lane.pending.append(item)  # then look at idle: see LoopWaker
-                    if lane.idle and not lane.wake_requested:
-                        self.waker.wake(lane)
+                lane.pending.append(item)
                 if slot.is_blocking:  # an async @blocking handler: wait for it (D9)
-                    gate.wait([(lane, lane.enq)], "blocking", event)
+                    self.wait([(lane, lane.enq)], "blocking", event)
+            if event not in INSIDE_BATCH:
+                threads = True
             if event is Event.BATCH_END:
                 self._batch_end()
             if self._barrier_all or event in self.barriers:
@@ -141,6 +153,26 @@ class Producer:
                     self._trace_mark = _perf()  # the next batch's span starts after the wait
             if gate.stopping:
                 raise Stopped
+        self.wake(threads=threads)
+
+    def wake(self, *, threads: bool = True) -> None:
+        """Wake the sleeping loop lanes that have items and, with ``threads``, the sleeping
+        thread lanes that have items (see ``INSIDE_BATCH``)."""
+        for lane in self.loop_lanes:
+            if lane.idle and lane.pending and not lane.wake_requested:
+                self.waker.wake(lane)
+        if threads:
+            for lane in self.thread_lanes:
+                if lane.idle and lane.pending and not lane.wake_requested:
+                    lane.wake_thread()
+
+    def wait(
+        self, targets: list[tuple[Lane, int]], kind: WaitKind, event: Event | None = None
+    ) -> None:
+        """Wake the lanes, then wait at the gate (the training thread never waits for a
+        lane it has not woken)."""
+        self.wake()
+        self.gate.wait(targets, kind, event)
 
     def _item(self, event: Event) -> EventItem:
         """The event's item, with a snapshot shared by events with nothing between them."""
@@ -167,9 +199,9 @@ class Producer:
         if locked:
             event = item.event
             if lane.done < lane.enq:
-                gate.wait([(lane, lane.enq)], "blocking", event)
+                self.wait([(lane, lane.enq)], "blocking", event)
             if lane.log_done < lane.log_enq:  # records logged before the event first (D1)
-                gate.wait([(lane, lane.log_enq)], "records", event)
+                self.wait([(lane, lane.log_enq)], "records", event)
             if gate.stopping:
                 raise Stopped
             lane.lock.acquire()
@@ -186,7 +218,7 @@ class Producer:
         elapsed = _perf() - t0
         lane.current = self.running_here = None
         slot.here_calls += 1
-        account(lane, slot, item.batch, t0, elapsed, self.counters)
+        account(lane, slot, item.batch, t0, elapsed, self.counters, False)
 
     # -- barriers --------------------------------------------------------------------------
 
@@ -219,7 +251,7 @@ class Producer:
             if lane.done < target:
                 targets.append((lane, target))
         if targets:
-            self.gate.wait(targets, "barrier", event)
+            self.wait(targets, "barrier", event)
 
     def run_now(self, event: Event) -> None:
         """Publish ``event`` as a barrier that waits for every handler (plain-code callers)."""
@@ -234,7 +266,7 @@ class Producer:
         until every destination has taken every record logged so far."""
         targets = [(lane, lane.enq) for lane in self.lanes if lane.done < lane.enq]
         if targets:
-            self.gate.wait(targets, "barrier")
+            self.wait(targets, "barrier")
         if records:
             own = self.running_here  # the @blocking handler's lane that asks, if any
             logged = [
@@ -243,6 +275,6 @@ class Producer:
                 if lane.log_done < lane.log_enq and lane is not own
             ]
             if logged:
-                self.gate.wait(logged, "records")
+                self.wait(logged, "records")
         if self.gate.stopping:
             raise Stopped

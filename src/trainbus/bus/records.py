@@ -60,11 +60,11 @@ class Records:
             if lane.log_enq - lane.log_done >= bound and not (lane.failed or lane.abandoned):
                 self._wait_for_room(lane)
             depth = lane.count_record()
-            if lane.on_thread:
-                lane.queue.put(item)
-            else:
-                lane.pending.append(item)
-                if lane.idle and not lane.wake_requested:
+            lane.pending.append(item)
+            if lane.idle and not lane.wake_requested:
+                if lane.on_thread:
+                    lane.wake_thread()
+                else:
                     self.waker.wake(lane)
             member = lane.member
             if depth > member.peak_records:
@@ -74,7 +74,7 @@ class Records:
         ident = threading.get_ident()
         if ident == self._producer.ident:
             if self._producer.running_here is not lane:  # not a @blocking handler's own
-                self.gate.wait([(lane, lane.log_enq - self.bound + 1)], "records")
+                self._producer.wait([(lane, lane.log_enq - self.bound + 1)], "records")
             return
         waiter = CURRENT_LANE.get()
         if ident == self.loop_thread:

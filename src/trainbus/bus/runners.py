@@ -45,10 +45,11 @@ ROOM_RECHECK = 0.05
 
 
 def account(lane: Lane, slot: Slot, batch: int, start: float, elapsed: float,
-            counters: Counters) -> None:
+            counters: Counters, queued: bool = True) -> None:
     """Record one finished handler call, whichever thread ran it: its slot's statistics,
-    the lane's progress (for the lag statistics) and the timeline. The one place calls are
-    counted."""
+    the lane's progress (for the lag statistics), the timeline and, for an item of the
+    lane's queue (``queued``; not a record, not a call the training thread ran itself),
+    its count, which the gate waits for. The one place calls are counted."""
     slot.calls += 1
     slot.total_time += elapsed
     if elapsed > slot.max_time:
@@ -57,6 +58,14 @@ def account(lane: Lane, slot: Slot, batch: int, start: float, elapsed: float,
     trace = counters.trace
     if trace is not None:
         trace.handler(lane.name, slot.event, start, elapsed)
+    if queued:  # Lane.count_done written out: this runs once a handler call
+        done = lane.done
+        depth = lane.enq - done  # the queue at its deepest since the last count
+        if depth > lane.member.peak:
+            lane.member.peak = depth
+        lane.done = done = done + 1
+        if lane.wait_done is not None and done >= lane.wait_done:
+            lane.gate.reached(lane)
 
 
 # -- a thread lane -------------------------------------------------------------------------
@@ -65,23 +74,34 @@ def account(lane: Lane, slot: Slot, batch: int, start: float, elapsed: float,
 def run_thread_lane(lane: Lane, spawner: Spawner, loop: LoopHandle, counters: Counters) -> None:
     """The body of ``lane``'s thread: run its items until ``STOP``."""
     CURRENT_LANE.set(lane)
-    queue, lock, gate = lane.queue, lane.lock, lane.gate
+    pending, lock, gate, sleeper = lane.pending, lane.lock, lane.gate, lane.sleeper
+    locking = lane.member.shares_thread  # the training thread runs some handlers too (D1)
 
     def on_scope(scope: anyio.CancelScope | None) -> None:
         lane.scope = scope
 
+    t0 = _perf()  # when the lane's current item started: one clock read an item
     while True:
-        item = queue.get()
+        if not pending:
+            lane.idle = True  # before the second look: see Lane.idle
+            if not pending:
+                sleeper.acquire()
+            lane.idle = False
+            lane.wake_requested = False
+            t0 = _perf()
+            continue
+        item = pending.popleft()
         if item is STOP:
             return
-        with lock:
-            if isinstance(item, EventItem):
+        if locking:
+            lock.acquire()
+        try:
+            if type(item) is EventItem:
                 if gate.stopping:
                     lane.count_done()
                     continue
                 slot = lane.slots[item.event]
                 lane.current = slot.qualname
-                t0 = _perf()
                 try:
                     if slot.is_async:
                         spawner.run(slot.fn, item.view, item.logger, on_scope=on_scope)
@@ -89,15 +109,15 @@ def run_thread_lane(lane: Lane, spawner: Spawner, loop: LoopHandle, counters: Co
                         slot.fn(item.view, item.logger)
                 except BaseException as exc:
                     gate.fail(exc, slot.handler, slot.event, lane)
-                account(lane, slot, item.batch, t0, _perf() - t0, counters)
+                t1 = _perf()
                 lane.current = None
-                lane.count_done()
+                account(lane, slot, item.batch, t0, t1 - t0, counters)
+                t0 = t1
             elif isinstance(item, LogItem):
                 log_slot = lane.log_slot
                 assert log_slot is not None, "only destinations receive records"
                 if not lane.failed:  # a failed destination gets no more records (D10)
                     lane.current = log_slot.qualname
-                    t0 = _perf()
                     try:
                         record = item.record.resolve()  # may wait for a device copy (D14)
                         if log_slot.is_async:
@@ -106,7 +126,9 @@ def run_thread_lane(lane: Lane, spawner: Spawner, loop: LoopHandle, counters: Co
                             log_slot.fn(record)
                     except BaseException as exc:
                         gate.fail(exc, log_slot.handler, None, lane)
-                    account(lane, log_slot, lane.last_batch, t0, _perf() - t0, counters)
+                    t1 = _perf()
+                    account(lane, log_slot, lane.last_batch, t0, t1 - t0, counters, False)
+                    t0 = t1
                     lane.current = None
                 lane.count_log_done()
             else:
@@ -124,13 +146,25 @@ def run_thread_lane(lane: Lane, spawner: Spawner, loop: LoopHandle, counters: Co
                     error = exc
                 lane.current = None
                 loop.call_soon_if_running(item.on_done, error)
+                t0 = _perf()
+        finally:
+            if locking:
+                lock.release()
 
 
 def fail_thread_lane(lane: Lane, loop: LoopHandle, error: BaseException) -> None:
     """After an error of the bus itself on ``lane``'s thread: count its items without
     running them until ``STOP``, so that nobody waits for it for ever."""
+    pending = lane.pending
     while True:
-        item = lane.queue.get()
+        if not pending:
+            lane.idle = True
+            if not pending:
+                lane.sleeper.acquire()
+            lane.idle = False
+            lane.wake_requested = False
+            continue
+        item = pending.popleft()
         if item is STOP:
             return
         if isinstance(item, EventItem):
@@ -169,6 +203,7 @@ async def _drain_loop_lane(
 ) -> bool:
     """Run ``lane``'s items, sleeping when there are none; true at ``STOP``."""
     pending, gate = lane.pending, lane.gate
+    t0 = _perf()  # when the lane's current item started: one clock read an item
     while True:
         if not pending:
             lane.wakeup = anyio.Event()
@@ -176,36 +211,38 @@ async def _drain_loop_lane(
             if not pending:
                 await lane.wakeup.wait()
             lane.idle = False
+            t0 = _perf()
             continue
         item = pending.popleft()
         if item is STOP:
             return True
-        if isinstance(item, EventItem):
+        if type(item) is EventItem:
             if gate.stopping:
                 lane.count_done()
                 continue
             slot = lane.slots[item.event]
             lane.current = slot.qualname
-            t0 = _perf()
             try:
                 await slot.fn(item.view, item.logger)
             except anyio.get_cancelled_exc_class():
-                account(lane, slot, item.batch, t0, _perf() - t0, counters)
                 lane.current = None
-                lane.count_done()
+                account(lane, slot, item.batch, t0, _perf() - t0, counters)
                 raise
             except BaseException as exc:
                 gate.fail(exc, slot.handler, slot.event, lane)
-            account(lane, slot, item.batch, t0, _perf() - t0, counters)
             lane.current = None
-            lane.count_done()
+            t1 = _perf()
+            account(lane, slot, item.batch, t0, t1 - t0, counters)
+            t0 = t1
         elif isinstance(item, LogItem):
             with anyio.CancelScope(shield=True):  # a record in flight is delivered in full
                 await _deliver(lane, item, counters)
             lane.count_log_done()
+            t0 = _perf()
         else:
             assert isinstance(item, CallItem)
             await _call(lane, item)
+            t0 = _perf()
         if lane.owes is not None:
             await _wait_for_room(lane, record_bound, loop)
 
@@ -226,7 +263,7 @@ async def _deliver(lane: Lane, item: LogItem, counters: Counters) -> None:
             await result
     except BaseException as exc:
         lane.gate.fail(exc, slot.handler, None, lane)
-    account(lane, slot, lane.last_batch, t0, _perf() - t0, counters)
+    account(lane, slot, lane.last_batch, t0, _perf() - t0, counters, False)
     lane.current = None
 
 

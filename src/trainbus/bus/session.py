@@ -152,12 +152,11 @@ class Session:
 
     def _put(self, lane: Lane, item: Any) -> None:
         """Queue an item on ``lane`` from the loop (close calls, drain marks, ``STOP``)."""
+        lane.pending.append(item)
         if lane.on_thread:
-            lane.queue.put(item)
-        else:
-            lane.pending.append(item)
-            if lane.wakeup is not None:
-                lane.wakeup.set()
+            lane.wake_thread()
+        elif lane.wakeup is not None:
+            lane.wakeup.set()
 
     def _thread_main(self, lane: Lane, finished: anyio.Event) -> None:
         try:
