@@ -12,7 +12,7 @@ import torch
 
 from tests.dispatch._probes import WATCHDOG, batch_of, fit, until
 from tests.helpers import TinyModel, make_trainer
-from trainbus import Callback
+from trainbus import Callback, blocking
 
 pytestmark = pytest.mark.anyio
 
@@ -104,4 +104,57 @@ async def test_d3_publishing_does_not_wait_for_the_handlers(kind: str) -> None:
                 seen.append(True)
 
     await fit(make_trainer(1, callbacks=[Overlap()], model=model))
+    assert seen == [True]
+
+
+# --- when a plain handler starts: once a batch for in-batch events (docs/concurrency.md) ---
+
+
+async def test_a_plain_in_batch_handler_runs_when_its_batch_ends() -> None:
+    # Its callback's thread is woken once a batch, at BATCH_END: AFTER_FORWARD's plain handler
+    # runs after the training thread published the batch's AFTER_TRAIN_BATCH, and before
+    # the batch's BATCH_END barrier lets the next batch start.
+    published: list[int] = []
+    seen: list[tuple[int, list[int]]] = []
+
+    class Marks(Callback):
+        @blocking  # on the training thread, as the event is published
+        def after_train_batch(self, state: Any, logger: Any) -> None:
+            published.append(batch_of(state))
+
+        @blocking
+        def batch_start(self, state: Any, logger: Any) -> None:
+            assert len(seen) == batch_of(state), "the previous batch's handler had not run"
+
+    class Plain(Callback):
+        def after_forward(self, state: Any, logger: Any) -> None:
+            seen.append((batch_of(state), list(published)))
+
+    await fit(make_trainer(4, callbacks=[Marks(), Plain()]))
+    assert seen == [(b, list(range(b + 1))) for b in range(4)]
+
+
+async def test_a_plain_handler_outside_a_batch_starts_at_once() -> None:
+    # FIT_START lies outside a batch: its plain handler is woken when it is published, and
+    # runs while the training thread is inside batch 0 (no barrier waits for it first).
+    inside, answered = threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    class Early(Callback):
+        def fit_start(self, state: Any, logger: Any) -> None:
+            if inside.wait(WATCHDOG / 2):
+                answered.set()
+
+    class Inside(Callback):
+        @blocking
+        def before_backward(self, state: Any, logger: Any) -> None:
+            if batch_of(state) == 0:
+                inside.set()
+
+        @blocking
+        def after_backward(self, state: Any, logger: Any) -> None:
+            if batch_of(state) == 0:
+                seen.append(answered.wait(WATCHDOG / 2))
+
+    await fit(make_trainer(2, callbacks=[Early(), Inside()], warn_slow_callbacks=False))
     assert seen == [True]

@@ -8,8 +8,7 @@ also needs the cheaper fire-and-forget call that asyncio and trio both have
 loop is busy costs one wake-up. The tools:
 
 - :class:`LoopHandle`: call a function soon on the loop, from any thread.
-- :class:`LoopWaker`: wake sleeping loop lanes, one call into the loop for all the lanes
-  woken while it had not yet run.
+- :class:`LoopWaker`: wake the sleeping loop lanes, one call into the loop.
 - :class:`Spawner`: run a coroutine function as a task on the loop for a thread and wait
   for it (a thread lane's ``async def`` handlers).
 - :class:`LoopThread`: a daemon thread running an event loop of its own, for plain code
@@ -99,38 +98,32 @@ def no_running_loop() -> bool:
 
 
 class LoopWaker:
-    """Wakes sleeping loop lanes from any thread, one call into the loop per wake-up.
+    """Wakes the sleeping loop lanes from any thread: one call into the loop per
+    :meth:`wake`, whatever the lanes are doing. On the loop, that call (:meth:`_on_loop`)
+    sets the wake-up of every loop lane that sleeps with items queued; a lane that is busy
+    takes its new items when it is done. Create it on the loop.
 
-    :meth:`wake` lists a lane and, unless a call into the loop is already on its way,
-    makes one; that call (:meth:`_on_loop`) wakes every lane listed by then. A lane is
-    listed at most once per sleep (``Lane.wake_requested``). Create it on the loop.
+    The caller's cost is the same whether the loop sleeps or not (no look at the lanes
+    from the calling thread): a count that does not move with the machine's load.
     """
 
-    def __init__(self, loop: LoopHandle, counters: Counters) -> None:
+    def __init__(self, loop: LoopHandle, lanes: list[Lane], counters: Counters) -> None:
         self._call_soon = loop.call_soon
         self._counters = counters
-        self._ready: deque[Lane] = deque()
-        self._scheduled = False
+        self._lanes = [lane for lane in lanes if not lane.on_thread]
 
-    def wake(self, lane: Lane) -> None:
-        """Wake ``lane``'s task, which sleeps or is about to (any thread)."""
-        lane.wake_requested = True
-        self._ready.append(lane)
-        if not self._scheduled:
-            self._scheduled = True
-            try:
-                self._call_soon(self._on_loop)
-            except Exception:  # the loop has ended (an abandoned thread came back late)
-                return
+    def wake(self) -> None:
+        """Ask the loop to wake its sleeping lanes that have items (any thread)."""
+        try:
+            self._call_soon(self._on_loop)
+        except Exception:  # the loop has ended (an abandoned thread came back late)
+            return
 
     def _on_loop(self) -> None:
-        self._scheduled = False
         self._counters.loop_wakeups += 1
-        ready = self._ready
-        while ready:
-            lane = ready.popleft()
-            lane.wake_requested = False
-            if lane.wakeup is not None:
+        for lane in self._lanes:
+            # On the loop a lane's task is either asleep (idle) or running: never between.
+            if lane.idle and lane.pending and lane.wakeup is not None:
                 lane.wakeup.set()
 
 

@@ -4,11 +4,10 @@ One :class:`Lane` per callback per session. Its items (one per published event i
 per logged record for a destination, per ``close`` call) run one at a time, in queue order
 (D1), by the one runner its placement gives it (``members.py``, ``runners.py``):
 
-- a thread lane's items go into ``queue`` (a ``SimpleQueue``: an append and, when the
-  thread sleeps in ``get()``, one wake-up), and its thread takes them one by one;
-- a loop lane's items go into ``pending``; its task on the event loop takes them, and
-  sleeps on ``wakeup`` when there are none. Whoever appends to a sleeping loop lane asks
-  the loop to wake it (``bridge.LoopWaker``): once per time the lane went to sleep.
+- items go into ``pending`` (a deque: an append, nothing woken); the runner takes them
+  from the left and, when there are none, sleeps: a thread lane's thread on ``sleeper``
+  (woken by :meth:`Lane.wake_thread`), a loop lane's task on ``wakeup`` (woken through
+  ``bridge.LoopWaker``). When the producer wakes them is its rule (``producer.py``).
 
 Counting: ``enq`` (the training thread) and ``done`` (the runner) count event items;
 ``log_enq``/``log_done`` count records. The training thread waits for these counts at the
@@ -159,7 +158,6 @@ class Lane:
         "wait_done",
         "wait_log",
         "waiting_on",
-        "wake_requested",
         "wakeup",
     )
 
@@ -176,8 +174,6 @@ class Lane:
         #: Whether the runner sleeps (or is about to): set by the runner before its
         #: second look at ``pending``, so an append either is seen or sees it sleep.
         self.idle = False
-        #: Whether a wake-up was asked for since the runner went to sleep.
-        self.wake_requested = False
         #: A thread lane's thread sleeps in ``sleeper.acquire()`` (held while it sleeps);
         #: :meth:`wake_thread` releases it.
         self.sleeper = threading.Lock()
@@ -225,7 +221,6 @@ class Lane:
 
     def wake_thread(self) -> None:
         """Wake a thread lane's thread, which sleeps or is about to (any thread)."""
-        self.wake_requested = True
         try:
             self.sleeper.release()
         except RuntimeError:  # released already: the thread is awake or about to be

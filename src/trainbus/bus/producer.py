@@ -5,10 +5,14 @@ snapshot of the state, D5) and, for every callback that handles the event, in li
 
 - a plain ``@blocking`` handler runs right here, once its callback's earlier items are done
   (D9); an ``async def`` ``@blocking`` handler is queued and waited for;
-- any other handler's item is appended to its lane, after waiting for room if the lane
-  holds ``queue_size`` items (D12): a thread lane's ``queue.put`` (which wakes its thread
-  if it sleeps), or a loop lane's ``pending`` (asking the loop to wake the lane's task if
-  it sleeps, ``bridge.LoopWaker``).
+- any other handler's item is appended to its lane's ``pending``, after waiting for room if
+  the lane holds ``queue_size`` items (D12). Nothing is woken per item.
+
+Waking, by rule (never by time): at the end of a publish, one call into the loop if the
+events queued on a loop lane (``bridge.LoopWaker``: the loop wakes its sleeping lanes), and,
+if an event lies outside a batch's inside (``INSIDE_BATCH``: ``BATCH_END`` and every event
+outside a batch), each sleeping thread lane with items. Before the training thread waits
+(a barrier, backpressure, a ``@blocking`` handler), everything is woken.
 
 At a barrier event it then waits at the gate for what the barrier waits for (D4, with each
 lane's lag). Nothing here depends on how long anything took.
@@ -82,13 +86,18 @@ class Producer:
         self.destinations = [lane for lane in lanes if lane.log_slot is not None]
         self.lagged = [lane for lane in lanes if not lane.uniform]
         #: Per event, its handlers in offering order (loggers first at INIT, last
-        #: otherwise, as Composer does).
-        self.plan: dict[Event, list[tuple[Lane, Slot]]] = {}
+        #: otherwise, as Composer does): ``(lanes, [])`` when publishing only queues each
+        #: of them (no filter, not ``@blocking``, no lag: the common case, an enq count and
+        #: an append), else ``([], handlers)``.
+        self.plan: dict[Event, tuple[list[Lane], list[tuple[Lane, Slot]]]] = {}
         for event in Event:
             subs = [(lane, lane.slots[event]) for lane in lanes if event in lane.slots]
             if event is Event.INIT:
                 subs.sort(key=lambda pair: pair[0].log_slot is None)
-            self.plan[event] = subs
+            if all(_only_queued(lane, slot) for lane, slot in subs):
+                self.plan[event] = ([lane for lane, _ in subs], [])
+            else:
+                self.plan[event] = ([], subs)
         #: The thread that may publish now (the training thread, or a plain-code caller).
         self.ident: int | None = None
         self._view_key: tuple[Any, Any] = (None, None)
@@ -102,6 +111,13 @@ class Producer:
         self.slow = SlowCallbacks()
         self.thread_lanes = [lane for lane in lanes if lane.on_thread]
         self.loop_lanes = [lane for lane in lanes if not lane.on_thread]
+        #: The events that queue items on loop lanes: their publish wakes the loop, once.
+        self.to_loop = frozenset(
+            event
+            for event, (queued, others) in self.plan.items()
+            if any(not lane.on_thread for lane in queued)
+            or any(not lane.on_thread and not slot.here for lane, slot in others)
+        )
 
     def is_producer(self) -> bool:
         """Whether the calling thread is the one publishing."""
@@ -121,20 +137,24 @@ class Producer:
         if gate.stopping:
             raise Stopped
         queue_size = self.queue_size
-        threads = False
+        threads = loop = False
         for event in events:
             self.counters.published += 1
-            item: EventItem | None = None
-            for lane, slot in self.plan[event]:
-                if item is None:
-                    item = self._item(event)
+            queued, others = self.plan[event]
+            if queued or others:
+                item = self._item(event)
+            for lane in queued:  # D3: an enq count and an append; woken below
+                if lane.enq - lane.done >= queue_size:  # D12: wait for room first
+                    self.wait([(lane, lane.enq - queue_size + 1)], "backpressure", event)
+                lane.enq += 1  # before the item: its runner never counts past enq
+                lane.pending.append(item)
+            for lane, slot in others:
                 when = slot.when
                 if when is not None and not due(slot, when, item.view.timestamp):
                     continue
                 if slot.here:  # a plain @blocking handler: run it now, on this thread (D9)
                     self._run_here(lane, slot, item)
                     continue
-                # Queue it on its lane (D3): an append, and a wake-up if its runner sleeps.
                 if lane.enq - lane.done >= queue_size:  # D12: wait for room first
                     self.wait([(lane, lane.enq - queue_size + 1)], "backpressure", event)
                 lane.enq += 1  # before the item: its runner never counts past enq
@@ -143,6 +163,8 @@ class Producer:
                 lane.pending.append(item)
                 if slot.is_blocking:  # an async @blocking handler: wait for it (D9)
                     self.wait([(lane, lane.enq)], "blocking", event)
+            if event in self.to_loop:
+                loop = True
             if event not in INSIDE_BATCH:
                 threads = True
             if event is Event.BATCH_END:
@@ -153,25 +175,25 @@ class Producer:
                     self._trace_mark = _perf()  # the next batch's span starts after the wait
             if gate.stopping:
                 raise Stopped
-        self.wake(threads=threads)
-
-    def wake(self, *, threads: bool = True) -> None:
-        """Wake the sleeping loop lanes that have items and, with ``threads``, the sleeping
-        thread lanes that have items (see ``INSIDE_BATCH``)."""
-        for lane in self.loop_lanes:
-            if lane.idle and lane.pending and not lane.wake_requested:
-                self.waker.wake(lane)
+        if loop:
+            self.waker.wake()
         if threads:
-            for lane in self.thread_lanes:
-                if lane.idle and lane.pending and not lane.wake_requested:
-                    lane.wake_thread()
+            self.wake_threads()
+
+    def wake_threads(self) -> None:
+        """Wake the sleeping thread lanes that have items (see ``INSIDE_BATCH``)."""
+        for lane in self.thread_lanes:
+            if lane.idle and lane.pending:
+                lane.wake_thread()
 
     def wait(
         self, targets: list[tuple[Lane, int]], kind: WaitKind, event: Event | None = None
     ) -> None:
         """Wake the lanes, then wait at the gate (the training thread never waits for a
         lane it has not woken)."""
-        self.wake()
+        if self.loop_lanes:
+            self.waker.wake()
+        self.wake_threads()
         self.gate.wait(targets, kind, event)
 
     def _item(self, event: Event) -> EventItem:
@@ -278,3 +300,8 @@ class Producer:
                 self.wait(logged, "records")
         if self.gate.stopping:
             raise Stopped
+
+
+def _only_queued(lane: Lane, slot: Slot) -> bool:
+    """Whether publishing only queues this handler (see ``Producer.queued``)."""
+    return slot.when is None and not slot.is_blocking and lane.uniform

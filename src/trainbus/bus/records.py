@@ -61,11 +61,11 @@ class Records:
                 self._wait_for_room(lane)
             depth = lane.count_record()
             lane.pending.append(item)
-            if lane.idle and not lane.wake_requested:
-                if lane.on_thread:
+            if lane.on_thread:
+                if lane.idle:
                     lane.wake_thread()
-                else:
-                    self.waker.wake(lane)
+            else:
+                self.waker.wake()
             member = lane.member
             if depth > member.peak_records:
                 member.peak_records = depth

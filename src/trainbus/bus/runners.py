@@ -3,17 +3,19 @@
 Placement is declared (``members.py``) and fixed for the run:
 
 - :func:`run_thread_lane` is the body of a thread lane's thread. It takes items from the
-  lane's ``queue`` (sleeping in ``get()`` when there are none) and runs each under the
-  lane's lock: plain handlers right here; ``async def`` ones on the loop, handed over
-  through the :class:`~trainbus.bus.bridge.Spawner` and waited for, so the callback's
-  handlers stay in order (D1) and plain ones always run on this one thread.
+  lane's ``pending`` (sleeping on ``lane.sleeper`` when there are none) and runs each:
+  plain handlers right here; ``async def`` ones on the loop, handed over through the
+  :class:`~trainbus.bus.bridge.Spawner` and waited for, so the callback's handlers stay in
+  order (D1) and plain ones always run on this one thread. Under the lane's lock only when
+  the training thread runs some of the callback's handlers too (``Member.shares_thread``).
 - :func:`run_loop_lane` is a loop lane's task, an ordinary anyio task in the session's
   task group: it awaits each item's handler in turn and sleeps on ``lane.wakeup`` when the
   lane is empty.
 
-Both end a finished item the same way: :func:`account` (statistics and the timeline), then
-``count_done`` (what barriers wait for). An event item of a stopping session is counted
-without being run (D10).
+Both end a finished item the same way: :func:`account` (statistics, the timeline and the
+count barriers wait for). A runner reads the clock once an item: an item's time runs from
+the end of the one before (or the runner's wake-up) to its own end. An event item of a
+stopping session is counted without being run (D10).
 """
 
 from __future__ import annotations
@@ -87,7 +89,6 @@ def run_thread_lane(lane: Lane, spawner: Spawner, loop: LoopHandle, counters: Co
             if not pending:
                 sleeper.acquire()
             lane.idle = False
-            lane.wake_requested = False
             t0 = _perf()
             continue
         item = pending.popleft()
@@ -162,7 +163,6 @@ def fail_thread_lane(lane: Lane, loop: LoopHandle, error: BaseException) -> None
             if not pending:
                 lane.sleeper.acquire()
             lane.idle = False
-            lane.wake_requested = False
             continue
         item = pending.popleft()
         if item is STOP:

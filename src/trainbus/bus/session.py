@@ -69,7 +69,7 @@ class Session:
         gate.wait_warning = options.wait_warning
         gate.on_long_wait = self._warn_long_wait
         self.lanes = [Lane(member, gate) for member in members]
-        self.waker = LoopWaker(self.loop, counters)
+        self.waker = LoopWaker(self.loop, self.lanes, counters)
         self.spawner = Spawner(self.loop)
         self.producer = Producer(
             state=state,
