@@ -37,7 +37,6 @@ class Slot:
         "fn",
         "handler",
         "here",
-        "here_calls",
         "is_async",
         "is_blocking",
         "lag",
@@ -62,8 +61,6 @@ class Slot:
         #: Batches this handler may trail the ``BATCH_END`` barrier by (``@trailing``).
         self.lag = lag
         self.calls = 0
-        #: Of ``calls``, those the training thread ran (plain ``@blocking`` handlers).
-        self.here_calls = 0
         self.total_time = 0.0
         self.max_time = 0.0
 

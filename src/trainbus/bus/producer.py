@@ -216,7 +216,6 @@ class Producer:
         handler then waits for the lane's earlier items and runs under the lane's lock
         (D1). A callback without a thread runs nothing unless it has queued items.
         """
-        gate = self.gate
         locked = lane.on_thread or lane.done < lane.enq
         if locked:
             event = item.event
@@ -224,7 +223,7 @@ class Producer:
                 self.wait([(lane, lane.enq)], "blocking", event)
             if lane.log_done < lane.log_enq:  # records logged before the event first (D1)
                 self.wait([(lane, lane.log_enq)], "records", event)
-            if gate.stopping:
+            if self.gate.stopping:
                 raise Stopped
             lane.lock.acquire()
         self.running_here = lane
@@ -233,13 +232,12 @@ class Producer:
         try:
             slot.fn(item.view, item.logger)
         except BaseException as exc:
-            gate.fail(exc, slot.handler, item.event, lane)
+            self.gate.fail(exc, slot.handler, item.event, lane)
         finally:
             if locked:
                 lane.lock.release()
         elapsed = _perf() - t0
         lane.current = self.running_here = None
-        slot.here_calls += 1
         account(lane, slot, item.batch, t0, elapsed, self.counters, False)
 
     # -- barriers --------------------------------------------------------------------------

@@ -113,7 +113,7 @@ def collect_statistics(
             CallbackStatistics(
                 name=member.name,
                 handled=sum(s.calls for s in slots),
-                inline=sum(s.here_calls for s in slots),
+                inline=sum(s.calls for s in slots if s.here),  # a here slot always runs here
                 total_time=sum(s.total_time for s in slots),
                 max_time=max((s.max_time for s in slots), default=0.0),
                 slowest=slowest.handler.qualname if slowest and slowest.calls else None,

@@ -44,6 +44,7 @@ from trainbus.loggers._delivery import (
     undelivered_message,
 )
 from trainbus.loggers._inbox import Inbox
+from trainbus.loggers._journal import Journal
 from trainbus.loggers._retry import Retrier
 from trainbus.loggers._spool import Batch, Spool
 
@@ -66,6 +67,9 @@ class BatchingDestination(LoggerDestination):
         batch_size: Items per request at most.
         flush_interval: Seconds; the partial buffer is sealed and sent this often.
         spool_dir: A directory where each batch is written before its first attempt.
+        journal: Journal every item in ``spool_dir`` before it counts as logged (``True``),
+            never (``False``), or when the Trainer says the run saves checkpoints
+            (``None``; ``_plan_exactly_once``).
         timeout: Seconds one attempt may take as a whole (redirects and body read too).
         close_timeout: Seconds ``close`` waits for undelivered batches.
         backoff: Seconds before the first retry; doubles per retry of a batch.
@@ -79,6 +83,7 @@ class BatchingDestination(LoggerDestination):
         batch_size: int,
         flush_interval: float,
         spool_dir: str | os.PathLike[str] | None,
+        journal: bool | None,
         timeout: float,
         close_timeout: float,
         backoff: float,
@@ -110,6 +115,13 @@ class BatchingDestination(LoggerDestination):
         self.points_sent = self.batches_sent = self.spooled_batches = 0
         self._rejected = self._recovered = self._skipped = 0
         self._unreported = Unreported()
+        # Built once, here: an SSL context costs ~20 ms of GIL-holding work, which every
+        # AsyncClient would otherwise repeat at the start of each fit, beside training.
+        self._ssl_context = require_httpx(type(self).__name__).create_ssl_context()
+        self._journal: Journal | None = None
+        self._journal_choice = journal
+        if journal:
+            self._use_journal()
 
     # -- what subclasses define ----------------------------------------------------------------
 
@@ -186,7 +198,33 @@ class BatchingDestination(LoggerDestination):
                 self._close_deadline = math.inf
 
     def _client_options(self) -> dict[str, Any]:
-        return {"timeout": self.timeout, "follow_redirects": False}
+        return {"timeout": self.timeout, "follow_redirects": False, "verify": self._ssl_context}
+
+    def _why_not_exactly_once(self) -> str:
+        """Why this destination, without a journal, cannot hold each item once (its words)."""
+        raise NotImplementedError
+
+    # -- exactly once (docs/crash-consistency.md) ------------------------------------------
+
+    @property
+    def journal(self) -> bool:
+        """Whether items go through the write-ahead journal (see the ``journal`` argument)."""
+        return self._journal is not None
+
+    def _use_journal(self) -> None:
+        spool = self.spool_dir
+        assert spool is not None
+        if self._journal is None:
+            self._journal = self._spool = Journal(spool, batch_size=self.batch_size)
+
+    def _plan_exactly_once(self, *, checkpointed: bool, resumed: bool) -> str | None:
+        """The Trainer's question (``loggers/_exactly_once.py``): journal by default when
+        the run saves checkpoints and there is a spool; why not exactly once otherwise."""
+        if self._journal_choice is None and checkpointed and self.spool_dir is not None:
+            self._use_journal()
+        if self._journal is not None:
+            return None
+        return self._why_not_exactly_once()
 
     async def close(self, state: State, logger: Logger) -> None:
         """Seal the rest, wait up to ``close_timeout`` for delivery, report what is left.

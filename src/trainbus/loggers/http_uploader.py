@@ -27,7 +27,6 @@ from trainbus.loggers._delivery import (
     require_httpx,
     send,
 )
-from trainbus.loggers._journal import Journal
 
 if TYPE_CHECKING:
     import httpx
@@ -165,6 +164,7 @@ class HTTPMetricsUploader(BatchingDestination):
             batch_size=batch_size,
             flush_interval=flush_interval,
             spool_dir=spool_dir,
+            journal=journal,
             timeout=timeout,
             close_timeout=close_timeout,
             backoff=backoff,
@@ -174,32 +174,8 @@ class HTTPMetricsUploader(BatchingDestination):
         self.headers = dict(headers or {})
         self.run_name = run_name
         self._url = parsed
-        # Built once, here: an SSL context costs ~20 ms of GIL-holding work, which every
-        # AsyncClient would otherwise repeat at the start of each fit, beside training.
-        self._ssl_context = httpx.create_ssl_context()
-        self._journal: Journal | None = None
-        self._journal_choice = journal
-        if journal:
-            self._use_journal()
 
-    @property
-    def journal(self) -> bool:
-        """Whether points go through the write-ahead journal (see the ``journal`` argument)."""
-        return self._journal is not None
-
-    def _use_journal(self) -> None:
-        spool = self.spool_dir
-        assert spool is not None
-        if self._journal is None:
-            self._journal = self._spool = Journal(spool, batch_size=self.batch_size)
-
-    def _plan_exactly_once(self, *, checkpointed: bool, resumed: bool) -> str | None:
-        """The Trainer's question (``loggers/_exactly_once.py``): journal by default when
-        the run saves checkpoints and there is a spool; why not exactly once otherwise."""
-        if self._journal_choice is None and checkpointed and self.spool_dir is not None:
-            self._use_journal()
-        if self._journal is not None:
-            return None
+    def _why_not_exactly_once(self) -> str:
         if self.spool_dir is None:
             return (
                 "HTTPMetricsUploader has no spool_dir, so it cannot deliver each point "
@@ -210,9 +186,6 @@ class HTTPMetricsUploader(BatchingDestination):
             "HTTPMetricsUploader(journal=False) cannot deliver each point exactly once "
             "across a crash; leave journal at its default (None) or pass journal=True"
         )
-
-    def _client_options(self) -> dict[str, Any]:
-        return {**super()._client_options(), "verify": self._ssl_context}
 
     def _items(self, record: LogRecord) -> list[dict[str, Any]]:
         """One point per finite numeric metric; hyperparameters are not points."""

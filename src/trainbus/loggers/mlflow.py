@@ -47,7 +47,6 @@ from trainbus.loggers._delivery import (
     retryable,
     send,
 )
-from trainbus.loggers._journal import Journal
 
 if TYPE_CHECKING:
     import httpx
@@ -190,6 +189,7 @@ class MLflowLogger(BatchingDestination):
             batch_size=batch_size,
             flush_interval=flush_interval,
             spool_dir=spool_dir,
+            journal=journal,
             timeout=timeout,
             close_timeout=close_timeout,
             backoff=backoff,
@@ -213,37 +213,13 @@ class MLflowLogger(BatchingDestination):
             password = os.environ.get("MLFLOW_TRACKING_PASSWORD", "")
             pair = base64.b64encode(f"{user}:{password}".encode()).decode()
             self._headers["Authorization"] = f"Basic {pair}"
-        self._ssl_context = httpx.create_ssl_context()
-        self._journal: Journal | None = None
-        self._journal_choice = journal
-        if journal:
-            self._use_journal()
         self._keys_seen: dict[str, str] = {}
         self._heads: dict[str, str] = {}  # name -> '{"key":"<key>","value":'
         self._renamed: dict[str, str] = {}
 
-    def _client_options(self) -> dict[str, Any]:
-        return {**super()._client_options(), "verify": self._ssl_context}
-
     # -- exactly once (docs/crash-consistency.md) --------------------------------------------
 
-    @property
-    def journal(self) -> bool:
-        """Whether metric points go through the write-ahead journal."""
-        return self._journal is not None
-
-    def _use_journal(self) -> None:
-        spool = self.spool_dir
-        assert spool is not None
-        if self._journal is None:
-            self._journal = self._spool = Journal(spool, batch_size=self.batch_size)
-
-    def _plan_exactly_once(self, *, checkpointed: bool, resumed: bool) -> str | None:
-        """The Trainer's question (``loggers/_exactly_once.py``); see ``journal``."""
-        if self._journal_choice is None and checkpointed and self.spool_dir is not None:
-            self._use_journal()
-        if self._journal is not None:
-            return None
+    def _why_not_exactly_once(self) -> str:
         if self.spool_dir is None:
             return (
                 "MLflowLogger has no spool_dir, so a resumed run logs into a new MLflow run "
