@@ -53,22 +53,27 @@ class Records:
         self._producer = producer
 
     def submit(self, record: LogRecord) -> None:
-        """Queue ``record`` on every destination's lane, within each one's bound."""
+        """Queue ``record`` on every destination's lane, within each one's bound, and wake
+        the destinations that sleep (a record is delivered without waiting for a batch's
+        end: one call into the loop for all the loop lanes that sleep)."""
         item = LogItem(record)
         bound = self.bound
+        loop = False
         for lane in self.destinations:
             if lane.log_enq - lane.log_done >= bound and not (lane.failed or lane.abandoned):
                 self._wait_for_room(lane)
             depth = lane.count_record()
             lane.pending.append(item)
-            if lane.on_thread:
-                if lane.idle:
+            if lane.idle:  # after the append: see Lane.idle
+                if lane.on_thread:
                     lane.wake_thread()
-            else:
-                self.waker.wake()
+                else:
+                    loop = True
             member = lane.member
             if depth > member.peak_records:
                 member.peak_records = depth
+        if loop:
+            self.waker.wake()
 
     def _wait_for_room(self, lane: Lane) -> None:
         ident = threading.get_ident()

@@ -66,7 +66,8 @@ def account(lane: Lane, slot: Slot, batch: int, start: float, elapsed: float,
         if depth > lane.member.peak:
             lane.member.peak = depth
         lane.done = done = done + 1
-        if lane.wait_done is not None and done >= lane.wait_done:
+        target = lane.wait_done  # read once: the gate may clear it meanwhile
+        if target is not None and done >= target:
             lane.gate.reached(lane)
 
 
