@@ -10,9 +10,10 @@ waiting there for handlers that need that same loop would deadlock.
 
 The path of one event, end to end (``docs/concurrency.md`` has the picture):
 ``Producer.publish`` (training thread, ``producer.py``) appends the event's item to each
-lane (``lanes.py``) and wakes a sleeping runner (``bridge.LoopWaker`` for a loop lane);
-the runner (``runners.py``) calls the handler and counts the item done, which tells the
-gate (``lanes.Gate``) the training thread may be waiting at, at a barrier.
+lane (``lanes.py``) and wakes the sleeping runners by its rule (``bridge.LoopWaker`` for
+the loop lanes, ``Lane.wake_thread`` for a thread lane); the runner (``runners.py``) calls
+the handler and counts the item done, which tells the gate (``lanes.Gate``) the training
+thread may be waiting at, at a barrier.
 """
 
 from __future__ import annotations
