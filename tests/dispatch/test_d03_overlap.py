@@ -135,13 +135,14 @@ async def test_a_plain_in_batch_handler_runs_when_its_batch_ends() -> None:
 
 
 async def test_a_plain_handler_outside_a_batch_starts_at_once() -> None:
-    # FIT_START lies outside a batch: its plain handler is woken when it is published, and
-    # runs while the training thread is inside batch 0 (no barrier waits for it first).
+    # EPOCH_START lies outside a batch and only in-batch events follow it until batch 0
+    # ends: its plain handler is woken when it is published, and runs while the training
+    # thread is inside batch 0 (a handler woken at the batch's end would not).
     inside, answered = threading.Event(), threading.Event()
     seen: list[bool] = []
 
     class Early(Callback):
-        def fit_start(self, state: Any, logger: Any) -> None:
+        def epoch_start(self, state: Any, logger: Any) -> None:
             if inside.wait(WATCHDOG / 2):
                 answered.set()
 

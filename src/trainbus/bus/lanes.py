@@ -146,7 +146,6 @@ class Lane:
         "on_thread",
         "owes",
         "pending",
-        "queue",
         "room",
         "room_waiters",
         "room_wakers",
@@ -219,6 +218,13 @@ class Lane:
         #: Set when one of its handlers raised: it runs nothing more but its close (D10).
         self.failed = False
 
+    def sleep_thread(self) -> None:
+        """A thread lane's thread: sleep until :meth:`wake_thread`, unless an item came."""
+        self.idle = True  # before the second look: an append either is seen or sees idle
+        if not self.pending:
+            self.sleeper.acquire()
+        self.idle = False
+
     def wake_thread(self) -> None:
         """Wake a thread lane's thread, which sleeps or is about to (any thread)."""
         try:
@@ -245,7 +251,8 @@ class Lane:
     # -- counting (the runner) ------------------------------------------------------------
 
     def count_done(self) -> None:
-        """Count one finished (or skipped) event item; tell the gate at its target.
+        """Count one skipped event item; tell the gate at its target (a finished one is
+        counted by ``runners.account``, which writes this out).
 
         The queue's peak is kept here, off the training thread: between two counts the
         depth only grows, so it is at its highest just before each count.

@@ -47,7 +47,8 @@ _perf = time.perf_counter
 #: queue on a callback's thread runs when the batch ends (``BATCH_END``, ``EVAL_BATCH_END``),
 #: in one wake-up of the thread, or when the training thread waits, whichever is first. A
 #: thread's wake-up is a thread switch (and a turn of the GIL), the dearest part of a plain
-#: call; a loop lane's is a task switch, so loop lanes are woken at every publish (D3).
+#: call; a loop lane's is a task switch, so the loop is woken at every publish that queued
+#: on a loop lane (D3).
 INSIDE_BATCH: Final = frozenset({
     Event.AFTER_DATALOADER, Event.BATCH_START, Event.BEFORE_TRAIN_BATCH, Event.BEFORE_FORWARD,
     Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS, Event.BEFORE_BACKWARD,
@@ -301,5 +302,5 @@ class Producer:
 
 
 def _only_queued(lane: Lane, slot: Slot) -> bool:
-    """Whether publishing only queues this handler (see ``Producer.queued``)."""
+    """Whether publishing only queues this handler (see ``Producer.plan``)."""
     return slot.when is None and not slot.is_blocking and lane.uniform

@@ -3,7 +3,7 @@
 Placement is declared (``members.py``) and fixed for the run:
 
 - :func:`run_thread_lane` is the body of a thread lane's thread. It takes items from the
-  lane's ``pending`` (sleeping on ``lane.sleeper`` when there are none) and runs each:
+  lane's ``pending`` (sleeping in ``Lane.sleep_thread`` when there are none) and runs each:
   plain handlers right here; ``async def`` ones on the loop, handed over through the
   :class:`~trainbus.bus.bridge.Spawner` and waited for, so the callback's handlers stay in
   order (D1) and plain ones always run on this one thread. Under the lane's lock only when
@@ -77,7 +77,7 @@ def account(lane: Lane, slot: Slot, batch: int, start: float, elapsed: float,
 def run_thread_lane(lane: Lane, spawner: Spawner, loop: LoopHandle, counters: Counters) -> None:
     """The body of ``lane``'s thread: run its items until ``STOP``."""
     CURRENT_LANE.set(lane)
-    pending, lock, gate, sleeper = lane.pending, lane.lock, lane.gate, lane.sleeper
+    pending, lock, gate = lane.pending, lane.lock, lane.gate
     locking = lane.member.shares_thread  # the training thread runs some handlers too (D1)
 
     def on_scope(scope: anyio.CancelScope | None) -> None:
@@ -86,10 +86,7 @@ def run_thread_lane(lane: Lane, spawner: Spawner, loop: LoopHandle, counters: Co
     t0 = _perf()  # when the lane's current item started: one clock read an item
     while True:
         if not pending:
-            lane.idle = True  # before the second look: see Lane.idle
-            if not pending:
-                sleeper.acquire()
-            lane.idle = False
+            lane.sleep_thread()
             t0 = _perf()
             continue
         item = pending.popleft()
@@ -160,10 +157,7 @@ def fail_thread_lane(lane: Lane, loop: LoopHandle, error: BaseException) -> None
     pending = lane.pending
     while True:
         if not pending:
-            lane.idle = True
-            if not pending:
-                lane.sleeper.acquire()
-            lane.idle = False
+            lane.sleep_thread()
             continue
         item = pending.popleft()
         if item is STOP:
