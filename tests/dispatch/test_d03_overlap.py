@@ -159,3 +159,56 @@ async def test_a_plain_handler_outside_a_batch_starts_at_once() -> None:
 
     await fit(make_trainer(2, callbacks=[Early(), Inside()], warn_slow_callbacks=False))
     assert seen == [True]
+
+
+# --- when an async def handler starts: at BEFORE_FORWARD or when the batch ends ---
+
+
+async def test_an_async_before_forward_handler_runs_during_its_batch() -> None:
+    # BEFORE_FORWARD's publish wakes the loop: its handler runs while the training thread
+    # computes the batch (here: before the batch's AFTER_BACKWARD returns).
+    inside, answered = threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    class Early(Callback):
+        async def before_forward(self, state: Any, logger: Any) -> None:
+            if batch_of(state) == 0:
+                await until(inside.is_set, "the backward")
+                answered.set()
+
+    class Inside(Callback):
+        @blocking
+        def before_backward(self, state: Any, logger: Any) -> None:
+            if batch_of(state) == 0:
+                inside.set()
+
+        @blocking
+        def after_backward(self, state: Any, logger: Any) -> None:
+            if batch_of(state) == 0:
+                seen.append(answered.wait(WATCHDOG / 2))
+
+    await fit(make_trainer(2, callbacks=[Early(), Inside()], warn_slow_callbacks=False))
+    assert seen == [True]
+
+
+async def test_an_async_handler_of_an_event_after_the_forward_runs_when_its_batch_ends() -> None:
+    # AFTER_FORWARD ... AFTER_TRAIN_BATCH do not wake the loop: AFTER_FORWARD's handler runs
+    # after the batch's AFTER_TRAIN_BATCH was published, before the next batch starts.
+    published: list[int] = []
+    seen: list[tuple[int, list[int]]] = []
+
+    class Marks(Callback):
+        @blocking
+        def after_train_batch(self, state: Any, logger: Any) -> None:
+            published.append(batch_of(state))
+
+        @blocking
+        def batch_start(self, state: Any, logger: Any) -> None:
+            assert len(seen) == batch_of(state), "the previous batch's handler had not run"
+
+    class Late(Callback):
+        async def after_forward(self, state: Any, logger: Any) -> None:
+            seen.append((batch_of(state), list(published)))
+
+    await fit(make_trainer(4, callbacks=[Marks(), Late()]))
+    assert seen == [(b, list(range(b + 1))) for b in range(4)]

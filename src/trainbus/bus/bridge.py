@@ -22,6 +22,7 @@ loop is busy costs one wake-up. The tools:
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import threading
 from collections import deque
@@ -32,9 +33,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 if TYPE_CHECKING:
-    from trainbus.bus.lanes import Counters, Lane
+    from trainbus.bus.lanes import Counters, Lane, LoopEvent
 
-__all__ = ["LoopHandle", "LoopThread", "LoopWaker", "Spawner", "no_running_loop"]
+__all__ = [
+    "FutureEvent",
+    "LoopHandle",
+    "LoopThread",
+    "LoopWaker",
+    "Spawner",
+    "no_running_loop",
+]
 
 T = TypeVar("T")
 
@@ -50,7 +58,7 @@ class LoopHandle:
             the loop it runs on (obstore's ``*_async`` functions need asyncio).
     """
 
-    __slots__ = ("backend", "call_soon", "thread_id")
+    __slots__ = ("backend", "call_soon", "new_event", "thread_id")
 
     def __init__(self) -> None:
         self.thread_id = threading.get_ident()
@@ -58,7 +66,15 @@ class LoopHandle:
         if found is None:
             raise RuntimeError("LoopHandle() must be created on a running asyncio or trio loop")
         self.call_soon: Callable[..., Any] = found
-        self.backend = "asyncio" if asyncio.events._get_running_loop() is not None else "trio"
+        running = asyncio.events._get_running_loop()
+        self.backend = "asyncio" if running is not None else "trio"
+        #: ``new_event()`` (on the loop): a one-shot event of the loop's own library, for
+        #: the loop lanes' sleeps (see :class:`FutureEvent`).
+        self.new_event: Callable[[], LoopEvent]
+        if running is not None:
+            self.new_event = functools.partial(FutureEvent, running)
+        else:
+            self.new_event = sys.modules["trio"].Event
 
     def call_soon_if_running(self, fn: Callable[..., Any], *args: Any) -> None:
         """:attr:`call_soon`, or nothing if the loop has ended (an abandoned thread that
@@ -67,6 +83,29 @@ class LoopHandle:
             self.call_soon(fn, *args)
         except Exception:  # asyncio: "Event loop is closed"; trio: RunFinishedError
             return
+
+
+class FutureEvent:
+    """A loop lane's sleep on asyncio: one future, set once (loop thread).
+
+    A loop lane sleeps each time its queue empties, up to once a publish (``producer.py``),
+    so its sleep is on the hot path. ``anyio.Event`` wraps an ``asyncio.Event`` (two Python
+    layers, a backend lookup at creation, a coroutine to await); a bare future is what
+    ``asyncio.Event`` awaits underneath. Cancellation works as for any awaited future (the
+    lane's cancel scope cancels the task). On trio the lane sleeps on a ``trio.Event``.
+    """
+
+    __slots__ = ("_future",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._future = loop.create_future()
+
+    def set(self) -> None:
+        if not self._future.done():
+            self._future.set_result(None)
+
+    def wait(self) -> asyncio.Future[None]:
+        return self._future
 
 
 def _current_call_soon() -> Callable[..., Any] | None:

@@ -20,10 +20,10 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from queue import Empty, SimpleQueue
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 if TYPE_CHECKING:
     import anyio
@@ -43,6 +43,7 @@ __all__ = [
     "Gate",
     "Lane",
     "LogItem",
+    "LoopEvent",
     "Stopped",
     "WaitKind",
     "WorkItem",
@@ -51,6 +52,15 @@ __all__ = [
 _perf = time.perf_counter
 
 WaitKind = Literal["barrier", "backpressure", "records", "blocking"]
+
+
+class LoopEvent(Protocol):
+    """What a loop lane sleeps on: a one-shot event of the loop's library (made by
+    ``bridge.LoopHandle.new_event``): ``set()`` and ``await event.wait()``, on the loop."""
+
+    def set(self) -> None: ...
+
+    def wait(self) -> Awaitable[Any]: ...
 
 
 class Stopped(Exception):
@@ -178,7 +188,7 @@ class Lane:
         self.sleeper = threading.Lock()
         self.sleeper.acquire()
         #: A loop lane's task sleeps on ``wakeup`` (``bridge.LoopWaker`` sets it).
-        self.wakeup: anyio.Event | None = None
+        self.wakeup: LoopEvent | None = None
         #: Held by whoever runs one of the lane's items: its thread, or the training thread
         #: running a plain ``@blocking`` handler (so the two never overlap, D1).
         self.lock = threading.Lock()

@@ -197,11 +197,11 @@ async def _drain_loop_lane(
     lane: Lane, counters: Counters, record_bound: int, loop: LoopHandle
 ) -> bool:
     """Run ``lane``'s items, sleeping when there are none; true at ``STOP``."""
-    pending, gate = lane.pending, lane.gate
+    pending, gate, new_event = lane.pending, lane.gate, loop.new_event
     t0 = _perf()  # when the lane's current item started: one clock read an item
     while True:
         if not pending:
-            lane.wakeup = anyio.Event()
+            lane.wakeup = new_event()
             lane.idle = True  # before the second look: see LoopWaker
             if not pending:
                 await lane.wakeup.wait()
