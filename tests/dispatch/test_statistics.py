@@ -125,3 +125,38 @@ def test_every_call_of_an_all_blocking_callback_counts_as_inline() -> None:
     lockstep, mixed = trainer.engine.statistics().callbacks
     assert lockstep.handled == lockstep.inline == 2 * n
     assert mixed.handled == 2 * n and mixed.inline == n
+
+
+def test_a_blocking_handler_s_time_reaches_the_statistics_and_the_timeline() -> None:
+    """The training thread accounts its own ``@blocking`` calls (``Producer._run_here``)
+    as runners account queued ones: calls, total and longest time, a span on the
+    callback's row of the timeline, recorded on the training thread."""
+
+    class Lockstep(Callback):
+        @blocking
+        def after_backward(self, state: Any, logger: Any) -> None:
+            time.sleep(0.01 if int(state.timestamp.batch) == 1 else 0.002)
+
+    class Queued(Callback):
+        def after_backward(self, state: Any, logger: Any) -> None:
+            time.sleep(0.002)
+
+    n = 3
+    trainer = make_trainer(n, callbacks=[Lockstep(), Queued()], warn_slow_callbacks=False)
+    recorder = trainer.engine.record_trace()
+    trainer.fit_sync()
+    lockstep, queued = trainer.engine.statistics().callbacks
+    assert lockstep.handled == lockstep.inline == n
+    assert lockstep.total_time >= 0.01 + 0.002 * (n - 1)
+    assert 0.01 <= lockstep.max_time < lockstep.total_time
+    assert queued.handled == n and queued.inline == 0 and queued.total_time >= 0.002 * n
+    spans = [s for s in recorder.spans() if s.label == "after_backward"]
+    rows = {s.row: [] for s in spans}
+    for s in spans:
+        rows[s.row].append(s)
+    lock_row = next(r for r in rows if "Lockstep" in r)
+    assert len(rows[lock_row]) == n and max(s.duration for s in rows[lock_row]) >= 0.01
+    train_threads = {s.thread for s in rows[lock_row]}
+    queued_row = next(r for r in rows if "Queued" in r)
+    assert len(rows[queued_row]) == n
+    assert train_threads.isdisjoint({s.thread for s in rows[queued_row]})

@@ -48,19 +48,21 @@ ROOM_RECHECK = 0.05
 
 def account(lane: Lane, slot: Slot, batch: int, start: float, elapsed: float,
             counters: Counters, queued: bool = True) -> None:
-    """Record one finished handler call, whichever thread ran it: its slot's statistics,
-    the lane's progress (for the lag statistics), the timeline and, for an item of the
-    lane's queue (``queued``; not a record, not a call the training thread ran itself),
-    its count, which the gate waits for. The one place calls are counted."""
+    """Record one finished handler call of a lane's runner: its slot's statistics, the
+    timeline and, for an item of the lane's queue (``queued``; not a record), the lane's
+    progress (for the lag statistics) and its count, which the gate waits for. The one
+    place queued calls are counted; the training thread's own ``@blocking`` calls write the
+    same statistics out in ``Producer._run_here`` (a call of this function is a sixth of
+    theirs)."""
     slot.calls += 1
     slot.total_time += elapsed
     if elapsed > slot.max_time:
         slot.max_time = elapsed
-    lane.last_batch = batch
     trace = counters.trace
     if trace is not None:
         trace.handler(lane.name, slot.event, start, elapsed)
     if queued:  # Lane.count_done written out: this runs once a handler call
+        lane.last_batch = batch  # how far the lane's queue has got (lag statistics)
         done = lane.done
         depth = lane.enq - done  # the queue at its deepest since the last count
         if depth > lane.member.peak:
