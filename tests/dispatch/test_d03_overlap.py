@@ -107,15 +107,14 @@ async def test_d3_publishing_does_not_wait_for_the_handlers(kind: str) -> None:
     assert seen == [True]
 
 
-# --- when a plain handler starts: once a batch for in-batch events (docs/concurrency.md) ---
+# --- when a handler starts (docs/concurrency.md, "When a handler starts") ---
 
 
-async def test_a_plain_in_batch_handler_runs_when_its_batch_ends() -> None:
-    # Its callback's thread is woken once a batch, at BATCH_END: AFTER_FORWARD's plain handler
-    # runs after the training thread published the batch's AFTER_TRAIN_BATCH, and before
-    # the batch's BATCH_END barrier lets the next batch start.
+async def _runs_after_its_batch_s_last_inner_event(late: type[Callback], seen: list) -> None:
+    """Fit 4 batches beside ``Marks``: each ``late`` handler appends ``(batch, published)``
+    to ``seen``; it must have run after its batch's ``AFTER_TRAIN_BATCH`` was published and
+    before the next batch started."""
     published: list[int] = []
-    seen: list[tuple[int, list[int]]] = []
 
     class Marks(Callback):
         @blocking  # on the training thread, as the event is published
@@ -126,25 +125,40 @@ async def test_a_plain_in_batch_handler_runs_when_its_batch_ends() -> None:
         def batch_start(self, state: Any, logger: Any) -> None:
             assert len(seen) == batch_of(state), "the previous batch's handler had not run"
 
-    class Plain(Callback):
-        def after_forward(self, state: Any, logger: Any) -> None:
-            seen.append((batch_of(state), list(published)))
-
-    await fit(make_trainer(4, callbacks=[Marks(), Plain()]))
+    late.published = published  # type: ignore[attr-defined]
+    await fit(make_trainer(4, callbacks=[Marks(), late()]))
     assert seen == [(b, list(range(b + 1))) for b in range(4)]
 
 
-async def test_a_plain_handler_outside_a_batch_starts_at_once() -> None:
-    # EPOCH_START lies outside a batch and only in-batch events follow it until batch 0
-    # ends: its plain handler is woken when it is published, and runs while the training
-    # thread is inside batch 0 (a handler woken at the batch's end would not).
-    inside, answered = threading.Event(), threading.Event()
-    seen: list[bool] = []
+async def test_a_plain_in_batch_handler_runs_when_its_batch_ends() -> None:
+    # Its callback's thread is woken once a batch, at BATCH_END.
+    seen: list[tuple[int, list[int]]] = []
 
-    class Early(Callback):
-        def epoch_start(self, state: Any, logger: Any) -> None:
-            if inside.wait(WATCHDOG / 2):
-                answered.set()
+    class Plain(Callback):
+        def after_forward(self, state: Any, logger: Any) -> None:
+            seen.append((batch_of(state), list(self.published)))  # type: ignore[attr-defined]
+
+    await _runs_after_its_batch_s_last_inner_event(Plain, seen)
+
+
+async def test_an_async_handler_of_an_event_after_the_forward_runs_when_its_batch_ends() -> None:
+    # AFTER_FORWARD ... AFTER_TRAIN_BATCH do not wake the loop.
+    seen: list[tuple[int, list[int]]] = []
+
+    class Late(Callback):
+        async def after_forward(self, state: Any, logger: Any) -> None:
+            seen.append((batch_of(state), list(self.published)))  # type: ignore[attr-defined]
+
+    await _runs_after_its_batch_s_last_inner_event(Late, seen)
+
+
+async def _runs_during_batch_0(early: type[Callback], answered: threading.Event) -> None:
+    """Fit 2 batches beside ``Inside``, which sets ``early.inside`` at batch 0's
+    ``BEFORE_BACKWARD`` and, at its ``AFTER_BACKWARD``, waits for ``answered``: the
+    ``early`` handler, woken when its event was published, must set it while the training
+    thread is inside batch 0 (a handler woken at the batch's end would not)."""
+    inside = threading.Event()
+    seen: list[bool] = []
 
     class Inside(Callback):
         @blocking
@@ -157,58 +171,31 @@ async def test_a_plain_handler_outside_a_batch_starts_at_once() -> None:
             if batch_of(state) == 0:
                 seen.append(answered.wait(WATCHDOG / 2))
 
-    await fit(make_trainer(2, callbacks=[Early(), Inside()], warn_slow_callbacks=False))
+    early.inside = inside  # type: ignore[attr-defined]
+    await fit(make_trainer(2, callbacks=[early(), Inside()], warn_slow_callbacks=False))
     assert seen == [True]
 
 
-# --- when an async def handler starts: at BEFORE_FORWARD or when the batch ends ---
+async def test_a_plain_handler_outside_a_batch_starts_at_once() -> None:
+    # EPOCH_START lies outside a batch: publishing it wakes the callback's thread.
+    answered = threading.Event()
+
+    class Early(Callback):
+        def epoch_start(self, state: Any, logger: Any) -> None:
+            if self.inside.wait(WATCHDOG / 2):  # type: ignore[attr-defined]
+                answered.set()
+
+    await _runs_during_batch_0(Early, answered)
 
 
 async def test_an_async_before_forward_handler_runs_during_its_batch() -> None:
-    # BEFORE_FORWARD's publish wakes the loop: its handler runs while the training thread
-    # computes the batch (here: before the batch's AFTER_BACKWARD returns).
-    inside, answered = threading.Event(), threading.Event()
-    seen: list[bool] = []
+    # BEFORE_FORWARD's publish wakes the loop.
+    answered = threading.Event()
 
     class Early(Callback):
         async def before_forward(self, state: Any, logger: Any) -> None:
             if batch_of(state) == 0:
-                await until(inside.is_set, "the backward")
+                await until(self.inside.is_set, "the backward")  # type: ignore[attr-defined]
                 answered.set()
 
-    class Inside(Callback):
-        @blocking
-        def before_backward(self, state: Any, logger: Any) -> None:
-            if batch_of(state) == 0:
-                inside.set()
-
-        @blocking
-        def after_backward(self, state: Any, logger: Any) -> None:
-            if batch_of(state) == 0:
-                seen.append(answered.wait(WATCHDOG / 2))
-
-    await fit(make_trainer(2, callbacks=[Early(), Inside()], warn_slow_callbacks=False))
-    assert seen == [True]
-
-
-async def test_an_async_handler_of_an_event_after_the_forward_runs_when_its_batch_ends() -> None:
-    # AFTER_FORWARD ... AFTER_TRAIN_BATCH do not wake the loop: AFTER_FORWARD's handler runs
-    # after the batch's AFTER_TRAIN_BATCH was published, before the next batch starts.
-    published: list[int] = []
-    seen: list[tuple[int, list[int]]] = []
-
-    class Marks(Callback):
-        @blocking
-        def after_train_batch(self, state: Any, logger: Any) -> None:
-            published.append(batch_of(state))
-
-        @blocking
-        def batch_start(self, state: Any, logger: Any) -> None:
-            assert len(seen) == batch_of(state), "the previous batch's handler had not run"
-
-    class Late(Callback):
-        async def after_forward(self, state: Any, logger: Any) -> None:
-            seen.append((batch_of(state), list(published)))
-
-    await fit(make_trainer(4, callbacks=[Marks(), Late()]))
-    assert seen == [(b, list(range(b + 1))) for b in range(4)]
+    await _runs_during_batch_0(Early, answered)

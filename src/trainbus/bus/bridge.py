@@ -88,9 +88,10 @@ class LoopHandle:
 class FutureEvent:
     """A loop lane's sleep on asyncio: one future, set once (loop thread).
 
-    A loop lane sleeps each time its queue empties, up to once a publish (``producer.py``),
-    so its sleep is on the hot path. ``anyio.Event`` wraps an ``asyncio.Event`` (two Python
-    layers, a backend lookup at creation, a coroutine to await); a bare future is what
+    A loop lane sleeps each time its queue empties, up to twice a batch (``producer.py``,
+    ``WAKES_LOOP_INSIDE``), so its sleep is on the hot path. ``anyio.Event`` wraps an
+    ``asyncio.Event`` (two Python layers, a backend lookup at creation, a coroutine to
+    await); a bare future is what
     ``asyncio.Event`` awaits underneath. Cancellation works as for any awaited future (the
     lane's cancel scope cancels the task). On trio the lane sleeps on a ``trio.Event``.
     """
