@@ -90,7 +90,7 @@ class Session:
             self.loop.thread_id,
             self.producer,
         )
-        #: Scopes of the waits that close_timeout bounds; a second Ctrl-C ends them at once.
+        #: Scopes of the waits that close_timeout bounds; a second Ctrl-C shortens them.
         self._bounded: set[anyio.CancelScope] = set()
         self._abandoning = False
 
@@ -240,12 +240,16 @@ class Session:
                 lane.scope.cancel()
 
     def abandon(self) -> None:
-        """Give up on what is stuck now; close the rest under a short deadline (loop)."""
+        """A second Ctrl-C (or the preemption watchdog): stop, and give every bounded wait
+        at most ``ABANDON_TIMEOUT`` more seconds, the waits running now and those still to
+        come (loop thread). What has not finished by then is abandoned; what finishes, a
+        destination's ``close`` writing its file, say, is kept. Nothing is cut at once: at
+        this moment a stuck handler and one about to return look alike."""
         self.stop()
         self._abandoning = True
-        for scope in tuple(self._bounded):  # each bounded wait ends now, as if it timed out
-            scope.cancel()
-        self.cancel_in_flight()
+        deadline = anyio.current_time() + ABANDON_TIMEOUT
+        for scope in self._bounded:
+            scope.deadline = min(scope.deadline, deadline)
 
     def describe_waiting(self) -> str:
         """What runs or waits now, e.g. ``"Upload.batch_end, Metrics"`` (any thread)."""
@@ -363,7 +367,7 @@ class Session:
         self, who: str, what: str, where: object = None, lane: Lane | None = None
     ) -> None:
         when = (
-            "by the second Ctrl-C"
+            f"within {ABANDON_TIMEOUT:g} s of the second Ctrl-C"
             if self._abandoning
             else f"within {self.timeout(lane):g} s (close_timeout)"
         )

@@ -8,8 +8,10 @@ While ``fit_sync`` runs, this handler takes over instead:
 1. The first Ctrl-C stops training at the next event, says on stderr what it waits for,
    and lets every callback close as after any cancellation (D11); then ``fit_sync`` raises
    ``KeyboardInterrupt``.
-2. The second abandons the handlers that are stuck and closes the rest under a short
-   deadline, then ``KeyboardInterrupt``.
+2. The second gives everything still running or closing at most 2 s more
+   (``ABANDON_TIMEOUT``), abandons what has not finished by then (a stuck handler), and
+   closes the rest under the same short deadline, then ``KeyboardInterrupt``. A close
+   that is writing its file when the second Ctrl-C comes finishes it.
 3. A third raises ``KeyboardInterrupt`` at once, as Python would.
 
 The handler only sets flags and schedules calls on the loop (``call_soon``), which is safe
@@ -52,8 +54,8 @@ class _Presses:
             self.engine._interrupt(self.cancel)
         elif self.count == 2:
             print(
-                "trainbus: second Ctrl-C; abandoning stuck handlers and closing the rest "
-                "under a short deadline.",
+                "trainbus: second Ctrl-C; giving what still runs 2 s, then abandoning it, "
+                "and closing the rest under the same deadline.",
                 file=sys.stderr,
                 flush=True,
             )

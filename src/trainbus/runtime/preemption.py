@@ -31,9 +31,9 @@ there past the cluster's ``SIGKILL``. So the signal also starts a watchdog threa
   without one only the last bound below applies), it names on stderr what the run waits
   for (the stuck callback and event), captures and writes the checkpoint itself
   (:meth:`CheckpointSaver.save_now`: the training thread is held at the barrier, its
-  state consistent as of the batch it finished), then abandons the stuck handlers
-  (``Engine._abandon``, as a second Ctrl-C does: their threads left behind as daemons,
-  coroutines cancelled) so that every other callback closes under its deadline;
+  state consistent as of the batch it finished), then gives what still runs 2 s more and
+  abandons it (``Engine._abandon``, as a second Ctrl-C does: threads left behind as
+  daemons, coroutines cancelled) so that every other callback closes under its deadline;
 - a handler that blocks the event loop's own thread (``time.sleep`` inside ``async def``)
   cannot be cancelled from the loop; when the loop runs on the main thread (``fit_sync()``,
   ``anyio.run(trainer.fit)``) the watchdog re-sends the signal to the main thread, whose

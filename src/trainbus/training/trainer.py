@@ -396,8 +396,9 @@ class Trainer:
         """Run :meth:`fit` from plain synchronous code (starts an event loop).
 
         Ctrl-C (on the main thread) stops training at the next event and closes every
-        callback, then raises ``KeyboardInterrupt``; a second Ctrl-C abandons handlers that
-        are stuck and closes the rest under a short deadline.
+        callback, then raises ``KeyboardInterrupt``; a second Ctrl-C gives what still runs
+        2 s more, abandons what is stuck after them, and closes the rest under the same
+        short deadline.
 
         Raises:
             EngineThreadError: Called on a thread that runs an event loop; use

@@ -1,10 +1,13 @@
 """A training run for the Ctrl-C tests (tests/failures/test_ctrl_c.py): trains until
 interrupted, printing its progress to stdout for the test to synchronise on.
 
-    python interrupt_fit.py --backend trio --out m.jsonl [--stuck] [--close-timeout 2]
+    python interrupt_fit.py --backend trio --out m.jsonl [--stuck] [--slow-close]
+        [--close-timeout 2]
 
 stdout: ``logged N`` after each probe point was accepted by the logger, ``stuck`` when
-the stuck handler (``--stuck``) has started to block, and at the end
+the stuck handler (``--stuck``) has started to block, ``closing`` when the JSON-lines
+destination's ``close`` has started (with ``--slow-close`` it then takes 0.5 s before it
+writes the file out: a close still working when a second Ctrl-C comes), and at the end
 ``raised <ExceptionType> probes=<points logged>`` (exit status 130 for a
 ``KeyboardInterrupt``; anything else propagates and fails the run).
 """
@@ -58,11 +61,23 @@ class StuckBatchEnd(Callback):
             threading.Event().wait()
 
 
+class SlowClose(JSONLinesLogger):
+    def close(self, state: Any, logger: Any) -> None:
+        sys.stdout.write("closing\n")
+        sys.stdout.flush()
+        if self.slow:
+            threading.Event().wait(0.5)  # a flush to a slow disk, say
+        super().close(state, logger)
+
+    slow = False
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     parser.add_argument("--out", required=True)
     parser.add_argument("--stuck", action="store_true")
+    parser.add_argument("--slow-close", action="store_true")
     parser.add_argument("--close-timeout", type=float, default=30.0)
     args = parser.parse_args()
 
@@ -73,12 +88,14 @@ def main() -> int:
     callbacks: list[Callback] = [probe]
     if args.stuck:
         callbacks.append(StuckBatchEnd())
+    destination = SlowClose(args.out, flush_interval=60.0)  # written out by close
+    destination.slow = args.slow_close
     trainer = Trainer(
         Model(),
         DataLoader(TensorDataset(x, y), batch_size=4),
         "100000ep",  # ends only when interrupted
         callbacks=callbacks,
-        loggers=[JSONLinesLogger(args.out, flush_interval=60.0)],  # written out by close
+        loggers=[destination],
         log_train_loss=False,
         close_timeout=args.close_timeout,
         warn_slow_callbacks=False,
