@@ -199,3 +199,50 @@ async def test_an_async_before_forward_handler_runs_during_its_batch() -> None:
                 answered.set()
 
     await _runs_during_batch_0(Early, answered)
+
+
+async def test_an_async_batch_checkpoint_handler_runs_with_the_next_batch_s_forward() -> None:
+    # BATCH_CHECKPOINT does not wake the loop: its calls are handed over at the next
+    # BEFORE_FORWARD, and done by that batch's barrier (D4).
+    seen: list[tuple[int, list[int]]] = []
+    forwards: list[int] = []
+
+    class Marks(Callback):
+        @blocking
+        def before_forward(self, state: Any, logger: Any) -> None:
+            forwards.append(batch_of(state))
+
+        @blocking  # after the previous batch's barrier
+        def batch_start(self, state: Any, logger: Any) -> None:
+            # batch b-1's call was handed over at batch b's forward and waited for at its
+            # barrier; batch b's own is not handed over yet
+            assert [n for n, _ in seen] == list(range(1, batch_of(state)))
+
+    class Checkpoints(Callback):
+        async def batch_checkpoint(self, state: Any, logger: Any) -> None:
+            seen.append((batch_of(state), list(forwards)))
+
+    await fit(make_trainer(4, callbacks=[Marks(), Checkpoints()]))
+    # the call of the batch that ends with batch count b ran after the next batch's
+    # BEFORE_FORWARD was published (the last one's at the epoch's end, which wakes the loop)
+    assert seen == [(b, list(range(min(b + 1, 4)))) for b in range(1, 5)]
+
+
+@pytest.mark.parametrize("batches", [3, 6])
+async def test_a_batch_wakes_the_loop_twice_with_the_default_barrier(batches: int) -> None:
+    # Before its forward (BEFORE_FORWARD) and at its BATCH_END barrier: the loop's work
+    # a batch is a rule of the events (docs/concurrency.md, "When a handler starts").
+    class Everywhere(Callback):
+        async def after_dataloader(self, state: Any, logger: Any) -> None: ...
+        async def before_forward(self, state: Any, logger: Any) -> None: ...
+        async def after_forward(self, state: Any, logger: Any) -> None: ...
+        async def after_train_batch(self, state: Any, logger: Any) -> None: ...
+        async def batch_end(self, state: Any, logger: Any) -> None: ...
+        async def batch_checkpoint(self, state: Any, logger: Any) -> None: ...
+
+    wakeups = []
+    for n in (batches, 2 * batches):
+        trainer = make_trainer(n, callbacks=[Everywhere(), Everywhere()])
+        await fit(trainer)
+        wakeups.append(trainer.engine.statistics().loop_wakeups)
+    assert wakeups[1] - wakeups[0] == 2 * batches

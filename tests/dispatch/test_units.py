@@ -10,13 +10,16 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import pytest
 import torch
 
 from trainbus import Callback, Event, Logger, State, blocking, trailing
+from trainbus.bus.bridge import LoopHandle, LoopWaker
 from trainbus.bus.lanes import STOP, CallItem, Counters, EventItem, Gate, Lane, LogItem, Stopped
 from trainbus.bus.members import Member
-from trainbus.bus.runners import fail_thread_lane
+from trainbus.bus.runners import fail_thread_lane, run_loop_lane
 from trainbus.core.callback import resolve_callback
 from trainbus.core.logger import LogRecord
 
@@ -167,3 +170,64 @@ def test_a_broken_thread_lane_counts_events_and_records_fails_calls_and_stops() 
     fail_thread_lane(lane, Loop(), error)  # type: ignore[arg-type]
     assert (lane.done, lane.log_done) == (1, 1)
     assert calls == [error]
+
+
+# -- a loop lane's suspensions -------------------------------------------------------------
+
+
+class Awaiting(Callback):
+    async def batch_end(self, state: Any, logger: Any) -> None:
+        return None
+
+
+@pytest.mark.anyio
+async def test_a_loop_lane_suspends_once_per_wake_up_however_they_interleave() -> None:
+    # What a loop lane costs must not depend on how the threads interleave: two wake-ups
+    # that reach the loop before the lane's task runs cost it two suspensions (a yield,
+    # then a sleep), as two that come while it sleeps do (two sleeps).
+    lane = make_lane(Awaiting())
+    counters = Counters()
+    loop = LoopHandle()
+    seen: list[str] = []
+    new_event, yield_now = loop.new_event, loop.yield_now
+
+    def counted_event() -> Any:
+        seen.append("sleep")
+        return new_event()
+
+    async def counted_yield() -> None:
+        seen.append("yield")
+        await yield_now()
+
+    loop.new_event, loop.yield_now = counted_event, counted_yield
+    waker = LoopWaker(loop, [lane], counters)
+
+    async def settled(done: int) -> None:  # the lane ran `done` items and sleeps
+        while not (lane.done == done and lane.idle):
+            await anyio.lowlevel.checkpoint()
+
+    def wake_up() -> None:  # what Producer.hand_over hands the loop: one item
+        lane.enq += 1
+        waker._on_loop([(lane, [event_item()])])
+
+    finished = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run_loop_lane, lane, counters, 128, loop, finished)
+        await settled(0)
+        start = len(seen)
+        wake_up()
+        wake_up()  # before the lane's task has run: it finds both
+        await settled(2)
+        together = seen[start:]
+        start = len(seen)
+        wake_up()
+        await settled(3)
+        wake_up()
+        await settled(4)
+        apart = seen[start:]
+        lane.pending.append(STOP)
+        waker.wake()
+        await finished.wait()
+    assert together == ["yield", "sleep"]
+    assert apart == ["sleep", "sleep"]
+    assert lane.member.slots[Event.BATCH_END].calls == 4

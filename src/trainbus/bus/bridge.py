@@ -26,14 +26,16 @@ import functools
 import sys
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, MutableSequence, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
+from trainbus.bus.lanes import WAKE_END
+
 if TYPE_CHECKING:
-    from trainbus.bus.lanes import Counters, Lane, LoopEvent
+    from trainbus.bus.lanes import Counters, Lane, LoopEvent, WorkItem
 
 __all__ = [
     "FutureEvent",
@@ -58,7 +60,7 @@ class LoopHandle:
             the loop it runs on (obstore's ``*_async`` functions need asyncio).
     """
 
-    __slots__ = ("backend", "call_soon", "new_event", "thread_id")
+    __slots__ = ("backend", "call_soon", "new_event", "thread_id", "yield_now")
 
     def __init__(self) -> None:
         self.thread_id = threading.get_ident()
@@ -71,10 +73,16 @@ class LoopHandle:
         #: ``new_event()`` (on the loop): a one-shot event of the loop's own library, for
         #: the loop lanes' sleeps (see :class:`FutureEvent`).
         self.new_event: Callable[[], LoopEvent]
+        #: ``await yield_now()`` (on the loop): give the loop one turn, as a sleep that is
+        #: woken at once would (a loop lane at a ``WAKE_END`` with more queued).
+        self.yield_now: Callable[[], Awaitable[None]]
         if running is not None:
             self.new_event = functools.partial(FutureEvent, running)
+            self.yield_now = functools.partial(asyncio.sleep, 0)
         else:
-            self.new_event = sys.modules["trio"].Event
+            trio = sys.modules["trio"]
+            self.new_event = trio.Event
+            self.yield_now = trio.lowlevel.checkpoint
 
     def call_soon_if_running(self, fn: Callable[..., Any], *args: Any) -> None:
         """:attr:`call_soon`, or nothing if the loop has ended (an abandoned thread that
@@ -88,8 +96,9 @@ class LoopHandle:
 class FutureEvent:
     """A loop lane's sleep on asyncio: one future, set once (loop thread).
 
-    A loop lane sleeps each time its queue empties, up to twice a batch (``producer.py``,
-    ``WAKES_LOOP_INSIDE``), so its sleep is on the hot path. ``anyio.Event`` wraps an
+    A loop lane suspends once for each wake-up of the loop that brought it work, twice a
+    batch with the default barrier (``producer.WAKES_LOOP``), so its sleep is on the hot
+    path. ``anyio.Event`` wraps an
     ``asyncio.Event`` (two Python layers, a backend lookup at creation, a coroutine to
     await); a bare future is what
     ``asyncio.Event`` awaits underneath. Cancellation works as for any awaited future (the
@@ -138,10 +147,12 @@ def no_running_loop() -> bool:
 
 
 class LoopWaker:
-    """Wakes the sleeping loop lanes from any thread: one call into the loop per
-    :meth:`wake`, whatever the lanes are doing. On the loop, that call (:meth:`_on_loop`)
-    sets the wake-up of every loop lane that sleeps with items queued; a lane that is busy
-    takes its new items when it is done. Create it on the loop.
+    """Hands work to the loop lanes and wakes the sleeping ones, from any thread: one call
+    into the loop per :meth:`deliver` or :meth:`wake`, whatever the lanes are doing. On the
+    loop, that call (:meth:`_on_loop`) appends each delivered list of items to its lane's
+    ``pending``, then ``WAKE_END``, and sets the wake-up of every loop lane that sleeps
+    with items queued; a lane that is busy takes its new items when it is done. Create it
+    on the loop.
 
     The caller's cost is the same whether the loop sleeps or not (no look at the lanes
     from the calling thread): a count that does not move with the machine's load.
@@ -152,15 +163,27 @@ class LoopWaker:
         self._counters = counters
         self._lanes = [lane for lane in lanes if not lane.on_thread]
 
-    def wake(self) -> None:
-        """Ask the loop to wake its sleeping lanes that have items (any thread)."""
+    def deliver(self, waves: list[tuple[Lane, MutableSequence[WorkItem]]]) -> None:
+        """Hand each ``(lane, items)`` to the loop and wake its sleeping lanes that have
+        items (the publishing thread; ``Producer.hand_over``)."""
         try:
-            self._call_soon(self._on_loop)
+            self._call_soon(self._on_loop, waves)
         except Exception:  # the loop has ended (an abandoned thread came back late)
             return
 
-    def _on_loop(self) -> None:
+    def wake(self) -> None:
+        """Ask the loop to wake its sleeping lanes that have items (any thread)."""
+        try:
+            self._call_soon(self._on_loop, ())
+        except Exception:  # the loop has ended (an abandoned thread came back late)
+            return
+
+    def _on_loop(self, waves: Sequence[tuple[Lane, MutableSequence[WorkItem]]]) -> None:
         self._counters.loop_wakeups += 1
+        for lane, items in waves:
+            pending = lane.pending
+            pending.extend(items)
+            pending.append(WAKE_END)
         for lane in self._lanes:
             # On the loop a lane's task is either asleep (idle) or running: never between.
             if lane.idle and lane.pending and lane.wakeup is not None:

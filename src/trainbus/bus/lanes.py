@@ -8,6 +8,12 @@ per logged record for a destination, per ``close`` call) run one at a time, in q
   from the left and, when there are none, sleeps: a thread lane's thread on ``sleeper``
   (woken by :meth:`Lane.wake_thread`), a loop lane's task on ``wakeup`` (woken through
   ``bridge.LoopWaker``). When the producer wakes them is its rule (``producer.py``).
+- a loop lane's items from the training thread go into its ``inbox`` instead, which the
+  training thread hands to the loop in one piece at each of its wake-ups of the loop
+  (``Producer.hand_over``); the loop appends them to ``pending``, then ``WAKE_END``. At
+  each ``WAKE_END`` the lane's task gives the loop a turn (it sleeps, or yields when more
+  is queued), so a loop lane suspends once per wake-up that brought it work, however the
+  threads interleave.
 
 Counting: ``enq`` (the training thread) and ``done`` (the runner) count event items;
 ``log_enq``/``log_done`` count records. The training thread waits for these counts at the
@@ -20,7 +26,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableSequence
 from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
@@ -37,6 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "STOP",
+    "WAKE_END",
     "CallItem",
     "Counters",
     "EventItem",
@@ -125,7 +132,17 @@ class _StopItem:
 
 STOP: Final = _StopItem()
 
-WorkItem = EventItem | LogItem | CallItem | _StopItem
+
+class _WakeEndItem:
+    """The end of what one wake-up of the loop brought a loop lane: its task gives the
+    loop a turn here (see the module docstring)."""
+
+    __slots__ = ()
+
+
+WAKE_END: Final = _WakeEndItem()
+
+WorkItem = EventItem | LogItem | CallItem | _StopItem | _WakeEndItem
 
 
 # -- lanes ---------------------------------------------------------------------------------
@@ -144,6 +161,7 @@ class Lane:
         "failed",
         "gate",
         "idle",
+        "inbox",
         "index",
         "last_batch",
         "last_by_lag",
@@ -180,6 +198,9 @@ class Lane:
         self.on_thread = member.on_thread
         #: The lane's items, in order (its runner takes them from the left).
         self.pending: deque[WorkItem] = deque()
+        #: Where the training thread queues: ``pending`` itself for a thread lane; for a
+        #: loop lane a list that only the training thread touches until it hands it over.
+        self.inbox: MutableSequence[WorkItem] = self.pending if member.on_thread else []
         #: Whether the runner sleeps (or is about to): set by the runner before its
         #: second look at ``pending``, so an append either is seen or sees it sleep.
         self.idle = False

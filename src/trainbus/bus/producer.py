@@ -5,16 +5,16 @@ snapshot of the state, D5) and, for every callback that handles the event, in li
 
 - a plain ``@blocking`` handler runs right here, once its callback's earlier items are done
   (D9); an ``async def`` ``@blocking`` handler is queued and waited for;
-- any other handler's item is appended to its lane's ``pending``, after waiting for room if
-  the lane holds ``queue_size`` items (D12). Nothing is woken per item.
+- any other handler's item is appended to its lane's ``inbox`` (a thread lane's
+  ``pending``; a loop lane's list of its own), after waiting for room if the lane holds
+  ``queue_size`` items (D12). Nothing is woken per item.
 
-Waking, by rule (never by time), at the end of a publish with an event outside a batch's
-inside (``INSIDE_BATCH``: ``BATCH_END`` and every event outside a batch): each sleeping
-thread lane with items, and the loop, with one call (``bridge.LoopWaker``: the loop wakes
-its sleeping lanes) if something was queued on a loop lane since its last wake-up. Inside a
-batch the loop is woken at ``BEFORE_FORWARD`` (``WAKES_LOOP_INSIDE``) and threads are not.
-Before the training thread waits (a barrier, backpressure, a ``@blocking`` handler),
-everything is woken.
+Waking, by rule (never by time), at the end of a publish: with an event outside a batch's
+inside (``INSIDE_BATCH``), each sleeping thread lane with items; with an event of
+``WAKES_LOOP``, the loop, with one call that hands it the loop lanes' inboxes
+(:meth:`Producer.hand_over`, ``bridge.LoopWaker``), if something was queued for it since
+its last wake-up. Before the training thread waits (a barrier, backpressure, a
+``@blocking`` handler), everything is woken and handed over.
 
 At a barrier event it then waits at the gate for what the barrier waits for (D4, with each
 lane's lag). Nothing here depends on how long anything took.
@@ -51,7 +51,7 @@ _perf = time.perf_counter
 #: queue on a callback's thread runs when the batch ends (``BATCH_END``, ``EVAL_BATCH_END``),
 #: in one wake-up of the thread, or when the training thread waits, whichever is first. A
 #: thread's wake-up is a thread switch (and a turn of the GIL), the dearest part of a plain
-#: call. The loop is woken at these too, except at ``WAKES_LOOP_INSIDE``.
+#: call. (The loop's rule is ``WAKES_LOOP``.)
 INSIDE_BATCH: Final = frozenset({
     Event.AFTER_DATALOADER, Event.BATCH_START, Event.BEFORE_TRAIN_BATCH, Event.BEFORE_FORWARD,
     Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS, Event.BEFORE_BACKWARD,
@@ -59,16 +59,20 @@ INSIDE_BATCH: Final = frozenset({
     Event.EVAL_BEFORE_FORWARD, Event.EVAL_AFTER_FORWARD,
 })
 
-#: The events inside a batch whose publish wakes the loop: ``BEFORE_FORWARD`` (and an eval
-#: batch's), after which the training thread computes the batch. The loop is woken there,
-#: and at every event outside ``INSIDE_BATCH``, for everything queued on loop lanes since
-#: its last wake-up; the batch's later inner events (``AFTER_FORWARD`` ...
-#: ``AFTER_TRAIN_BATCH``) queue for the loop without waking it, and their ``async def``
-#: handlers run when the batch ends. A loop lane's wake-up is a task switch and some
-#: asyncio bookkeeping, about 1,400 instructions a call for each extra wake-up a batch
-#: (callgrind, 10 callbacks: waking at four points a batch measured 9,700-13,800 a call,
-#: at these two 9,600-10,600, quiet and beside a CPU-bound neighbour).
-WAKES_LOOP_INSIDE: Final = frozenset({Event.BEFORE_FORWARD, Event.EVAL_BEFORE_FORWARD})
+#: The events whose publish wakes the loop, handing it everything queued for loop lanes
+#: since its last wake-up: ``BEFORE_FORWARD`` (and an eval batch's), after which the
+#: training thread computes the batch, and the events outside the batch loop (fit, epoch
+#: and eval start and end, checkpoints of an epoch). Not the other per-batch events: what
+#: ``AFTER_FORWARD`` ... ``BATCH_END``, ``BATCH_CHECKPOINT`` queue for the loop is handed
+#: over when the training thread next waits (the ``BATCH_END`` barrier) or at the next
+#: ``BEFORE_FORWARD``, whichever is first. So a batch wakes the loop twice with the
+#: default barrier: before its forward, and at its barrier. Each wake-up costs every loop
+#: lane with work one suspension of its task (a resume through asyncio's ``call_soon``:
+#: about 13,000 instructions, 1,100 a call with 10 callbacks on 12 events a batch).
+WAKES_LOOP: Final = frozenset(
+    {Event.BEFORE_FORWARD, Event.EVAL_BEFORE_FORWARD}
+    | (set(Event) - INSIDE_BATCH - {Event.BATCH_END, Event.BATCH_CHECKPOINT, Event.EVAL_BATCH_END})
+)
 
 
 class Producer:
@@ -168,7 +172,7 @@ class Producer:
                 if lane.enq - lane.done >= queue_size:  # D12: wait for room first
                     self.wait([(lane, lane.enq - queue_size + 1)], "backpressure", event)
                 lane.enq += 1  # before the item: its runner never counts past enq
-                lane.pending.append(item)
+                lane.inbox.append(item)
             if here:
                 self._run_here(here, item)
             for lane, slot in others:
@@ -183,14 +187,14 @@ class Producer:
                 lane.enq += 1  # before the item: its runner never counts past enq
                 if not lane.uniform:
                     lane.last_by_lag[slot.lag] = lane.enq
-                lane.pending.append(item)
+                lane.inbox.append(item)
                 if slot.is_blocking:  # an async @blocking handler: wait for it (D9)
                     self.wait([(lane, lane.enq)], "blocking", event)
             if event in self.to_loop:
                 self._loop_owed = True
             if event not in INSIDE_BATCH:
-                threads = loop = True
-            elif event in WAKES_LOOP_INSIDE:
+                threads = True
+            if event in WAKES_LOOP:
                 loop = True
             if event is Event.BATCH_END:
                 self._batch_end()
@@ -200,11 +204,25 @@ class Producer:
                     self._trace_mark = _perf()  # the next batch's span starts after the wait
             if gate.stopping:
                 raise Stopped
-        if loop and self._loop_owed:  # not owed after a wait, which woke it
-            self._loop_owed = False
-            self.waker.wake()
+        if loop and self._loop_owed:  # not owed after a wait, which handed everything over
+            self.hand_over()
         if threads:
             self.wake_threads()
+
+    def hand_over(self, lanes: Sequence[Lane] | None = None) -> None:
+        """Hand the loop lanes' inboxes (or ``lanes``' only) to the loop, in one call into
+        it that also wakes its sleeping lanes with work (publishing thread)."""
+        if not self.loop_lanes:
+            return
+        waves = []
+        for lane in self.loop_lanes if lanes is None else lanes:
+            inbox = lane.inbox
+            if inbox:
+                lane.inbox = []
+                waves.append((lane, inbox))
+        if lanes is None:
+            self._loop_owed = False
+        self.waker.deliver(waves)
 
     def wake_threads(self) -> None:
         """Wake the sleeping thread lanes that have items (see ``INSIDE_BATCH``)."""
@@ -217,9 +235,7 @@ class Producer:
     ) -> None:
         """Wake the lanes, then wait at the gate (the training thread never waits for a
         lane it has not woken)."""
-        if self.loop_lanes:
-            self._loop_owed = False
-            self.waker.wake()
+        self.hand_over()
         self.wake_threads()
         self.gate.wait(targets, kind, event)
 

@@ -55,24 +55,37 @@ class Records:
     def submit(self, record: LogRecord) -> None:
         """Queue ``record`` on every destination's lane, within each one's bound, and wake
         the destinations that sleep (a record is delivered without waiting for a batch's
-        end: one call into the loop for all the loop lanes that sleep)."""
+        end: one call into the loop for all the loop lanes).
+
+        On the publishing thread a record for a loop lane goes into the lane's inbox, after
+        the events published before it (D1), and that inbox is handed over at once."""
         item = LogItem(record)
         bound = self.bound
         loop = False
+        producer = self._producer
+        publishing = producer.ident is not None and threading.get_ident() == producer.ident
+        handed: list[Lane] = []
         for lane in self.destinations:
             if lane.log_enq - lane.log_done >= bound and not (lane.failed or lane.abandoned):
                 self._wait_for_room(lane)
             depth = lane.count_record()
-            lane.pending.append(item)
-            if lane.idle:  # after the append: see Lane.idle
-                if lane.on_thread:
+            if lane.on_thread:
+                lane.pending.append(item)
+                if lane.idle:  # after the append: see Lane.idle
                     lane.wake_thread()
-                else:
+            elif publishing:
+                lane.inbox.append(item)
+                handed.append(lane)
+            else:
+                lane.pending.append(item)
+                if lane.idle:
                     loop = True
             member = lane.member
             if depth > member.peak_records:
                 member.peak_records = depth
-        if loop:
+        if handed:
+            producer.hand_over(handed)
+        elif loop:
             self.waker.wake()
 
     def _wait_for_room(self, lane: Lane) -> None:

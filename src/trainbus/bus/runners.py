@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from trainbus.bus.lanes import STOP, CallItem, EventItem, LogItem, would_deadlock
+from trainbus.bus.lanes import STOP, WAKE_END, CallItem, EventItem, LogItem, would_deadlock
 from trainbus.core.scalars import all_ready
 
 if TYPE_CHECKING:
@@ -198,8 +198,12 @@ async def run_loop_lane(
 async def _drain_loop_lane(
     lane: Lane, counters: Counters, record_bound: int, loop: LoopHandle
 ) -> bool:
-    """Run ``lane``'s items, sleeping when there are none; true at ``STOP``."""
-    pending, gate, new_event = lane.pending, lane.gate, loop.new_event
+    """Run ``lane``'s items, sleeping when there are none; true at ``STOP``.
+
+    At each ``WAKE_END`` (the end of what one wake-up of the loop brought) the task gives
+    the loop a turn: it sleeps if nothing more is queued, else it yields once. So it
+    suspends once per wake-up, whether the next one came while it was busy or not."""
+    pending, gate, new_event, yield_now = lane.pending, lane.gate, loop.new_event, loop.yield_now
     t0 = _perf()  # when the lane's current item started: one clock read an item
     while True:
         if not pending:
@@ -211,6 +215,11 @@ async def _drain_loop_lane(
             t0 = _perf()
             continue
         item = pending.popleft()
+        if item is WAKE_END:
+            if pending:
+                await yield_now()
+                t0 = _perf()
+            continue
         if item is STOP:
             return True
         if type(item) is EventItem:

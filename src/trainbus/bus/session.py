@@ -206,6 +206,7 @@ class Session:
             except BaseException as exc:
                 box.append(exc)
             finally:
+                producer.hand_over()  # what a stop left in the inboxes: counted, then run
                 producer.ident = None
                 loop.call_soon_if_running(finished.set)
 
