@@ -136,7 +136,7 @@ class Producer:
         self.loop_lanes = [lane for lane in lanes if not lane.on_thread]
         #: Whether items were queued on loop lanes since the loop was last woken.
         self._loop_owed = False
-        #: The events that queue items on loop lanes (see ``WAKES_LOOP_INSIDE``).
+        #: The events that queue items on loop lanes (see ``WAKES_LOOP``).
         self.to_loop = frozenset(
             event
             for event, (queued, _, others) in self.plan.items()
