@@ -116,9 +116,15 @@ def readme(results: dict[str, Any]) -> str:
 
 def short_table(results: dict[str, Any]) -> str:
     """The top-level README's table: trainbus's figure, target and verdict per row."""
-    out = [f"Measured by `python benchmarks/run.py` ({results['meta']['mode']}, "
-           f"{results['meta']['date'][:10]}, commit `{results['meta']['commit']}`); "
-           "details and peers in [benchmarks/README.md](benchmarks/README.md).", "",
+    meta = results["meta"]
+    this, sep, other = meta.get("command", "").partition("; other rows: ")
+    which = ""
+    if sep:  # an --only run: say which rows are older
+        which = (f": the rows of `{this.removeprefix('python benchmarks/run.py ')}`; "
+                 f"the others by `{other}`")
+    head = (f"Measured by `python benchmarks/run.py` ({meta['mode']}, {meta['date'][:10]}, "
+            f"commit `{meta['commit']}`{which})")
+    out = [f"{head}; details and peers in [benchmarks/README.md](benchmarks/README.md).", "",
            "| figure | trainbus | target | verdict |", "|---|---|---|---|"]
     for r in results["rows"]:
         short = r.get("short") or re.split(r"\. |; ", r["measured"])[0].removeprefix("trainbus ")
