@@ -257,11 +257,18 @@ class Lane:
         self.idle = False
 
     def wake_thread(self) -> None:
-        """Wake a thread lane's thread, which sleeps or is about to (any thread)."""
-        try:
-            self.sleeper.release()
-        except RuntimeError:  # released already: the thread is awake or about to be
-            pass
+        """Wake a thread lane's thread, which sleeps or is about to (any thread).
+
+        A thread woken and not yet running is woken again at each later publish that wakes
+        threads (``BATCH_END`` then ``BATCH_CHECKPOINT``, say): the look at ``locked()``
+        spares the ``RuntimeError`` of a second release, which costs the caller more than
+        the wake-up itself and depends on how soon the woken thread runs."""
+        sleeper = self.sleeper
+        if sleeper.locked():
+            try:
+                sleeper.release()
+            except RuntimeError:  # released meanwhile by another thread
+                pass
 
     # -- lags (training thread; ``@trailing`` slots) --------------------------------------
 
