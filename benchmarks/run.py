@@ -190,8 +190,12 @@ def run_suite(args: argparse.Namespace, previous: dict[str, Any] | None) -> dict
         "loadavg": {"start": load_start, "end": loadavg()},
         "seconds": time.perf_counter() - started, "versions": versions,
     }
-    if previous and args.only:  # the kept rows came from the previous run
-        meta["command"] += f"; other rows: {previous['meta']['command']} ({previous['meta']['date']})"
+    if previous and args.only:  # the kept rows came from the previous run (and its own)
+        before = previous["meta"]
+        own, _, older = before["command"].partition("; other rows: ")
+        meta["command"] += f"; other rows: {own} ({before['date']}, {before['commit']})"
+        if older:
+            meta["command"] += f"; {older}"
         meta["seconds"] += previous["meta"]["seconds"]
     return {"meta": meta, "rows": rows, "counts": counts, "errors": errors}
 
