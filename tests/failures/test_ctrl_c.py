@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -64,67 +65,60 @@ def check_interrupted_run(
     assert not problems, "\n".join(problems) + f"\n{child}"
 
 
+Cue = tuple[str, Callable[[str], bool]] | None
+
+
+def line_is(text: str) -> Callable[[str], bool]:
+    return lambda line: line == text
+
+
+def press_ctrl_c(tmp_path: Path, args: list[str], cues: list[Cue]) -> tuple[Child, int, float]:
+    """Run the script with ``args``; at each cue (a line on "out" or "err"; ``None``: at
+    once) press Ctrl-C; return the child, its exit status and the seconds it took."""
+    child = Child([str(SCRIPT), "--out", str(tmp_path / "m.jsonl"), *args], tmp_path)
+    try:
+        for cue in cues:
+            if cue is not None:
+                child.wait_for(*cue)
+            child.interrupt()
+        status, elapsed = child.finish(BOUND)
+    finally:
+        child.kill()
+    return child, status, elapsed
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_one_ctrl_c_stops_closes_and_raises_keyboard_interrupt(
     backend: str, tmp_path: Path
 ) -> None:
-    out = tmp_path / "m.jsonl"
-    child = Child([str(SCRIPT), "--backend", backend, "--out", str(out)], tmp_path)
-    try:
-        child.wait_for("out", lambda line: line == "logged 5")
-        child.interrupt()
-        status, elapsed = child.finish(BOUND)
-    finally:
-        child.kill()
-    check_interrupted_run(child, status, elapsed, out, [])
+    run = press_ctrl_c(tmp_path, ["--backend", backend], [("out", line_is("logged 5"))])
+    check_interrupted_run(*run, tmp_path / "m.jsonl", [])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_one_ctrl_c_with_a_stuck_handler_says_what_it_waits_for_then_abandons_it(
     backend: str, tmp_path: Path
 ) -> None:
-    out = tmp_path / "m.jsonl"
-    child = Child(
-        [str(SCRIPT), "--backend", backend, "--out", str(out), "--stuck",
-         "--close-timeout", "2"],
-        tmp_path,
-    )
-    try:
-        child.wait_for("out", lambda line: line == "stuck")
-        child.interrupt()
-        status, elapsed = child.finish(BOUND)
-    finally:
-        child.kill()
+    args = ["--backend", backend, "--stuck", "--close-timeout", "2"]
+    child, status, elapsed = press_ctrl_c(tmp_path, args, [("out", line_is("stuck"))])
     problems: list[str] = []
     lines = interrupted_lines(child)
     if lines and "StuckBatchEnd" not in lines[0]:
         problems.append(f"the interrupted line does not name what it waits for: {lines[0]!r}")
     if "CallbackTimeoutWarning" not in "\n".join(child.err):
         problems.append("no CallbackTimeoutWarning for the abandoned StuckBatchEnd")
-    check_interrupted_run(child, status, elapsed, out, problems)
+    check_interrupted_run(child, status, elapsed, tmp_path / "m.jsonl", problems)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_second_ctrl_c_abandons_a_stuck_handler_after_its_short_deadline(
     backend: str, tmp_path: Path
 ) -> None:
-    out = tmp_path / "m.jsonl"
-    child = Child(
-        [str(SCRIPT), "--backend", backend, "--out", str(out), "--stuck",
-         "--close-timeout", "3600"],  # only the second Ctrl-C can end the wait
-        tmp_path,
-    )
-    try:
-        child.wait_for("out", lambda line: line == "stuck")
-        child.interrupt()
-        problems: list[str] = []
-        if not child.saw("err", lambda line: line.startswith("trainbus: interrupted"), 10.0):
-            problems.append("no 'trainbus: interrupted' line within 10 s of the first Ctrl-C")
-        child.interrupt()
-        status, elapsed = child.finish(BOUND)
-    finally:
-        child.kill()
-    check_interrupted_run(child, status, elapsed, out, problems)
+    # --close-timeout 3600: only the second Ctrl-C can end the wait
+    args = ["--backend", backend, "--stuck", "--close-timeout", "3600"]
+    interrupted = ("err", lambda line: line.startswith("trainbus: interrupted"))
+    run = press_ctrl_c(tmp_path, args, [("out", line_is("stuck")), interrupted])
+    check_interrupted_run(*run, tmp_path / "m.jsonl", [])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -134,33 +128,16 @@ def test_a_second_ctrl_c_lets_a_close_that_is_still_writing_finish(
     # The JSON-lines destination holds every point until its close writes them out; the
     # second Ctrl-C comes while that close works. It must get its short deadline, not be
     # abandoned on the spot (which lost every point: the full suite saw it as a race).
-    out = tmp_path / "m.jsonl"
-    child = Child(
-        [str(SCRIPT), "--backend", backend, "--out", str(out), "--slow-close"], tmp_path
-    )
-    try:
-        child.wait_for("out", lambda line: line == "logged 5")
-        child.interrupt()
-        child.wait_for("out", lambda line: line == "closing")
-        child.interrupt()
-        status, elapsed = child.finish(BOUND)
-    finally:
-        child.kill()
-    check_interrupted_run(child, status, elapsed, out, [])
+    cues: list[Cue] = [("out", line_is("logged 5")), ("out", line_is("closing"))]
+    run = press_ctrl_c(tmp_path, ["--backend", backend, "--slow-close"], cues)
+    check_interrupted_run(*run, tmp_path / "m.jsonl", [])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_two_quick_ctrl_c_still_close_and_keep_every_point(backend: str, tmp_path: Path) -> None:
-    out = tmp_path / "m.jsonl"
-    child = Child([str(SCRIPT), "--backend", backend, "--out", str(out)], tmp_path)
-    try:
-        child.wait_for("out", lambda line: line == "logged 5")
-        child.interrupt()
-        child.interrupt()  # within a second (observed: a hang in _cancel_all_tasks)
-        status, elapsed = child.finish(BOUND)
-    finally:
-        child.kill()
-    check_interrupted_run(child, status, elapsed, out, [])
+    # the second within a second of the first (observed: a hang in _cancel_all_tasks)
+    run = press_ctrl_c(tmp_path, ["--backend", backend], [("out", line_is("logged 5")), None])
+    check_interrupted_run(*run, tmp_path / "m.jsonl", [])
 
 
 @pytest.mark.slow  # a real demo run; the Ctrl-C paths themselves stay in the default suite
