@@ -98,11 +98,10 @@ class FutureEvent:
 
     A loop lane suspends once for each wake-up of the loop that brought it work, twice a
     batch with the default barrier (``producer.WAKES_LOOP``), so its sleep is on the hot
-    path. ``anyio.Event`` wraps an
-    ``asyncio.Event`` (two Python layers, a backend lookup at creation, a coroutine to
-    await); a bare future is what
-    ``asyncio.Event`` awaits underneath. Cancellation works as for any awaited future (the
-    lane's cancel scope cancels the task). On trio the lane sleeps on a ``trio.Event``.
+    path. ``anyio.Event`` wraps an ``asyncio.Event`` (two Python layers, a backend lookup
+    at creation, a coroutine to await); a bare future is what ``asyncio.Event`` awaits
+    underneath. Cancellation works as for any awaited future (the lane's cancel scope
+    cancels the task). On trio the lane sleeps on a ``trio.Event``.
     """
 
     __slots__ = ("_future",)

@@ -63,7 +63,7 @@ class Records:
         bound = self.bound
         loop = False
         producer = self._producer
-        publishing = producer.ident is not None and threading.get_ident() == producer.ident
+        publishing = producer.is_producer()
         handed: list[Lane] = []
         for lane in self.destinations:
             if lane.log_enq - lane.log_done >= bound and not (lane.failed or lane.abandoned):
