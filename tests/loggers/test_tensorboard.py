@@ -135,8 +135,8 @@ def test_resumed_from_an_older_checkpoint_writes_each_step_once(tmp_path: Path) 
     make_trainer(
         4, 1, [saver, Attempt(0.0)], loggers=[TensorBoardLogger(tmp_path / "tb")]
     ).fit_sync()
+    resumed = TensorBoardLogger(tmp_path / "elsewhere")  # a requeue's new folder
     with pytest.warns(TrainbusWarning, match="resuming the run of the checkpoint"):
-        resumed = TensorBoardLogger(tmp_path / "elsewhere")  # a requeue's new folder
         trainer = make_trainer(
             4, 2, [Attempt(1000.0)], loggers=[resumed], load_path=tmp_path / "ckpt" / "ba2.pt"
         )
