@@ -44,9 +44,9 @@ def tensorboard_points(log_dir: Path) -> Counter[Point]:
     )
 
 
-def destinations(workdir: Path, server: MetricsServer, mlflow: MLflowServer, exp: str) -> dict[
-    str, Counter[Point]
-]:
+def destinations(
+    workdir: Path, server: MetricsServer, mlflow: MLflowServer, exp: str
+) -> dict[str, Counter[Point]]:
     """Each destination's points, read back with its own reader."""
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
     wandb_runs = wandb_points(workdir / "wb")
