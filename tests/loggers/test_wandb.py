@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,3 +117,10 @@ def test_import_trainbus_loggers_does_not_import_wandb() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_run_that_cannot_open_fails_the_fit_and_leaves_no_thread(wandb_root: Path) -> None:
+    dest = WandBLogger("p", dir=wandb_root, settings={"no_such_setting": 1})
+    with pytest.raises(Exception, match="no_such_setting"):
+        make_trainer(2, 1, loggers=[dest]).fit_sync()
+    assert not [t for t in threading.enumerate() if t.name == "trainbus-wandb-init"]

@@ -25,6 +25,7 @@ import os
 import secrets
 import string
 import struct
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -121,8 +122,10 @@ class WandBLogger(LoggerDestination):
     """Logs metrics to a Weights & Biases run; a resumed run continues the same W&B run.
 
     Its methods are plain functions: they run on the destination's own thread, never on
-    the training thread or the event loop (``wandb.init`` at ``fit_start`` takes a second
-    or more; ``run.log`` hands the values to W&B's own service process). Under
+    the training thread or the event loop. ``wandb.init`` (seconds) runs on a thread of
+    its own, started at ``fit_start``; the records logged meanwhile wait in memory and are
+    logged, in order, once the run is open; ``run.log`` hands the values to W&B's own
+    service process. Under
     ``torchrun`` only rank zero logs, so a DDP job makes one W&B run.
 
     Args:
@@ -203,17 +206,19 @@ class WandBLogger(LoggerDestination):
         self.dropped = 0
         self._resumed = False
         self._floor: int | None = None  # the last step the W&B run held when it was opened
+        self._lock = threading.Lock()
+        self._opener: threading.Thread | None = None
+        self._waiting: list[LogRecord] = []  # records logged while wandb.init runs
+        self._error: BaseException | None = None
 
-    def _open(self) -> Any:
-        if self.run is not None:
-            return self.run
+    def _init_run(self) -> Any:
         try:
             import wandb
         except ImportError as exc:
             raise ImportError(_MISSING) from exc
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
-        run = wandb.init(
+        return wandb.init(
             project=self.project,
             entity=self.entity,
             name=self.name,
@@ -225,10 +230,33 @@ class WandBLogger(LoggerDestination):
             settings=wandb.Settings(**self.settings),
             reinit="create_new",  # one process may hold several runs (no global run)
         )
-        self.run = run
-        if self._resumed:
-            self._floor = self._held_step(run)
-        return run
+
+    def _opening(self) -> None:
+        """The opener thread: ``wandb.init``, the replay floor, then the records that
+        arrived meanwhile, in order (under the lock, so none overtakes them)."""
+        try:
+            run = self._init_run()
+            floor = self._held_step(run) if self._resumed else None
+        except BaseException as exc:
+            with self._lock:
+                self._error = exc
+            return
+        with self._lock:
+            self.run, self._floor = run, floor
+            waiting, self._waiting = self._waiting, []
+            try:
+                for record in waiting:
+                    self._write(record)
+            except BaseException as exc:
+                self._error = exc
+
+    def _start(self) -> None:
+        """Open the run on a thread of its own (once per ``fit()``)."""
+        if self._opener is None:
+            self._opener = threading.Thread(
+                target=self._opening, name="trainbus-wandb-init", daemon=True
+            )
+            self._opener.start()
 
     def _held_step(self, run: Any) -> int | None:
         """The last step the W&B run holds already (killed runs' rows), or ``None``."""
@@ -245,15 +273,33 @@ class WandBLogger(LoggerDestination):
         return max(known) if known else None
 
     def fit_start(self, state: State, logger: Logger) -> None:
-        """Open the W&B run (resumed into the checkpoint's run id when there is one)."""
-        self._open()
+        """Start opening the W&B run (resumed into the checkpoint's run id when there is
+        one) on a thread of its own: ``wandb.init`` takes seconds, and the records logged
+        meanwhile wait in memory, so no barrier waits for it."""
+        self._start()
 
     def log_record(self, record: LogRecord) -> None:
         """``run.log`` the record's values at its step; hyperparameters to ``run.config``.
 
         A value at a step the W&B run already held when this run opened it is dropped
-        (the replay rule: the killed run's value stays)."""
-        run = self._open()  # also for records logged before fit_start (at INIT)
+        (the replay rule: the killed run's value stays). While the run is being opened,
+        the record waits in memory.
+
+        Raises:
+            BaseException: Opening the run failed (``wandb.init``'s error).
+        """
+        self._start()  # also for records logged before fit_start (at INIT)
+        with self._lock:
+            error, self._error = self._error, None
+            if error is not None:  # raised once (by a record or by close), not twice
+                raise error
+            if self.run is None:
+                self._waiting.append(record)
+                return
+            self._write(record)
+
+    def _write(self, record: LogRecord) -> None:
+        run = self.run
         if record.hyperparameters:
             values = {name: to_json_value(v) for name, v in record.metrics.items()}
             run.config.update(values, allow_val_change=True)
@@ -276,8 +322,19 @@ class WandBLogger(LoggerDestination):
             self._resumed = True
 
     def close(self, state: State, logger: Logger) -> None:
-        """Finish the W&B run (writes its last history row; runs also when training
-        failed)."""
-        run, self.run = self.run, None
+        """Wait for the run to be open, then finish it (W&B writes its last history
+        row); runs also when training failed.
+
+        Raises:
+            BaseException: Opening the run failed (``wandb.init``'s error).
+        """
+        opener, self._opener = self._opener, None
+        if opener is not None:
+            opener.join()
+        with self._lock:
+            run, self.run = self.run, None
+            error, self._error = self._error, None
         if run is not None:
             run.finish()
+        if error is not None:
+            raise error
