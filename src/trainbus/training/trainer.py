@@ -366,7 +366,7 @@ class Trainer:
         if self._notice_acted:  # the last fit() stopped for it: this one starts afresh
             state.preemption = None
             self._notice_acted = False
-        state._stop.clear()
+        state.begin_fit()
         loop = TrainingLoop(state, self.logger, self._config, self.engine.run_event)
         # The saver waits for every handler and record before it captures (CheckpointSaver).
         attach_handler_drain(state, functools.partial(self.engine.wait_all, records=True))
