@@ -36,8 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 if TYPE_CHECKING:
     import anyio
 
-    from trainbus.bus.members import Member
-    from trainbus.bus.pool import LaneThread
+    from trainbus.bus.members import Member, Slot
     from trainbus.bus.trace import TraceRecorder
     from trainbus.core.callback import Handler
     from trainbus.core.events import Event
@@ -71,6 +70,17 @@ class LoopEvent(Protocol):
     def set(self) -> None: ...
 
     def wait(self) -> Awaitable[Any]: ...
+
+
+class LaneRunner(Protocol):
+    """What a lane knows of its lane thread (``pool.LaneThread``, which imports this
+    module): its FIFO, ``put``, the handlers a bare event item runs, whom it waits for."""
+
+    pending: deque[Any]
+    subs: dict[Event, list[tuple[Lane, Slot]]]
+    waiting_on: Lane | None
+
+    def put(self, lane: Lane, item: WorkItem) -> None: ...
 
 
 class Stopped(Exception):
@@ -211,9 +221,9 @@ class Lane:
         #: Who runs the lane's items: its ``pool.LaneThread`` (set there) for a thread
         #: lane; the lane itself (its task) for a loop lane. Lanes with one runner run one
         #: item at a time between them (records' waits for room follow runners).
-        self.runner: LaneThread | Lane = self
+        self.runner: LaneRunner | Lane = self
         #: A thread lane's lane thread (``None`` for a loop lane).
-        self.thread: LaneThread | None = None
+        self.thread: LaneRunner | None = None
         #: A loop lane's task sleeps on ``wakeup`` (``bridge.LoopWaker`` sets it).
         self.wakeup: LoopEvent | None = None
         #: Held by whoever runs one of the lane's items: its thread, or the training thread
@@ -318,12 +328,12 @@ class Lane:
                 self.room_waiters -= 1
 
 
-def would_deadlock(waiter: LaneThread | Lane | None, dest: Lane) -> bool:
+def would_deadlock(waiter: LaneRunner | Lane | None, dest: Lane) -> bool:
     """Whether ``waiter`` (a lane thread, or a loop lane's task) waiting for room in
     ``dest`` could wait for ever: ``dest`` runs on ``waiter`` (a callback pinned to the
     same lane thread), or on a runner that waits, through a chain of runners waiting for
     room, for ``waiter``."""
-    runner: LaneThread | Lane | None = dest.runner
+    runner: LaneRunner | Lane | None = dest.runner
     hops = 0
     while runner is not None and hops < 64:
         if runner is waiter:

@@ -36,7 +36,7 @@ from trainbus.core.events import Event
 
 if TYPE_CHECKING:
     from trainbus.bus.bridge import LoopWaker
-    from trainbus.bus.lanes import Counters, Gate, Lane, WaitKind
+    from trainbus.bus.lanes import Counters, Gate, Lane, LaneRunner, WaitKind
     from trainbus.bus.members import Member, Slot
     from trainbus.bus.options import BusOptions
     from trainbus.bus.pool import LaneThread
@@ -47,7 +47,7 @@ __all__ = ["Plan", "Producer"]
 
 #: What publishing an event does with its handlers (see ``Producer.plan``).
 Plan = tuple[
-    list["Lane"], list["Lane"], list["LaneThread"], list[tuple["Lane", "Slot"]],
+    list["Lane"], list["Lane"], list["LaneRunner"], list[tuple["Lane", "Slot"]],
     list[tuple["Lane", "Slot"]],
 ]
 
@@ -125,7 +125,7 @@ class Producer:
             if event is Event.INIT:
                 subs.sort(key=lambda pair: pair[0].log_slot is None)
             if all(_only_queued(lane, slot) for lane, slot in subs):
-                lane_threads: list[LaneThread] = []
+                lane_threads: list[LaneRunner] = []
                 for lane, slot in subs:
                     thread = lane.thread
                     if thread is not None:
