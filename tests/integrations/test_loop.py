@@ -139,22 +139,30 @@ async def test_a_trailing_upload_is_handed_over_when_its_batch_ends(publishes: s
 
 async def test_the_readmes_upload_loop_hides_the_upload_without_before_forward() -> None:
     # The loop as a new user writes it from the README: 40 batches of 30 ms in
-    # `with bus.batch(...)`, an @trailing(2) upload of 20 ms. Before, nothing handed the
-    # uploads over until a barrier waited: 13 barrier waits of the 40.
+    # `with bus.batch(...)`, an @trailing(2) upload awaiting 20 ms. Before, nothing handed
+    # the uploads over until a barrier waited: 13-18 barrier waits of the 40. (The 20 ms
+    # are awaited on the loop, not posted: on a loaded 2-core machine a local server's POST
+    # takes 60 ms; the test above checks real POSTs by the bus's structure instead.)
     batches = 40
-    with metrics_service(0.02) as service:
-        upload = Upload(service.url)
-        bus = trainbus.Bus(callbacks=[upload], warn_slow=False)
+    done: list[int] = []
 
-        def train() -> None:
-            x = torch.randn(8, 16)
-            with bus.epoch():
-                for _ in range(batches):
-                    with bus.batch(x):
-                        time.sleep(0.03)  # the batch's compute
+    class Upload(trainbus.Callback):
+        @trainbus.trailing(2)
+        async def batch_end(self, state: trainbus.State, logger: trainbus.Logger) -> None:
+            await anyio.sleep(0.02)  # the upload's latency
+            done.append(int(state.timer.batch))
 
-        await bus.run(train)
-    assert upload.sent == list(range(1, batches + 1))
+    bus = trainbus.Bus(callbacks=[Upload()], warn_slow=False)
+
+    def train() -> None:
+        x = torch.randn(8, 16)
+        with bus.epoch():
+            for _ in range(batches):
+                with bus.batch(x):
+                    time.sleep(0.03)  # the batch's compute
+
+    await bus.run(train)
+    assert done == list(range(1, batches + 1))
     assert bus.statistics().barrier_waits <= 4, bus.statistics()
 
 
