@@ -200,7 +200,7 @@ def test_bad_access_options_name_the_fix(kwargs: dict[str, Any], message: str) -
 async def test_without_a_token_a_request_from_another_machine_is_refused() -> None:
     """Under plain uvicorn (no create_server to refuse the bind): the connection's own
     address says whether it came from another machine."""
-    from trainbus.serve._guard import Access, Guard
+    from trainbus.callbacks._guard import Access, Guard
 
     sent: list[Any] = []
 

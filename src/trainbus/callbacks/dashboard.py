@@ -24,7 +24,7 @@ import warnings
 from collections import deque
 from collections.abc import Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -38,12 +38,18 @@ from trainbus.core.logger import LogRecord
 if TYPE_CHECKING:
     from trainbus.bus.engine import Engine
     from trainbus.callbacks._bus_feed import BusFeed
+    from trainbus.callbacks._dashboard_page import ConnectionHub
     from trainbus.core.logger import Logger
     from trainbus.core.state import State
-    from trainbus.serve._dashboard import ConnectionHub
-    from trainbus.training.trainer import Trainer
 
 __all__ = ["Dashboard"]
+
+
+class _HasEngine(Protocol):
+    """What :meth:`Dashboard.attach` needs of a trainer (``Trainer`` is a layer above)."""
+
+    @property
+    def engine(self) -> Engine: ...
 
 _END = object()  # the outbox's marker: the run closed
 _SEND_BUFFER = 64 * 1024
@@ -112,7 +118,7 @@ class Dashboard(LoggerDestination):
         insecure_no_token: bool = False,
     ) -> None:
         try:
-            from trainbus.serve._guard import access_options, is_loopback
+            from trainbus.callbacks._guard import access_options, is_loopback
         except ImportError as exc:
             raise _missing_extra(exc) from exc
         if token is None and not is_loopback(host) and not insecure_no_token:
@@ -163,7 +169,7 @@ class Dashboard(LoggerDestination):
 
         self._feed = BusFeed(engine)
 
-    def attach(self, trainer: Trainer) -> Dashboard:
+    def attach(self, trainer: _HasEngine) -> Dashboard:
         """Deprecated: a ``Dashboard`` in ``loggers=[...]`` finds its trainer by itself.
 
         Still follows ``trainer``'s bus (if it did not already) and returns the dashboard,
@@ -184,7 +190,7 @@ class Dashboard(LoggerDestination):
         if self._thread is not None and self._thread.is_alive():
             return
         try:
-            from trainbus.serve._dashboard import ConnectionHub
+            from trainbus.callbacks._dashboard_page import ConnectionHub
         except ImportError as exc:
             raise _missing_extra(exc) from exc
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -211,7 +217,7 @@ class Dashboard(LoggerDestination):
         """Serve until :meth:`stop` (the server's loop)."""
         import uvicorn
 
-        from trainbus.serve._dashboard import dashboard_app
+        from trainbus.callbacks._dashboard_page import dashboard_app
 
         assert self._hub is not None
         app = dashboard_app(self.stream, self._end_data, self._hub, access=self._access)

@@ -16,8 +16,8 @@ import asyncio
 import secrets
 from collections.abc import Sequence
 
+from trainbus.callbacks._guard import is_loopback
 from trainbus.serve._app import create_app
-from trainbus.serve._guard import is_loopback
 from trainbus.serve._server import TrainbusServer, create_server
 
 __all__ = ["main"]

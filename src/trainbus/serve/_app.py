@@ -15,7 +15,7 @@ Routes::
     DELETE /jobs/{id}          cancel (waits until its callbacks closed)       200 / 404
     GET    /healthz            liveness                                        200
 
-Every request passes :class:`~trainbus.serve._guard.Guard` first (the ``Host`` check, the
+Every request passes :class:`~trainbus.callbacks._guard.Guard` first (the ``Host`` check, the
 token if there is one, same-origin JSON writes).
 
 Jobs run in a task group owned by the application's lifespan, so they live on the
@@ -35,10 +35,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
+from trainbus.callbacks._dashboard_page import (
+    dashboard_page,
+    sse_message,
+    sse_response,
+    static_files,
+)
+from trainbus.callbacks._guard import Guard, access_options
 from trainbus.callbacks.event_stream import Subscription
 from trainbus.serve._body import parse_params
-from trainbus.serve._dashboard import dashboard_page, sse_message, sse_response, static_files
-from trainbus.serve._guard import Guard, access_options
 from trainbus.serve._jobs import (
     Job,
     JobFactory,

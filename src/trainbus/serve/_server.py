@@ -17,7 +17,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
-from trainbus.serve._guard import Access, check_bind
+from trainbus.callbacks._guard import Access, check_bind
 from trainbus.serve._jobs import JobManager
 
 __all__ = ["TrainbusServer", "create_server"]

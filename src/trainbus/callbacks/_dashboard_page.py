@@ -1,4 +1,7 @@
-"""The dashboard's HTTP side, shared by the service's job pages and the ``Dashboard`` callback.
+"""The dashboard's HTTP side: the ``Dashboard`` callback's, which the service's job pages share.
+
+It lives beside the callback (``serve`` imports it from here, a layer above): a callback
+never imports the service.
 
 - :func:`dashboard_page`: the page (``static/dashboard.html``); its script opens an
   ``EventSource`` on ``events`` relative to the page's URL;
@@ -25,9 +28,9 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from trainbus.callbacks._guard import Access, Guard
 from trainbus.callbacks._stream_items import StreamBusSnapshot
 from trainbus.callbacks.event_stream import EventStream, StreamOverflowError, Subscription
-from trainbus.serve._guard import Access, Guard
 
 __all__ = [
     "STATIC_DIR",
@@ -271,7 +274,7 @@ def dashboard_app(
         end: Builds the ``end`` event's data.
         hub: Registers the SSE connections, so that stopping the server cuts them.
         title: The page's title.
-        access: Who it answers (:class:`~trainbus.serve._guard.Guard`, the service's
+        access: Who it answers (:class:`~trainbus.callbacks._guard.Guard`, the service's
             checks); default: loopback names only, no token.
     """
 

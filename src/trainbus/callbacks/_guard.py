@@ -1,5 +1,8 @@
 """Who may talk to a trainbus server: one ASGI middleware for the service and the dashboard.
 
+It lives in ``trainbus.callbacks``, beside the dashboard's page server (``_dashboard_page``),
+so that the ``Dashboard`` callback and ``trainbus.serve`` (a layer above) share it.
+
 Both servers start and stop training or show a run's data, and a web page the user visits
 must reach neither. :class:`Guard` wraps the application and checks each request, in order:
 
