@@ -16,13 +16,15 @@ Needs ``pip install 'trainbus[service]'`` (Starlette, uvicorn).
 
 from __future__ import annotations
 
+import secrets
 import socket
 import threading
 import time
 import warnings
 from collections import deque
+from collections.abc import Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -36,12 +38,18 @@ from trainbus.core.logger import LogRecord
 if TYPE_CHECKING:
     from trainbus.bus.engine import Engine
     from trainbus.callbacks._bus_feed import BusFeed
+    from trainbus.callbacks._dashboard_page import ConnectionHub
     from trainbus.core.logger import Logger
     from trainbus.core.state import State
-    from trainbus.serve._dashboard import ConnectionHub
-    from trainbus.training.trainer import Trainer
 
 __all__ = ["Dashboard"]
+
+
+class _HasEngine(Protocol):
+    """What :meth:`Dashboard.attach` needs of a trainer (``Trainer`` is a layer above)."""
+
+    @property
+    def engine(self) -> Engine: ...
 
 _END = object()  # the outbox's marker: the run closed
 _SEND_BUFFER = 64 * 1024
@@ -51,6 +59,13 @@ _SEND_BUFFER = 64 * 1024
 _EVENTS = DEFAULT_STREAM_EVENTS - {Event.BATCH_END}
 #: How often the server's loop takes what the run sent (the page asks for 4 messages/s).
 _FLUSH_S = 0.25
+
+
+def _missing_extra(exc: ImportError) -> ImportError:
+    return ImportError(
+        f"Dashboard needs Starlette and uvicorn ({exc.name} is missing); install them "
+        "with: pip install 'trainbus[service]'"
+    )
 
 
 class Dashboard(LoggerDestination):
@@ -68,9 +83,17 @@ class Dashboard(LoggerDestination):
         interval: Seconds between two bus snapshots (callbacks panel, timeline), taken
             while a tab watches.
         history: Items kept for tabs that open (or reconnect) later.
+        token: Required on every request when set (:attr:`url` carries it; the page sets
+            a cookie from it). On a ``host`` other than loopback one is generated when
+            none is given, unless ``insecure_no_token=True``.
+        allowed_hosts: ``Host`` names it answers besides ``localhost``, ``127.0.0.1``,
+            ``[::1]`` and the address a request arrived on; ``["*"]``: any.
+        insecure_no_token: Serve other machines without a token (anyone who reaches the
+            port reads the run).
 
     Attributes:
         stream: The server side's :class:`EventStream` (lives on the server's loop).
+        token: The token requests need (``None``: none).
 
     Example:
         >>> with Dashboard() as dashboard:
@@ -90,7 +113,18 @@ class Dashboard(LoggerDestination):
         port: int = 0,
         interval: float = 0.5,
         history: int = 20_000,
+        token: str | None = None,
+        allowed_hosts: Iterable[str] = (),
+        insecure_no_token: bool = False,
     ) -> None:
+        try:
+            from trainbus.callbacks._guard import access_options, is_loopback
+        except ImportError as exc:
+            raise _missing_extra(exc) from exc
+        if token is None and not is_loopback(host) and not insecure_no_token:
+            token = secrets.token_urlsafe(32)  # printed with the url, as Jupyter does
+        self._access = access_options(token, allowed_hosts, insecure_no_token)
+        self.token = token
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port={port!r} must be an int from 0 to 65535 (0: any free port)")
         if isinstance(interval, bool) or not isinstance(interval, int | float) or not (
@@ -120,9 +154,10 @@ class Dashboard(LoggerDestination):
 
     @property
     def url(self) -> str:
-        """The page's address (starts the server if needed)."""
+        """The page's address, with ``?token=`` if it has one (starts the server if needed)."""
         self.start()
-        return f"http://{self.host}:{self.port}/"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/" + (f"?token={self.token}" if self.token else "")
 
     def _bind_engine(self, engine: Engine) -> None:
         """Called by the engine it joins, once, when the engine is built (a private hook).
@@ -134,7 +169,7 @@ class Dashboard(LoggerDestination):
 
         self._feed = BusFeed(engine)
 
-    def attach(self, trainer: Trainer) -> Dashboard:
+    def attach(self, trainer: _HasEngine) -> Dashboard:
         """Deprecated: a ``Dashboard`` in ``loggers=[...]`` finds its trainer by itself.
 
         Still follows ``trainer``'s bus (if it did not already) and returns the dashboard,
@@ -155,12 +190,9 @@ class Dashboard(LoggerDestination):
         if self._thread is not None and self._thread.is_alive():
             return
         try:
-            from trainbus.serve._dashboard import ConnectionHub
+            from trainbus.callbacks._dashboard_page import ConnectionHub
         except ImportError as exc:
-            raise ImportError(
-                f"Dashboard needs Starlette and uvicorn ({exc.name} is missing); install them "
-                "with: pip install 'trainbus[service]'"
-            ) from exc
+            raise _missing_extra(exc) from exc
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # A small send buffer (inherited by each connection): a tab that stops reading is
@@ -185,10 +217,10 @@ class Dashboard(LoggerDestination):
         """Serve until :meth:`stop` (the server's loop)."""
         import uvicorn
 
-        from trainbus.serve._dashboard import dashboard_app
+        from trainbus.callbacks._dashboard_page import dashboard_app
 
         assert self._hub is not None
-        app = dashboard_app(self.stream, self._end_data, self._hub)
+        app = dashboard_app(self.stream, self._end_data, self._hub, access=self._access)
         started = self._started
 
         class Server(uvicorn.Server):

@@ -33,6 +33,7 @@ import torch
 
 from trainbus.bus.bridge import no_running_loop
 from trainbus.bus.engine import Engine
+from trainbus.bus.watchdog import OWN_LOOP
 from trainbus.checkpoint.resume import attach_handler_drain
 from trainbus.core.callback import Callback
 from trainbus.core.destination import LoggerDestination
@@ -212,6 +213,7 @@ class Bus:
         _refuse_in_loop("bus.run_sync()", "await bus.run(train)")
 
         async def main() -> T | None:
+            OWN_LOOP.set(True)  # this loop is ours: a handler holding it may be interrupted
             return await self.run(train, *args, **kwargs)
 
         return anyio.run(main, backend=backend)
@@ -234,7 +236,7 @@ class Bus:
             finally:
                 self._training_thread = self._publisher = None
 
-        self.state._stop.clear()  # a stop request ends one cycle, as in Trainer.fit()
+        self.state.begin_fit()  # a stop request ends one cycle, as in Trainer.fit()
         await self.engine.run_cycle(produce)  # raises a handler's error, a cancellation
         return box[0] if box else None  # empty: bus.stop() unwound fn at an event
 
@@ -287,11 +289,11 @@ class Bus:
         """
         state = self.state
         n = state.batch_num_samples if samples is None else samples
-        state._timer.on_batch_complete(n, tokens)
+        state.count_batch(n, tokens)
 
     def advance_epoch(self) -> None:
         """Count one finished epoch; call it just before publishing ``EPOCH_END``."""
-        self.state._timer.on_epoch_complete()
+        self.state.count_epoch()
 
     @contextlib.contextmanager
     def epoch(self) -> Iterator[None]:
