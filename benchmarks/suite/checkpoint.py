@@ -56,7 +56,7 @@ def plan(quick: bool) -> list[tuple[int, int]]:
     """``(MiB of state, saves)`` per size."""
     if quick:
         return [(10, 10), (100, 2)]
-    return [(10, 50), (100, 10), (1024, 3)]
+    return [(10, 50), (100, 5), (1024, 2)]
 
 
 def _python(arm: str) -> tuple[str | None, str]:
