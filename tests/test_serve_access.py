@@ -224,10 +224,13 @@ async def test_without_a_token_a_request_from_another_machine_is_refused() -> No
     await guard(s, receive, send)
     assert sent[0]["status"] == 403 and "reached the app" not in sent
     assert b"answers only on loopback" in sent[1]["body"]
-    sent.clear()
-    guard, s = scope("10.0.0.5", Access(insecure_no_token=True))
-    await guard(s, receive, send)
-    assert sent == ["reached the app"]
+    for server_ip, access in (("10.0.0.5", Access(insecure_no_token=True)),
+                              ("::ffff:127.0.0.1", Access()), ("127.0.0.1", Access())):
+        sent.clear()
+        guard, s = scope(server_ip, access)
+        s["headers"] = [(b"host", b"localhost:8000")]
+        await guard(s, receive, send)
+        assert sent == ["reached the app"], server_ip
 
 
 def test_the_dashboard_refuses_a_foreign_host_and_asks_for_its_token() -> None:

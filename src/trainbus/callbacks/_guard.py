@@ -78,14 +78,18 @@ def is_loopback(host: str) -> bool:
     Example:
         >>> is_loopback("127.0.0.1"), is_loopback("::1"), is_loopback("0.0.0.0")
         (True, True, False)
+        >>> is_loopback("::ffff:127.0.0.1")
+        True
     """
     host = _bare(host)
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        ip = ipaddress.ip_address(host)
     except ValueError:
         return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1, on a socket bound to ::
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def access_options(
