@@ -9,9 +9,11 @@ point and builds its time series from ``timestamp._fields`` / ``_asdict()`` as C
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.helpers import TinyModel, make_loader
 from trainbus import Callback, Logger, LoggerDestination, LogLevel, State, Timestamp, Trainer
@@ -148,3 +150,79 @@ def test_timeseries_built_from_timestamp_fields(
     ours = memory.get_timeseries("samples")
     assert {k: v for k, v in ours.items() if k != "step"} == series
     assert ours["step"] == series["batch"]
+
+
+class FileLogger(LoggerDestination):
+    """Composer v0.6's ``FileLogger`` in outline, as a port by imports keeps it: one line per
+    ``log_data`` call, ``[LEVEL][batch=N]: {data}``, with ``N`` from ``state.timer``."""
+
+    def __init__(self, path: Any, log_level: LogLevel = LogLevel.EPOCH) -> None:
+        super().__init__()
+        self.path = path
+        self.log_level = log_level
+        self.file: Any = None
+
+    def init(self, state: State, logger: Logger) -> None:
+        self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close)
+
+    def log_data(self, state: State, log_level: LogLevel, data: dict[str, Any]) -> None:
+        if log_level > self.log_level:
+            return
+        values = ", ".join(f'"{k}": {float(v):.4f}' for k, v in sorted(data.items()))
+        self.file.write(f"[{log_level.name}][batch={int(state.timer.batch)}]: {{ {values} }}\n")
+
+    def close(self, state: State, logger: Logger) -> None:
+        self.file.close()
+
+
+def test_a_ported_file_logger_writes_composers_lines_but_the_documented_step(tmp_path: Any) -> None:
+    """Issue 45: Composer logs a batch's loss before ``timer.on_batch_complete`` (its first
+    line is ``[BATCH][batch=0]``); trainbus logs it with the batch counted, at the step of
+    every BATCH_END value of that batch. The difference is on the porting page, with why."""
+    import re
+
+    path = tmp_path / "log.txt"
+    model = TinyModel()
+    trainer = Trainer(
+        model=model, train_dataloader=make_loader(BATCHES), max_duration=f"{EPOCHS}ep",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+        loggers=[FileLogger(path, LogLevel.BATCH)], callbacks=[LogsAsComposerCallbacksDo()],
+    )
+    trainer.fit_sync()
+    lines = path.read_text().splitlines()
+    losses = [line for line in lines if '"loss/train"' in line]
+    assert [re.match(r"\[BATCH\]\[batch=(\d+)\]", line).group(1)  # type: ignore[union-attr]
+            for line in losses] == [str(n) for n in range(1, BATCHES * EPOCHS + 1)]
+    page = (Path(__file__).parents[1] / "docs" / "porting-from-composer.md").read_text()
+    assert "**The first `loss/train` is at batch 1, not batch 0.**" in page
+    assert "`[BATCH][batch=1]`" in page and "`[BATCH][batch=0]`" in page
+
+
+def test_a_connection_opened_in_init_fails_with_a_note_that_says_where_to_open_it(
+    tmp_path: Any,
+) -> None:
+    """Issue 45: Composer runs every handler on the training thread, so a ``sqlite3``
+    connection opened in ``__init__`` worked there; here it fails on the callback's thread,
+    and the error says where to open it."""
+    import sqlite3
+
+    class OpensInInit(Callback):
+        def __init__(self) -> None:
+            self.db = sqlite3.connect(tmp_path / "db.sqlite")
+
+        def batch_end(self, state: State, logger: Logger) -> None:
+            self.db.execute("SELECT 1")
+
+    model = TinyModel()
+    trainer = Trainer(
+        model=model, train_dataloader=make_loader(BATCHES), max_duration="1ep",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+        callbacks=[OpensInInit()],
+    )
+    with pytest.raises(sqlite3.ProgrammingError, match="same thread") as info:
+        trainer.fit_sync()
+    notes = "\n".join(getattr(info.value, "__notes__", ()))
+    assert "OpensInInit.batch_end" in notes
+    assert "init or fit_start" in notes and '"Thread-bound resources"' in notes
+    page = (Path(__file__).parents[1] / "docs" / "porting-from-composer.md").read_text()
+    assert "### Thread-bound resources" in page

@@ -25,11 +25,11 @@ from trainbus.callbacks import (
     StreamEvent,
     StreamMetrics,
 )
+from trainbus.callbacks._dashboard_page import ConnectionHub, dashboard_app
 from trainbus.serve import create_app
-from trainbus.serve._dashboard import ConnectionHub, dashboard_app
 
 ROOT = Path(__file__).resolve().parent.parent
-STATIC = ROOT / "src" / "trainbus" / "serve" / "static"
+STATIC = ROOT / "src" / "trainbus" / "callbacks" / "static"
 DEADLINE = 30
 
 

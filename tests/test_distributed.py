@@ -30,6 +30,7 @@ from trainbus.loggers import (
     JSONLinesLogger,
     MLflowLogger,
     TensorBoardLogger,
+    WandBLogger,
 )
 from trainbus.runtime.distributed import DistInfo, runs_here, shard_loader
 
@@ -130,6 +131,40 @@ def test_two_ranks_resume_from_a_rank_zero_checkpoint(trained: Path, tmp_path: P
 
 
 @pytest.mark.slow
+def test_two_ranks_make_one_wandb_run_and_one_tensorboard_folder_across_a_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both ranks build a ``WandBLogger`` (each with an id of its own) and a
+    ``TensorBoardLogger``: only rank zero opens them, so the job makes one W&B run; the
+    job resumed from the first epoch's checkpoint logs into that run and that folder,
+    each step once."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.loggers.wandb_files import offline_env, run_folders, wandb_history
+
+    for key, value in offline_env(tmp_path / "wandb-home").items():
+        monkeypatch.setenv(key, value)
+    wb, tb = tmp_path / "wb", tmp_path / "tb"
+    first = _launch(tmp_path / "a", "--wandb", str(wb), "--tensorboard", str(tb))
+    assert first.returncode == 0, first.stdout + first.stderr
+    checkpoint = tmp_path / "a" / "ckpt" / "ep1-ba4-rank0.pt"
+    again = _launch(
+        tmp_path / "b", "--mode", "resume", "--load", str(checkpoint),
+        "--wandb", str(wb), "--tensorboard", str(tmp_path / "tb-new"),
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert len(run_folders(wb)) == 2  # the first job's and the resumed job's rank zero
+    history = wandb_history(wb)
+    assert len(history) == 1, list(history)  # one run id
+    (rows,) = history.values()
+    assert [step for step, items in rows if "loss/train" in items] == list(range(1, 9))
+    assert not (tmp_path / "tb-new").exists()  # the resumed job wrote into the run's folder
+    acc = EventAccumulator(str(tb), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss/train")] == list(range(1, 9))
+
+
+@pytest.mark.slow
 def test_an_exception_on_rank_1_stops_both_ranks(tmp_path: Path) -> None:
     start = time.monotonic()
     proc = _launch(tmp_path, "--mode", "fail")  # the script trains for 1000 epochs
@@ -199,7 +234,7 @@ def test_dist_timeout_must_be_positive_seconds(timeout: Any) -> None:
 def test_file_and_network_loggers_stream_and_saver_are_rank_zero_only() -> None:
     for cls in (
         JSONLinesLogger, ConsoleLogger, TensorBoardLogger, HTTPMetricsUploader, MLflowLogger,
-        EventStream, CheckpointSaver,
+        WandBLogger, EventStream, CheckpointSaver,
     ):  # fmt: skip
         assert cls.rank_zero_only is True, cls
     assert Callback.rank_zero_only is False

@@ -17,6 +17,7 @@ DOC = PAGE.path
 EXPECTED = {
     "The uploader's journal": ["before the Trainer: False", "with a CheckpointSaver: True"],
     "The JSON-lines file": ["steps: [1, 2, 3, 4, 5, 6]"],
+    "The replay rule": ["steps: [1, 2, 3, 4, 5, 6]"],
 }
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.docs_pages import Page
+from tests.loggers.wandb_files import offline_env
 
 PAGE = Page.read("loggers.md")
 DOC = PAGE.path
@@ -21,9 +22,9 @@ SETUP, SECTIONS = PAGE.setup, PAGE.sections
 
 def test_the_page_has_examples() -> None:
     assert SETUP
-    assert {"ConsoleLogger", "JSONLinesLogger", "TensorBoardLogger", "MLflowLogger"} <= set(
-        SECTIONS
-    )
+    assert {
+        "ConsoleLogger", "JSONLinesLogger", "TensorBoardLogger", "MLflowLogger", "WandBLogger"
+    } <= set(SECTIONS)
 
 
 def test_the_page_runs_top_to_bottom_in_one_folder(
@@ -33,6 +34,13 @@ def test_the_page_runs_top_to_bottom_in_one_folder(
     monkeypatch.chdir(tmp_path)
     server = request.getfixturevalue("mlflow_server")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
-    printed = PAGE.run_all_printing(capsys)
+    for key, value in offline_env(tmp_path / "wandb-home").items():
+        monkeypatch.setenv(key, value)  # the W&B example stays on this machine
+    try:
+        printed = PAGE.run_all_printing(capsys)
+    finally:
+        import wandb
+
+        wandb.teardown()
     lines = printed["ConsoleLogger"].splitlines()
     assert [line.split("]")[0] for line in lines] == ["[epoch 1 batch 2", "[epoch 1 batch 4"]

@@ -309,3 +309,19 @@ def test_the_loop_trains_steps_per_epoch_batches_an_epoch() -> None:
     assert int(trainer.state.timer.batch) == 6 and int(trainer.state.timer.epoch) == 2
     ends = [batch for event, batch in log.events if event is Event.EPOCH_END]
     assert ends == [3, 6]
+
+
+def test_a_handlers_view_refuses_the_training_loops_counting() -> None:
+    """Issue 45: ``count_batch``/``count_epoch``/``begin_fit`` are the loop's interface;
+    a handler calling them on its view would move the live run's counters."""
+    state = State(model=torch.nn.Linear(1, 1), max_duration="1ep")
+    state.count_batch(4)
+    state.count_epoch()
+    view = state.snapshot()
+    for call in (lambda: view.count_batch(4), view.count_epoch, view.begin_fit):
+        with pytest.raises(RuntimeError, match="the training loop's"):
+            call()
+    assert int(state.timer.batch) == 1 and int(state.timer.epoch) == 1
+    state.stop_training()
+    state.begin_fit()
+    assert not state.stop_requested

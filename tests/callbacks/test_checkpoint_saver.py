@@ -322,3 +322,95 @@ def test_a_failed_run_still_finishes_the_write_in_flight(
     stats = saver.statistics()
     assert stats.saves == stats.written >= 2  # close waited for every captured checkpoint
     assert not list(tmp_path.glob(".*partial-*"))
+
+
+# -- planted links and the user's files in the folder (issue 46) -----------------------------
+
+
+def outside_folder(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A folder outside the saver's that looks like a sharded checkpoint, and its contents."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in (".metadata", "__0_0.distcp", "notes.txt"):
+        (outside / name).write_text(name)
+    return outside
+
+
+def test_pruning_does_not_follow_a_kept_checkpoint_swapped_for_a_symlink(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Regression: pruning took the link for a sharded folder and deleted the ``.metadata``
+    of the folder it points to."""
+    outside = outside_folder(tmp_path)
+    folder = tmp_path / "ckpt"
+    saver = CheckpointSaver(folder, "b{batch}.pt", save_interval="1ba", num_checkpoints_to_keep=2)
+
+    def swap(timestamp: Any, path: pathlib.Path) -> None:
+        if int(timestamp.batch) == 1:  # written, kept for now: swapped for a link
+            path.unlink()
+            path.symlink_to(outside, target_is_directory=True)
+
+    saver.add_listener(swap)
+    fit([saver])
+    assert sorted(p.name for p in outside.iterdir()) == [".metadata", "__0_0.distcp", "notes.txt"]
+    assert (folder / "b1.pt").is_symlink()  # left alone: not the saver's
+    assert sorted(p.name for p in folder.iterdir()) == ["b1.pt", "b5.pt", "b6.pt"]
+
+
+def test_removing_a_sharded_folder_deletes_only_its_regular_files(tmp_path: pathlib.Path) -> None:
+    from trainbus.checkpoint.cleanup import remove_checkpoint
+
+    outside = outside_folder(tmp_path)
+    ckpt = tmp_path / "ep1-ba4"
+    ckpt.mkdir()
+    for name in (".metadata", "__0_0.distcp", "__1_0.distcp"):
+        (ckpt / name).write_text(name)
+    (ckpt / "notes").mkdir()
+    (ckpt / "notes" / "draft.txt").write_text("mine")
+    (ckpt / "link").symlink_to(outside / "notes.txt")
+    remove_checkpoint(ckpt)
+    assert sorted(p.name for p in ckpt.iterdir()) == ["link", "notes"]  # not the saver's
+    assert (ckpt / "notes" / "draft.txt").read_text() == "mine"
+    assert (outside / "notes.txt").read_text() == "notes.txt"
+
+    link = tmp_path / "ep1-ba8"
+    link.symlink_to(outside, target_is_directory=True)
+    remove_checkpoint(link)  # a link under a checkpoint's name: left alone
+    assert link.is_symlink() and len(list(outside.iterdir())) == 3
+
+    (ckpt / "notes" / "draft.txt").unlink()
+    (ckpt / "notes").rmdir()
+    (ckpt / "link").unlink()
+    (ckpt / ".metadata").write_text("")
+    remove_checkpoint(ckpt)
+    assert not ckpt.exists()  # only the saver's files in it: the folder goes too
+
+
+@pytest.mark.parametrize("filename", ["b{batch}.pt", "rank{rank}/b{batch}.pt"])
+def test_stale_partial_cleanup_leaves_the_users_subfolders_and_links_alone(
+    tmp_path: pathlib.Path, filename: str
+) -> None:
+    """Regression: the cleanup searched every subfolder and deleted a user's
+    ``notes/.draft.txt.partial-cafef00d``."""
+    folder = tmp_path / "ckpt"
+    ours = folder / filename.format(batch=9, rank=0)  # where a killed save's partial lies
+    ours.parent.mkdir(parents=True)
+    stale = ours.with_name(f".{ours.name}.partial-0123abcd")
+    stale.write_bytes(b"half a checkpoint")
+    draft = folder / "notes" / ".draft.txt.partial-cafef00d"
+    draft.parent.mkdir()
+    draft.write_text("the user's draft")
+    outside = outside_folder(tmp_path)
+    target = outside / ".b1.pt.partial-deadbeef"
+    target.write_text("outside")
+    (folder / ".b2.pt.partial-deadbeef").symlink_to(target)  # named as ours, but a link
+    (folder / "rank1").symlink_to(outside, target_is_directory=True)  # a planted folder link
+    past = time.time() - 60
+    for p in (stale, draft, target):
+        os.utime(p, (past, past))
+
+    fit([CheckpointSaver(folder, filename, save_interval="1ba")], epochs=1)
+    assert not stale.exists()  # the saver's own leftover is cleaned up
+    assert draft.read_text() == "the user's draft"
+    assert (folder / ".b2.pt.partial-deadbeef").is_symlink()
+    assert target.read_text() == "outside"

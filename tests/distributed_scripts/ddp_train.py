@@ -9,7 +9,9 @@ PATH`` resumes from a checkpoint; ``--mode fail`` raises on rank 1 at batch 2 (a
 0's recorder closes only once torchrun has sent it SIGTERM). ``--backend NAME`` initialises
 the process group here (otherwise the Trainer does), e.g. ``gloo`` for two ranks on one GPU
 (``--device cuda:0``); ``--wrap`` passes the model already wrapped in
-``DistributedDataParallel`` (with one rank the Trainer would not wrap it).
+``DistributedDataParallel`` (with one rank the Trainer would not wrap it). ``--wandb DIR``
+and ``--tensorboard DIR`` add an offline ``WandBLogger`` and a ``TensorBoardLogger``
+writing there (both rank-zero-only: one run for the job).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import trainbus
 from trainbus import Callback, State, Trainer
 from trainbus.callbacks import CheckpointSaver
-from trainbus.loggers import JSONLinesLogger
+from trainbus.loggers import JSONLinesLogger, TensorBoardLogger, WandBLogger
 
 
 class Net(torch.nn.Module):
@@ -111,6 +113,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", default=None)
     parser.add_argument("--wrap", action="store_true")
+    parser.add_argument("--wandb", type=Path, default=None)
+    parser.add_argument("--tensorboard", type=Path, default=None)
     args = parser.parse_args()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -137,6 +141,10 @@ def main() -> None:
         loggers.append(JSONLinesLogger(out / f"metrics-rank{rank}.jsonl"))
     if args.mode == "fail":
         callbacks.append(Boom())
+    if args.wandb is not None:
+        loggers.append(WandBLogger("ddp", dir=args.wandb, mode="offline"))
+    if args.tensorboard is not None:
+        loggers.append(TensorBoardLogger(args.tensorboard))
     dataset = data()
     trainer = Trainer(
         trained,

@@ -140,3 +140,24 @@ async def test_a_completed_run_delivers_everything_once_and_deletes_its_journal(
     assert sealed_first and all(sealed_first.values())
     assert not (spool / JOURNAL_NAME).exists()  # delivered and complete: retired
     assert uploader.statistics().points_sent == 30
+
+
+def test_a_journal_planted_as_a_symlink_is_never_written_through(tmp_path: Path) -> None:
+    """Issue 46: a symbolic link under the journal's name gets nothing appended or cut."""
+    precious = tmp_path / "precious.txt"
+    precious.write_bytes(b"the user's text, no newline at the end")
+    missing = tmp_path / "created.txt"
+    for target in (precious, missing):
+        spool = tmp_path / f"spool-{target.stem}"
+        spool.mkdir()
+        (spool / JOURNAL_NAME).symlink_to(target)
+        journal = Journal(spool, batch_size=10)
+        try:
+            journal.open()  # a link to a file that is no journal: set aside, a fresh one made
+            journal.admit([point("loss", 1)])
+        except OSError:
+            pass  # a dangling link: refused
+        finally:
+            journal.close()
+    assert precious.read_bytes() == b"the user's text, no newline at the end"
+    assert not missing.exists()

@@ -226,6 +226,43 @@ def test_torn_fragments_accumulate_and_intact_files_are_untouched(tmp_path: Path
     assert len(read(path)) == 1 + 3
 
 
+# -- planted symbolic links (issue 46) -----------------------------------------------------
+
+
+def test_a_torn_file_that_is_a_symlink_is_refused_and_its_target_not_appended_to(
+    tmp_path: Path,
+) -> None:
+    """Regression: the torn fragment was appended through a ``<file>.torn`` symlink."""
+    path = tmp_path / "run" / "m.jsonl"
+    path.parent.mkdir()
+    path.write_bytes(b'{"a":1}\n{"b"')  # a torn last line: the logger moves it aside
+    target = tmp_path / "elsewhere.txt"
+    target.write_bytes(b"the user's file\n")
+    path.with_name("m.jsonl.torn").symlink_to(target)
+    with pytest.raises(OSError, match=r"m\.jsonl\.torn' is a symbolic link"):
+        make_trainer(1, loggers=[JSONLinesLogger(path)]).fit_sync()
+    assert target.read_bytes() == b"the user's file\n"  # nothing appended through the link
+    assert path.read_bytes() == b'{"a":1}\n{"b"'  # not cut either: the fragment is not lost
+
+
+@pytest.mark.parametrize("torn", [False, True])
+def test_a_log_file_that_is_a_symlink_is_refused_and_its_target_untouched(
+    tmp_path: Path, torn: bool
+) -> None:
+    """Regression: the file was cut back to its last newline, then appended to, through a
+    symlink planted under its name."""
+    target = tmp_path / "elsewhere.txt"
+    target.write_bytes(b"line one\nline two, no newline" if torn else b"line one\n")
+    before = target.read_bytes()
+    path = tmp_path / "run" / "m.jsonl"
+    path.parent.mkdir()
+    path.symlink_to(target)
+    with pytest.raises(OSError, match=r"m\.jsonl' is a symbolic link"):
+        make_trainer(1, loggers=[JSONLinesLogger(path)]).fit_sync()
+    assert target.read_bytes() == before
+    assert not path.with_name("m.jsonl.torn").exists()
+
+
 def test_a_resumed_logger_skips_the_points_written_after_its_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
 

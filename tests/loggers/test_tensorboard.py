@@ -12,7 +12,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.helpers import make_trainer
-from trainbus import Callback
+from trainbus import Callback, TrainbusWarning
+from trainbus.callbacks import CheckpointSaver
 from trainbus.loggers import InMemoryLogger, TensorBoardLogger
 
 
@@ -113,3 +114,36 @@ def test_bad_flush_secs(tmp_path: Path, bad: Any) -> None:
 def test_bad_log_dir() -> None:
     with pytest.raises(TypeError, match="log_dir=None"):
         TensorBoardLogger(None)  # type: ignore[arg-type]
+
+
+class Attempt(Callback):
+    """Logs ``half`` = batch / 2 + ``offset``: a value that tells which run logged it."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = offset
+
+    def batch_end(self, state: Any, logger: Any) -> None:
+        logger.log_metrics({"half": int(state.timer.batch) * 0.5 + self.offset})
+
+
+def test_resumed_from_an_older_checkpoint_writes_each_step_once(tmp_path: Path) -> None:
+    """The first run (steps 1-4, checkpoints at 2 and 4) is the killed one; the resumed
+    run starts from the checkpoint of step 2 and runs to step 8 with other values.
+    TensorBoard's reader sees each step once: the killed run's values up to step 4 (the
+    replay rule), the resumed run's after (before: steps 3 and 4 twice)."""
+    saver = CheckpointSaver(tmp_path / "ckpt", filename="ba{batch}.pt", save_interval="2ba")
+    make_trainer(
+        4, 1, [saver, Attempt(0.0)], loggers=[TensorBoardLogger(tmp_path / "tb")]
+    ).fit_sync()
+    resumed = TensorBoardLogger(tmp_path / "elsewhere")  # a requeue's new folder
+    with pytest.warns(TrainbusWarning, match="resuming the run of the checkpoint"):
+        trainer = make_trainer(
+            4, 2, [Attempt(1000.0)], loggers=[resumed], load_path=tmp_path / "ckpt" / "ba2.pt"
+        )
+    assert resumed.log_dir == tmp_path / "tb"
+    trainer.fit_sync()
+    assert not (tmp_path / "elsewhere").exists()
+    acc = load(tmp_path / "tb")
+    assert [e.step for e in acc.Scalars("loss/train")] == list(range(1, 9))
+    half = [(e.step, e.value) for e in acc.Scalars("half")]
+    assert half == [(s, s * 0.5 + (0 if s <= 4 else 1000)) for s in range(1, 9)]

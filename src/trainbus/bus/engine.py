@@ -36,7 +36,12 @@ from trainbus.bus.trace import TraceRecorder
 from trainbus.core.callback import resolve_callback
 from trainbus.core.destination import resolve_log_handler
 from trainbus.core.events import Event
-from trainbus.core.exceptions import CallbackSignatureError, EngineThreadError, FitInProgressError
+from trainbus.core.exceptions import (
+    CallbackSignatureError,
+    EngineThreadError,
+    FitInProgressError,
+    add_thread_bound_hint,
+)
 
 if TYPE_CHECKING:
     from trainbus.bus.lanes import Lane
@@ -52,6 +57,8 @@ def raise_errors(errors: Sequence[BaseException], what: str = "handlers") -> Non
     """Raise nothing, the one error as it is, or an ``ExceptionGroup`` of several."""
     if not errors:
         return
+    for error in errors:
+        add_thread_bound_hint(error)  # sqlite3's wrong-thread error: where to open it
     if len(errors) == 1:
         raise errors[0]
     if all(isinstance(e, Exception) for e in errors):

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 from trainbus.callbacks._stream_items import StreamBusSnapshot
 
 if TYPE_CHECKING:
-    from trainbus import Engine, TraceRecorder
+    from trainbus.bus.engine import Engine
+    from trainbus.bus.trace import TraceRecorder
 
 __all__ = ["BusFeed"]
 

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from trainbus.callbacks._interval import Interval
 from trainbus.checkpoint import sharded as _dcp
-from trainbus.checkpoint.format import BufferPool, Capture, capture, remove_stale_partials
+from trainbus.checkpoint.cleanup import remove_checkpoint, remove_stale_partials, template_folders
+from trainbus.checkpoint.format import BufferPool, Capture, capture
 from trainbus.checkpoint.resume import epoch_rng, wait_for_handlers
 from trainbus.core.callback import Callback, blocking
 from trainbus.core.events import Event
@@ -132,6 +133,7 @@ class CheckpointSaver(Callback):
                 "{epoch}, {batch}, {rank}, {sample}, {token} or {batch_in_epoch}"
             ) from None
         self.filename = filename
+        self._subfolders = template_folders(filename)  # where its temporary files may be
         self._due_fn: Callable[[State, Event], bool] | None = None
         self._interval: Interval | None = None
         if callable(save_interval):
@@ -261,7 +263,7 @@ class CheckpointSaver(Callback):
     def fit_start(self, state: State, logger: Logger) -> None:
         """Delete temporary files that killed writes left in the folder (ours only)."""
         if self.folder.is_dir() and _rank() == 0:
-            remove_stale_partials(self.folder, time.time_ns())
+            remove_stale_partials(self.folder, time.time_ns(), self._subfolders)
 
     @blocking
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
@@ -312,8 +314,14 @@ class CheckpointSaver(Callback):
                 f"CheckpointSaver: {str(path)!r} exists; pass overwrite=True to replace it, "
                 "or another folder or filename"
             )
+        if path.is_symlink():  # DCP would write through it: a checkpoint is ours alone
+            raise FileExistsError(
+                f"CheckpointSaver: {str(path)!r} is a symbolic link; a checkpoint is written "
+                "only as a file or folder of the saver's own: remove the link"
+            )
         if self._sharded and path.exists():
-            _dcp.remove(path)  # overwritten, or an interrupted save's (it had no .metadata)
+            # overwritten, or an interrupted save's (it had no .metadata)
+            remove_checkpoint(path, rank=_rank())
         if not wait_for_handlers(state):  # every callback's state as of this event
             return  # the run is stopping: the next event unwinds it
         t2 = time.perf_counter()
@@ -394,7 +402,8 @@ class CheckpointSaver(Callback):
                     self._saved = [e for e in self._saved if e[1] != [path]]
                     self._saved.append((timestamp, [path]))
                     self._prune()
-                    remove_stale_partials(self.folder, started_ns)  # none is this saver's now
+                    # none is this saver's now
+                    remove_stale_partials(self.folder, started_ns, self._subfolders)
                 elif self._error is None:
                     self._error = error
                 self._job = None
@@ -405,7 +414,8 @@ class CheckpointSaver(Callback):
         while keep > 0 and len(self._saved) > keep:
             _, paths = self._saved.pop(0)
             for p in paths:
-                _dcp.remove(p)  # a file, or (rank zero) a sharded checkpoint's folder
+                # a file, or (rank zero) a sharded checkpoint's folder; never a link
+                remove_checkpoint(p, rank=_rank())
 
     def close(self, state: State, logger: Logger) -> None:
         """Wait for the write in flight, stop the writer; raise a write error not yet raised."""

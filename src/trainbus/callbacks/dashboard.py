@@ -22,7 +22,7 @@ import time
 import warnings
 from collections import deque
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -36,12 +36,18 @@ from trainbus.core.logger import LogRecord
 if TYPE_CHECKING:
     from trainbus.bus.engine import Engine
     from trainbus.callbacks._bus_feed import BusFeed
+    from trainbus.callbacks._dashboard_page import ConnectionHub
     from trainbus.core.logger import Logger
     from trainbus.core.state import State
-    from trainbus.serve._dashboard import ConnectionHub
-    from trainbus.training.trainer import Trainer
 
 __all__ = ["Dashboard"]
+
+
+class _HasEngine(Protocol):
+    """What :meth:`Dashboard.attach` needs of a trainer (``Trainer`` is a layer above)."""
+
+    @property
+    def engine(self) -> Engine: ...
 
 _END = object()  # the outbox's marker: the run closed
 _SEND_BUFFER = 64 * 1024
@@ -134,7 +140,7 @@ class Dashboard(LoggerDestination):
 
         self._feed = BusFeed(engine)
 
-    def attach(self, trainer: Trainer) -> Dashboard:
+    def attach(self, trainer: _HasEngine) -> Dashboard:
         """Deprecated: a ``Dashboard`` in ``loggers=[...]`` finds its trainer by itself.
 
         Still follows ``trainer``'s bus (if it did not already) and returns the dashboard,
@@ -155,7 +161,7 @@ class Dashboard(LoggerDestination):
         if self._thread is not None and self._thread.is_alive():
             return
         try:
-            from trainbus.serve._dashboard import ConnectionHub
+            from trainbus.callbacks._dashboard_page import ConnectionHub
         except ImportError as exc:
             raise ImportError(
                 f"Dashboard needs Starlette and uvicorn ({exc.name} is missing); install them "
@@ -185,7 +191,7 @@ class Dashboard(LoggerDestination):
         """Serve until :meth:`stop` (the server's loop)."""
         import uvicorn
 
-        from trainbus.serve._dashboard import dashboard_app
+        from trainbus.callbacks._dashboard_page import dashboard_app
 
         assert self._hub is not None
         app = dashboard_app(self.stream, self._end_data, self._hub)

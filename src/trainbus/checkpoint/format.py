@@ -32,7 +32,6 @@ import errno
 import os
 import pathlib
 import random
-import re
 import secrets
 import struct
 import threading
@@ -65,7 +64,6 @@ __all__ = [
     "capture",
     "capture_rng",
     "check_loadable",
-    "remove_stale_partials",
     "restore_deque",
     "safe_globals",
     "temp_path_for",
@@ -477,28 +475,6 @@ def _crc32_written() -> Iterator[None]:
             yield
         finally:
             torch.serialization.set_crc32_options(False)
-
-
-_PARTIAL = re.compile(rf"^\..+\.{TEMP_MARKER}[0-9a-f]{{8}}$")
-
-
-def remove_stale_partials(folder: pathlib.Path, before_ns: int) -> list[pathlib.Path]:
-    """Delete the temporary files of :func:`write_atomic` under ``folder`` (subfolders too)
-    that were last modified before ``before_ns`` (``time.time_ns()``): writes that a killed
-    process left behind. Files not named as ours are never touched. Returns those deleted."""
-    removed: list[pathlib.Path] = []
-    try:
-        found = [p for p in folder.rglob(f".*.{TEMP_MARKER}*") if _PARTIAL.match(p.name)]
-    except OSError:
-        return removed
-    for p in found:
-        try:
-            if p.is_file() and p.stat().st_mtime_ns < before_ns:
-                p.unlink()
-                removed.append(p)
-        except OSError:  # gone already, or not ours to delete: leave it
-            continue
-    return removed
 
 
 def _mount_of(folder: pathlib.Path) -> str:

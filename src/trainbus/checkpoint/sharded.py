@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import io
 import pathlib
-import shutil
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -59,7 +58,6 @@ __all__ = [
     "is_sharded",
     "load",
     "new_group",
-    "remove",
     "save",
 ]
 
@@ -181,20 +179,6 @@ def find_checkpoint(folder: pathlib.Path) -> pathlib.Path | None:
     """The newest complete checkpoint in ``folder`` (see :func:`find_checkpoints`), or ``None``."""
     found = find_checkpoints(folder)
     return found[0] if found else None
-
-
-def remove(path: pathlib.Path) -> None:
-    """Delete a checkpoint: a file, or (rank zero only) a sharded folder, marker first.
-
-    The ``.metadata`` goes first, so a folder half deleted by a crash is never taken for
-    a complete checkpoint.
-    """
-    if not path.is_dir():
-        path.unlink(missing_ok=True)
-        return
-    if _rank() == 0:  # every rank wrote into this one (shared) folder; rank zero removes it
-        (path / METADATA).unlink(missing_ok=True)
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass

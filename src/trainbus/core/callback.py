@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -239,6 +240,40 @@ def _is_async(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn)
 
 
+#: The methods that make an object a logger destination (Composer's and trainbus's).
+DESTINATION_METHODS = ("log_data", "log_record", "log_metrics", "log_hyperparameters")
+
+
+def _refuse_mocks_and_ducks(callback: object, where: str) -> None:
+    """Refuse a ``unittest.mock`` object and a duck-typed destination, saying what works.
+
+    A mock (even ``MagicMock(spec=LoggerDestination)``, an instance by ``isinstance``)
+    has every attribute, so it would "override" every handler; a plain object with a
+    ``log_data`` would be accepted and never called. Both get an error naming
+    ``LoggerDestination`` instead (issue 45).
+    """
+    mock = sys.modules.get("unittest.mock")
+    if mock is not None and isinstance(callback, mock.NonCallableMock):
+        raise TypeError(
+            f"{where} got a unittest.mock object ({callback!r}); trainbus calls only the "
+            "handlers a callback overrides, and a mock overrides every one. Wrap the mock "
+            "in a subclass that forwards what you check, e.g. `class Spy(LoggerDestination):"
+            " def log_data(self, state, log_level, data): mock.log_data(state, log_level, "
+            "data)`, passed as loggers=[Spy()] (or use trainbus.InMemoryLogger)"
+        )
+    if isinstance(callback, Callback | type):
+        return
+    found = [name for name in DESTINATION_METHODS if callable(getattr(callback, name, None))]
+    if found:
+        name = type(callback).__qualname__
+        raise TypeError(
+            f"{where} got {callback!r} (type {name}), which has {found[0]}() but is not a "
+            f"trainbus.LoggerDestination, so nothing would call it; subclass it: "
+            f"`class {name}(trainbus.LoggerDestination)` (keeping {found[0]}), and pass it "
+            "in loggers=[...]"
+        )
+
+
 def _overrides(callback: Callback, name: str, base: type = Callback) -> bool:
     cls_attr = inspect.getattr_static(type(callback), name, None)
     base_attr = inspect.getattr_static(base, name, None)
@@ -308,6 +343,7 @@ def resolve_callback(
         UnknownHandlerWarning: A method looks like a handler (``on_batch_end``,
             ``batch_ends``) but matches no event; the message names the event method.
     """
+    _refuse_mocks_and_ducks(callback, where)
     if isinstance(callback, type) and issubclass(callback, Callback):
         raise TypeError(
             f"{where} got the class {callback.__qualname__}, not an instance; pass an "

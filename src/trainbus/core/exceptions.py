@@ -129,3 +129,26 @@ StreamOverflowError.__module__ = "trainbus.callbacks"
 MetricsUploadWarning.__module__ = "trainbus.loggers"
 TrackingServerError.__module__ = "trainbus.loggers"
 del _cls
+
+#: The note a thread-bound resource's error gets (see :func:`add_thread_bound_hint`).
+THREAD_BOUND_HINT = (
+    "trainbus: a callback's plain handlers run on the callback's own thread, not on the "
+    "thread that built it, so a resource bound to its creating thread (this sqlite3 "
+    "connection, opened in __init__?) fails there; open it in the callback's init or "
+    "fit_start handler instead: docs/porting-from-composer.md, \"Thread-bound resources\""
+)
+
+
+def add_thread_bound_hint(exc: BaseException) -> None:
+    """Add :data:`THREAD_BOUND_HINT` to ``exc`` if it is sqlite3's wrong-thread error.
+
+    ``sqlite3.ProgrammingError: SQLite objects created in a thread can only be used in that
+    same thread`` is what a Composer callback meets that opened its connection in
+    ``__init__``; it is recognised by its type's module and its message, once.
+    """
+    if (
+        type(exc).__module__ == "sqlite3"
+        and "same thread" in str(exc)
+        and THREAD_BOUND_HINT not in getattr(exc, "__notes__", ())
+    ):
+        exc.add_note(THREAD_BOUND_HINT)

@@ -306,6 +306,14 @@ class Logger:
         they receive records (Composer's)."""
         return tuple(cb for cb in self._state.callbacks if getattr(cb, "_receives_records", False))
 
+    @destinations.setter
+    def destinations(self, value: Any) -> None:
+        raise AttributeError(
+            "logger.destinations cannot be assigned: the trainer resolves its destinations "
+            "once, when it is built (they see INIT in its constructor); pass them as "
+            "Trainer(loggers=[dest, ...]) (or Bus(loggers=[...])) instead"
+        )
+
     # -- Composer v0.6 API ------------------------------------------------------------------
 
     def data(self, log_level: LogLevel | int | str, data: DataArg) -> None:

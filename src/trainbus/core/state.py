@@ -287,6 +287,27 @@ class State(Serializable):
         """Whether :meth:`stop_training` was called since this ``fit()`` began."""
         return self._stop.is_set()
 
+    # -- the training loop's side (the Trainer, trainbus.Bus, a bridge; never a handler) -----
+
+    def begin_fit(self) -> None:
+        """Start one fit: forget a stop request left over from the previous one.
+
+        The training loop's owner calls it before a fit's first event (``Trainer.fit()``
+        and ``trainbus.Bus`` do).
+        """
+        self._stop.clear()
+
+    def count_batch(self, samples: int, tokens: int = 0) -> None:
+        """Count one finished batch of ``samples`` (and ``tokens``) on the run's timer.
+
+        The training loop calls it just before publishing ``BATCH_END``.
+        """
+        self._timer.on_batch_complete(samples, tokens)
+
+    def count_epoch(self) -> None:
+        """Count one finished epoch; the training loop calls it before ``EPOCH_END``."""
+        self._timer.on_epoch_complete()
+
     def get_elapsed_duration(self) -> Time[float]:
         """The fraction of ``max_duration`` elapsed, as a ``Time`` in ``dur`` units."""
         unit = self.max_duration.unit
@@ -357,6 +378,23 @@ class _StateView(State):
     def snapshot(self) -> State:
         """Views are already snapshots."""
         return self
+
+    def begin_fit(self) -> None:
+        _not_in_a_handler("begin_fit")
+
+    def count_batch(self, samples: int, tokens: int = 0) -> None:
+        _not_in_a_handler("count_batch")
+
+    def count_epoch(self) -> None:
+        _not_in_a_handler("count_epoch")
+
+
+def _not_in_a_handler(name: str) -> None:
+    raise RuntimeError(
+        f"state.{name}() is the training loop's (the Trainer's, trainbus.Bus's), not a "
+        "handler's: a handler sees the state as of its event; to end training call "
+        "state.stop_training()"
+    )
 
     def __repr__(self) -> str:
         return f"<State view at {self.__dict__['_ts']!r}>"

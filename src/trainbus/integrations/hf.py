@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Unpack
 
 import anyio
 import transformers
@@ -29,8 +29,8 @@ import transformers
 from trainbus.core.callback import Callback
 from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
-from trainbus.core.exceptions import EngineThreadError
 from trainbus.core.time import Time
+from trainbus.integrations._hosting import BusKeywords, start_hosted
 from trainbus.integrations.loop import Bus, _refuse_in_loop
 
 __all__ = ["TrainbusCallback"]
@@ -62,8 +62,9 @@ class TrainbusCallback(transformers.TrainerCallback):
         loggers: trainbus :class:`~trainbus.LoggerDestination` instances; they also
             receive every ``on_log`` as a record (its real-number values).
         run_name: ``state.run_name``; default: the Trainer's ``args.run_name``.
-        barriers, max_lag, queue_size, warn_slow, close_timeout, wait_warning: As for
-            :class:`~trainbus.Bus`.
+        **bus_options: ``barriers``, ``max_lag``, ``queue_size``, ``warn_slow``,
+            ``close_timeout``, ``wait_warning``: as for :class:`~trainbus.Bus`, handed to it
+            unchanged.
 
     Attributes:
         bus: The :class:`~trainbus.Bus` (``bus.state``, ``bus.statistics()``).
@@ -75,23 +76,13 @@ class TrainbusCallback(transformers.TrainerCallback):
         loggers: Sequence[LoggerDestination] | LoggerDestination = (),
         *,
         run_name: str | None = None,
-        barriers: Iterable[Event | str] = (Event.BATCH_END,),
-        max_lag: int = 0,
-        queue_size: int = 128,
-        warn_slow: bool = True,
-        close_timeout: float | None = None,
-        wait_warning: float | None = None,
+        **bus_options: Unpack[BusKeywords],
     ) -> None:
         self.bus = Bus(
             callbacks=callbacks,
             loggers=loggers,
             run_name=run_name or "hf",
-            barriers=barriers,
-            max_lag=max_lag,
-            queue_size=queue_size,
-            warn_slow=warn_slow,
-            close_timeout=close_timeout,
-            wait_warning=wait_warning,
+            **bus_options,
         )
         self._run_name = run_name
         self._direct = False
@@ -139,10 +130,7 @@ class TrainbusCallback(transformers.TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         bus = self.bus
-        self._direct = not bus.hosting
         self._training, self._in_eval = True, False
-        if self._direct:
-            bus.state._stop.clear()  # bus.host() clears it for a hosted run
         st = bus.state
         model = kwargs.get("model")
         if model is not None:
@@ -162,13 +150,9 @@ class TrainbusCallback(transformers.TrainerCallback):
             st.run_name = str(args.run_name)
         if state.max_steps and state.max_steps > 0:
             st.max_duration = Time(int(state.max_steps), "ba")
-        try:
-            bus.publish_start()
-        except EngineThreadError as exc:
-            raise EngineThreadError(
-                "trainer.train() was called on a thread that runs an event loop, with a "
-                "TrainbusCallback: use `await bridge.train(trainer)` there"
-            ) from exc
+        self._direct = start_hosted(
+            bus, call="trainer.train()", alternative="await bridge.train(trainer)"
+        )
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.bus.publish(E.EPOCH_START)

@@ -18,8 +18,8 @@ Example:
 from __future__ import annotations
 
 from argparse import Namespace
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Unpack
 
 import anyio
 import pytorch_lightning as pl
@@ -29,8 +29,8 @@ from pytorch_lightning.trainer.states import TrainerFn
 from trainbus.core.callback import Callback
 from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
-from trainbus.core.exceptions import EngineThreadError
 from trainbus.core.time import Time
+from trainbus.integrations._hosting import BusKeywords, start_hosted
 from trainbus.integrations.loop import Bus, _refuse_in_loop, batch_size_of
 
 __all__ = ["TrainbusCallback", "TrainbusLightningLogger"]
@@ -109,8 +109,9 @@ class TrainbusCallback(pl.Callback):
             still names the checkpoint folder). With ``logger=False`` pass
             ``logger=bridge.lightning_logger`` to the trainer instead.
         run_name: ``state.run_name``.
-        barriers, max_lag, queue_size, warn_slow, close_timeout, wait_warning: As for
-            :class:`~trainbus.Bus`.
+        **bus_options: ``barriers``, ``max_lag``, ``queue_size``, ``warn_slow``,
+            ``close_timeout``, ``wait_warning``: as for :class:`~trainbus.Bus`, handed to it
+            unchanged.
 
     Attributes:
         bus: The :class:`~trainbus.Bus` (``bus.state``, ``bus.statistics()``).
@@ -124,24 +125,14 @@ class TrainbusCallback(pl.Callback):
         *,
         log_lightning_metrics: bool = True,
         run_name: str = "lightning",
-        barriers: Iterable[Event | str] = (Event.BATCH_END,),
-        max_lag: int = 0,
-        queue_size: int = 128,
-        warn_slow: bool = True,
-        close_timeout: float | None = None,
-        wait_warning: float | None = None,
+        **bus_options: Unpack[BusKeywords],
     ) -> None:
         super().__init__()
         self.bus = Bus(
             callbacks=callbacks,
             loggers=loggers,
             run_name=run_name,
-            barriers=barriers,
-            max_lag=max_lag,
-            queue_size=queue_size,
-            warn_slow=warn_slow,
-            close_timeout=close_timeout,
-            wait_warning=wait_warning,
+            **bus_options,
         )
         self.lightning_logger = TrainbusLightningLogger(self.bus)
         self._log_lightning_metrics = log_lightning_metrics
@@ -213,17 +204,10 @@ class TrainbusCallback(pl.Callback):
             trainer.loggers = [*trainer.loggers, forwarder]
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._direct = not self.bus.hosting
-        if self._direct:
-            self.bus.state._stop.clear()  # bus.host() clears it for a hosted fit
         self._fill(trainer, pl_module)
-        try:
-            self.bus.publish_start()
-        except EngineThreadError as exc:
-            raise EngineThreadError(
-                "trainer.fit() was called on a thread that runs an event loop, with a "
-                "TrainbusCallback: use `await bridge.fit(trainer, model, ...)` there"
-            ) from exc
+        self._direct = start_hosted(
+            self.bus, call="trainer.fit()", alternative="await bridge.fit(trainer, model, ...)"
+        )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         state = self.bus.state

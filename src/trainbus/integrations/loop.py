@@ -234,7 +234,7 @@ class Bus:
             finally:
                 self._training_thread = self._publisher = None
 
-        self.state._stop.clear()  # a stop request ends one cycle, as in Trainer.fit()
+        self.state.begin_fit()  # a stop request ends one cycle, as in Trainer.fit()
         await self.engine.run_cycle(produce)  # raises a handler's error, a cancellation
         return box[0] if box else None  # empty: bus.stop() unwound fn at an event
 
@@ -287,11 +287,11 @@ class Bus:
         """
         state = self.state
         n = state.batch_num_samples if samples is None else samples
-        state._timer.on_batch_complete(n, tokens)
+        state.count_batch(n, tokens)
 
     def advance_epoch(self) -> None:
         """Count one finished epoch; call it just before publishing ``EPOCH_END``."""
-        self.state._timer.on_epoch_complete()
+        self.state.count_epoch()
 
     @contextlib.contextmanager
     def epoch(self) -> Iterator[None]:

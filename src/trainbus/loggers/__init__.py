@@ -11,6 +11,7 @@ from trainbus.loggers.jsonl import JSONLinesLogger as JSONLinesLogger
 from trainbus.loggers.mlflow import MLflowLogger as MLflowLogger
 from trainbus.loggers.mlflow import TrackingServerError as TrackingServerError
 from trainbus.loggers.tensorboard import TensorBoardLogger as TensorBoardLogger
+from trainbus.loggers.wandb_logger import WandBLogger as WandBLogger
 
 __all__ = (
     "ConsoleLogger",
@@ -22,4 +23,5 @@ __all__ = (
     "TensorBoardLogger",
     "TrackingServerError",
     "UploaderStatistics",
+    "WandBLogger",
 )

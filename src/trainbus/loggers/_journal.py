@@ -52,6 +52,7 @@ __all__ = ["JOURNAL_NAME", "Journal"]
 
 JOURNAL_NAME = "journal.jsonl"
 _FORMAT = 1
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def _dumps(obj: Any) -> str:
@@ -94,7 +95,9 @@ class Journal(Spool):
         with self._lock:
             if self._fd is not None:
                 return
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+            # O_NOFOLLOW: a symbolic link planted as the journal is refused (ELOOP), never
+            # appended through.
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW
             if self._id and self.path.exists():  # reopened by this process: nothing to read
                 self._fd = os.open(self.path, flags, 0o644)
                 return
@@ -147,7 +150,7 @@ class Journal(Spool):
         data = self.path.read_bytes()
         end = data.rfind(b"\n") + 1
         if end < len(data):  # a torn last line (power loss): cut it, it was never acted on
-            with open(self.path, "r+b") as f:
+            with open(os.open(self.path, os.O_RDWR | _NOFOLLOW), "r+b") as f:
                 f.truncate(end)
                 f.flush()
                 os.fsync(f.fileno())

@@ -20,6 +20,11 @@ is appended, with a newline, to ``<file>.torn`` beside it, the file is cut back 
 last complete line, and a :class:`~trainbus.TrainbusWarning` names both files. The next
 record therefore starts a line of its own, and every line of the file parses.
 
+The logger writes only to files it opens as regular files: the file and ``<file>.torn`` are
+opened with ``O_NOFOLLOW``, so a symbolic link planted under either name (by whoever can
+write into the run's folder) is refused with an ``OSError`` naming it, and nothing is
+written, cut or appended through it.
+
 Crash consistency: ``state_dict`` (saved in every checkpoint) flushes and ``fsync``-s the
 file and records its length. A run resumed from that checkpoint (``load_state_dict``) reads
 the metric lines after that length, which the killed run wrote after the checkpoint, and
@@ -29,6 +34,7 @@ each point once, and every line parses. See ``docs/crash-consistency.md``.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import numbers
@@ -53,12 +59,29 @@ __all__ = ["JSONLinesLogger", "to_json_value"]
 
 _NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
 _CHUNK = 1 << 16
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_regular(path: Path, flags: int) -> int:
+    """``os.open`` that refuses a symbolic link at ``path`` (with a message naming it)."""
+    try:
+        return os.open(path, flags | _NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise OSError(
+            errno.ELOOP,
+            f"JSONLinesLogger: {str(path)!r} is a symbolic link; the logger writes only to "
+            "regular files and never through a link it did not create: remove the link, or "
+            "pass the file it points to as path=...",
+            str(path),
+        ) from None
 
 
 def _cut_torn_tail(path: Path) -> Path | None:
     """Move a last line without its newline to ``<path>.torn``; return that file, or None."""
     try:
-        f = open(path, "r+b")  # noqa: SIM115
+        f = open(_open_regular(path, os.O_RDWR), "r+b")  # noqa: SIM115
     except FileNotFoundError:
         return None
     with f:
@@ -80,7 +103,8 @@ def _cut_torn_tail(path: Path) -> Path | None:
         f.seek(cut)
         fragment = f.read()
         torn = path.with_name(path.name + ".torn")
-        with open(torn, "ab") as aside:  # kept first, durably: only then is it cut
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        with open(_open_regular(torn, flags), "ab") as aside:  # kept first, durably: then cut
             aside.write(fragment + b"\n")
             aside.flush()
             os.fsync(aside.fileno())
@@ -196,7 +220,8 @@ class JSONLinesLogger(LoggerDestination):
                     TrainbusWarning,
                     stacklevel=2,
                 )
-            self._file = open(self.path, "a", encoding="utf-8", newline="\n")  # noqa: SIM115
+            fd = _open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            self._file = open(fd, "a", encoding="utf-8", newline="\n")  # noqa: SIM115
             if self._opened_size is None:
                 self._opened_size = self._file.tell()
             self._last_flush = time.monotonic()

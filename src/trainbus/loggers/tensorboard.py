@@ -10,19 +10,29 @@ What goes where:
 - multi-element tensors -> ``add_histogram`` (as text when they hold non-finite values);
 - strings and other values -> ``add_text``;
 - hyperparameters -> one markdown table under the text tag ``hyperparameters``.
+
+Crash consistency (``docs/crash-consistency.md``, "The replay rule"): ``state_dict`` (saved
+in every checkpoint) flushes the event file and records the folder and the length of each
+event file in it. A run resumed from that checkpoint writes into the same folder and drops
+each value whose ``(name, step)`` the killed run already wrote after the checkpoint (once
+each), so TensorBoard's reader sees every step once, with the killed run's value.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainbus.core.destination import LoggerDestination
+from trainbus.core.exceptions import TrainbusWarning
 from trainbus.core.logger import LogRecord
+from trainbus.loggers._tfevents import event_files, events_after
 
 if TYPE_CHECKING:
     from trainbus.core.logger import Logger
@@ -56,6 +66,11 @@ class TensorBoardLogger(LoggerDestination):
     they stay cheap, in bursts on the training thread), never on the event loop. Each
     ``fit()`` writes a new event file in ``log_dir`` (TensorBoard reads them as one run);
     ``close`` flushes and closes it, also after a failure.
+
+    A run resumed from a checkpoint (``Trainer(load_path=...)``) writes into the folder the
+    checkpoint names (the run's identity: a requeued job that builds a new ``log_dir``
+    still continues the killed run's folder, with a warning) and drops the values the
+    killed run wrote after the checkpoint: each ``(name, step)`` appears once.
 
     Args:
         log_dir: The run's folder (created if missing); point ``tensorboard --logdir``
@@ -93,6 +108,7 @@ class TensorBoardLogger(LoggerDestination):
         self.log_dir = Path(log_dir)
         self.flush_secs = float(flush_secs)
         self._writer: Any = None
+        self._replayed: Counter[tuple[str, int]] = Counter()  # dropped once each on resume
 
     def _open(self) -> Any:
         if self._writer is None:
@@ -111,7 +127,11 @@ class TensorBoardLogger(LoggerDestination):
         if record.hyperparameters:
             writer.add_text("hyperparameters", _markdown_table(record.metrics), step, wall_time)
             return
+        replayed = self._replayed
         for name, value in record.metrics.items():
+            if replayed and replayed[(name, step)] > 0:
+                replayed[(name, step)] -= 1  # written by the run that was killed
+                continue
             if isinstance(value, bool | int | float):
                 writer.add_scalar(name, float(value), step, wall_time)
             elif isinstance(value, torch.Tensor) and value.numel() == 1:
@@ -126,6 +146,47 @@ class TensorBoardLogger(LoggerDestination):
             else:
                 text = str(value.tolist()) if isinstance(value, torch.Tensor) else str(value)
                 writer.add_text(name, text, step, wall_time)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Flush the event file; the folder, its event files' lengths, the replays not seen.
+
+        Called by :class:`~trainbus.callbacks.CheckpointSaver` on the training thread once
+        every handler has run and every record logged before the checkpoint was written.
+        """
+        if self._writer is not None:
+            self._writer.flush()
+        pending = [[name, step] for (name, step), n in self._replayed.items() for _ in range(n)]
+        return {
+            "log_dir": os.path.abspath(self.log_dir),
+            "files": event_files(self.log_dir),
+            "pending": pending,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume into the checkpoint's folder; drop what the killed run wrote after it.
+
+        The values in the folder's event files after the lengths the checkpoint recorded
+        (and in files created after it), and those still pending at the checkpoint, are
+        points the resumed run logs again; each is dropped once instead of written twice.
+        """
+        folder = state.get("log_dir")
+        if not isinstance(folder, str):
+            return
+        if folder != os.path.abspath(self.log_dir):
+            warnings.warn(
+                f"TensorBoardLogger: resuming the run of the checkpoint, whose log_dir is "
+                f"{folder!r}, instead of the log_dir={str(self.log_dir)!r} it was given "
+                "(a resumed run keeps its folder; see docs/crash-consistency.md)",
+                TrainbusWarning,
+                stacklevel=2,
+            )
+            self.log_dir = Path(folder)
+        replayed: Counter[tuple[str, int]] = Counter(
+            (str(name), int(step)) for name, step in state.get("pending", [])
+        )
+        files = {str(k): int(v) for k, v in dict(state.get("files", {})).items()}
+        replayed.update(events_after(self.log_dir, files))
+        self._replayed = replayed
 
     def close(self, state: State, logger: Logger) -> None:
         """Flush and close the event file (runs also when training failed)."""

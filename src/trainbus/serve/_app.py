@@ -31,9 +31,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
+from trainbus.callbacks._dashboard_page import (
+    dashboard_page,
+    sse_message,
+    sse_response,
+    static_files,
+)
 from trainbus.callbacks.event_stream import Subscription
 from trainbus.serve._body import parse_params
-from trainbus.serve._dashboard import dashboard_page, sse_message, sse_response, static_files
 from trainbus.serve._jobs import (
     Job,
     JobFactory,

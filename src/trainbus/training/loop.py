@@ -215,7 +215,7 @@ class TrainingLoop:
             finished_epoch = self._run_epoch(skip)
             if not finished_epoch:
                 break
-            state._timer.on_epoch_complete()
+            state.count_epoch()
             publish(E.EPOCH_END)
             if self._eval_due(TimeUnit.EPOCH):
                 self.evaluate()
@@ -244,7 +244,7 @@ class TrainingLoop:
             loss = self._train_batch(
                 batch, (E.AFTER_DATALOADER, E.BATCH_START, E.BEFORE_TRAIN_BATCH)
             )
-            state._timer.on_batch_complete(state.batch_num_samples, state.batch_num_tokens)
+            state.count_batch(state.batch_num_samples, state.batch_num_tokens)
             if self.config.log_train_loss:  # at step n for batch n, as BATCH_END handlers
                 logger.log_metrics({"loss/train": DeferredScalar.start(loss)})
             # Composer's order: BATCH_CHECKPOINT after BATCH_END and any batch-wise

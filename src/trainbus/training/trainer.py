@@ -348,7 +348,7 @@ class Trainer:
                 f"'{end.value}{end.unit.value}'; to continue the run, pass duration=..., e.g. "
                 "trainer.fit(duration='1ep') (or fit_sync(duration='1ep'))"
             )
-        state._stop.clear()
+        state.begin_fit()
         loop = TrainingLoop(state, self.logger, self._config, self.engine.run_event)
         # The saver waits for every handler and record before it captures (CheckpointSaver).
         attach_handler_drain(state, functools.partial(self.engine.wait_all, records=True))

@@ -1,4 +1,7 @@
-"""The dashboard's HTTP side, shared by the service's job pages and the ``Dashboard`` callback.
+"""The dashboard's HTTP side: the ``Dashboard`` callback's, which the service's job pages share.
+
+It lives beside the callback (``serve`` imports it from here, a layer above): a callback
+never imports the service.
 
 - :func:`dashboard_page`: the page (``static/dashboard.html``); its script opens an
   ``EventSource`` on ``events`` relative to the page's URL;

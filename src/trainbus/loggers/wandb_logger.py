@@ -1,0 +1,340 @@
+"""``WandBLogger``: metrics to a Weights & Biases run that a resumed run continues.
+
+W&B is an optional dependency (``pip install 'trainbus[wandb]'``); ``wandb`` is imported
+when the run is first needed (at ``fit_start``), never when ``trainbus.loggers`` is.
+
+What goes where: numbers (ints, floats, bools, one-element tensors) are logged as numbers,
+other values as their JSON form (:func:`~trainbus.loggers.jsonl.to_json_value`), each
+record with ``run.log(values, step=record.step)``: W&B gathers the values of one step in
+one history row, written when a later step is logged (or at ``close``). Hyperparameters go
+to ``run.config``.
+
+Crash consistency (``docs/crash-consistency.md``, "The replay rule"): the W&B run id is
+chosen when the logger is made (:attr:`WandBLogger.run_id`) and saved in every checkpoint;
+a run resumed from a checkpoint calls ``wandb.init(id=<that id>, resume=...)`` and drops
+every value at a step the W&B run already holds (the killed run's value stays). The last
+step it holds is what W&B says: online, the resumed run's ``starting_step``; offline, the
+history rows of the earlier offline folders of the same run id (``offline-run-*-<id>``)
+in the same ``wandb`` folder, read from their ``.wandb`` transaction logs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import secrets
+import string
+import struct
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainbus.core.destination import LoggerDestination
+from trainbus.core.logger import LogRecord
+from trainbus.loggers.jsonl import to_json_value
+
+if TYPE_CHECKING:
+    from trainbus.core.logger import Logger
+    from trainbus.core.state import State
+
+__all__ = ["WandBLogger", "last_history_step"]
+
+_MISSING = (
+    "WandBLogger needs the wandb package, which is not installed; "
+    "install it with: pip install 'trainbus[wandb]'"
+)
+_RESUME = ("allow", "must")
+_MODES = (None, "online", "offline", "disabled")
+_ID_ALPHABET = string.ascii_lowercase + string.digits
+
+# The .wandb transaction log: a 7-byte header (":W&B", a 2-byte magic, a version byte),
+# then 32 KiB blocks of records, each a 7-byte header (CRC, 2-byte length, type: 1 full,
+# 2 first, 3 middle, 4 last part) and a part of one serialized ``wandb_internal.Record``.
+_BLOCK, _FILE_HEADER = 32 * 1024, 7
+_RECORD_HEADER = struct.Struct("<IHB")
+
+
+def _new_run_id() -> str:
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
+
+
+def _transaction_records(data: bytes) -> list[bytes]:
+    records: list[bytes] = []
+    pos, parts = _FILE_HEADER, b""
+    while pos + _RECORD_HEADER.size <= len(data):
+        left = _BLOCK - pos % _BLOCK
+        if left < _RECORD_HEADER.size:  # a block's tail too short for a header: padding
+            pos += left
+            continue
+        _crc, length, kind = _RECORD_HEADER.unpack_from(data, pos)
+        if length == 0 and kind == 0:  # zero padding to the end of the block
+            pos += left
+            continue
+        start = pos + _RECORD_HEADER.size
+        if start + length > len(data):
+            break  # a torn last record
+        chunk = data[start : start + length]
+        pos = start + length
+        if kind == 1:
+            records.append(chunk)
+        elif kind == 2:
+            parts = chunk
+        elif kind == 3:
+            parts += chunk
+        elif kind == 4:
+            records.append(parts + chunk)
+            parts = b""
+    return records
+
+
+def last_history_step(wandb_file: str | os.PathLike[str]) -> int | None:
+    """The last history step written in a run's ``.wandb`` transaction log (or ``None``)."""
+    from wandb.proto import wandb_internal_pb2
+
+    try:
+        data = Path(wandb_file).read_bytes()
+    except FileNotFoundError:
+        return None
+    last: int | None = None
+    for raw in _transaction_records(data):
+        record: Any = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+        try:
+            record.ParseFromString(raw)
+        except Exception:  # a damaged record: skipped, like W&B's own reader
+            continue
+        if record.WhichOneof("record_type") == "history":
+            step = int(record.history.step.num)
+            last = step if last is None else max(last, step)
+    return last
+
+
+def _wandb_value(value: Any) -> Any:
+    if isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        return value.item()
+    return to_json_value(value)
+
+
+class WandBLogger(LoggerDestination):
+    """Logs metrics to a Weights & Biases run; a resumed run continues the same W&B run.
+
+    Its methods are plain functions: they run on the destination's own thread, never on
+    the training thread or the event loop. ``wandb.init`` (seconds) runs on a thread of
+    its own, started at ``fit_start``; the records logged meanwhile wait in memory and are
+    logged, in order, once the run is open; ``run.log`` hands the values to W&B's own
+    service process. Under
+    ``torchrun`` only rank zero logs, so a DDP job makes one W&B run.
+
+    Args:
+        project: The W&B project (``None``: W&B's default, e.g. ``WANDB_PROJECT``).
+        entity: The W&B entity (user or team); ``None``: the default.
+        name: The run's display name.
+        run_id: The W&B run id to log into; by default a new id is chosen now. A
+            checkpoint's id (a resumed run) replaces it.
+        resume: ``"allow"`` (default: create the run if it does not exist) or
+            ``"must"`` (online, fail when it does not), passed to ``wandb.init``.
+        mode: ``"online"``, ``"offline"``, ``"disabled"``, or ``None`` (W&B's default:
+            ``WANDB_MODE``, else online).
+        dir: The folder W&B writes its ``wandb/`` folder in (``None``: ``WANDB_DIR``,
+            else the current folder). A resumed offline run must see the same folder.
+        config: Values for ``run.config``; hyperparameters logged later are added.
+        settings: Keyword arguments for ``wandb.Settings``.
+
+    Attributes:
+        run_id: The W&B run id, known from construction, saved in every checkpoint.
+        run: The ``wandb`` run once ``fit_start`` opened it, else ``None``.
+        dropped: Values dropped because the W&B run already held their step (replays).
+
+    Raises:
+        ImportError: The ``wandb`` package is not installed (the message says how to
+            install it).
+
+    Example:
+        >>> wandb_logger = WandBLogger("my-project", mode="offline")
+        >>> trainer = Trainer(model, loader, "2ep", loggers=[wandb_logger])
+        >>> trainer.fit_sync()
+        >>> wandb_logger.run_id
+        'k3x9q0ab'
+    """
+
+    rank_zero_only = True  # under torchrun: rank 0 only (docs/distributed.md)
+    #: Its handlers read only their event's snapshot and the records it receives, never
+    #: the live model: they may trail training by 2 batches (``docs/concurrency.md``,
+    #: "Trailing handlers"). A subclass that reads live state sets ``trailing = None``.
+    trailing = 2
+
+    def __init__(
+        self,
+        project: str | None = None,
+        *,
+        entity: str | None = None,
+        name: str | None = None,
+        run_id: str | None = None,
+        resume: str = "allow",
+        mode: str | None = None,
+        dir: str | os.PathLike[str] | None = None,
+        config: dict[str, Any] | None = None,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
+        for arg, value in (("project", project), ("entity", entity), ("name", name)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{arg}={value!r} must be a str or None")
+        if run_id is not None and (not isinstance(run_id, str) or not run_id):
+            raise ValueError(f"run_id={run_id!r} must be a non-empty str, e.g. 'k3x9q0ab'")
+        if resume not in _RESUME:
+            raise ValueError(f"resume={resume!r} must be 'allow' or 'must'")
+        if mode not in _MODES:
+            raise ValueError(f"mode={mode!r} must be 'online', 'offline', 'disabled' or None")
+        if dir is not None and not isinstance(dir, str | os.PathLike):
+            raise TypeError(f"dir={dir!r} must be a str, a path or None")
+        if config is not None and not isinstance(config, dict):
+            raise TypeError(f"config={config!r} must be a dict or None")
+        if settings is not None and not isinstance(settings, dict):
+            raise TypeError(f"settings={settings!r} must be a dict or None")
+        if importlib.util.find_spec("wandb") is None:
+            raise ImportError(_MISSING)
+        self.project, self.entity, self.name = project, entity, name
+        self.run_id: str = run_id if run_id is not None else _new_run_id()
+        self.resume, self.mode = resume, mode
+        self.dir = None if dir is None else Path(dir)
+        self.config = dict(config or {})
+        self.settings = dict(settings or {})
+        self.run: Any = None
+        self.dropped = 0
+        self._resumed = False
+        self._floor: int | None = None  # the last step the W&B run held when it was opened
+        self._lock = threading.Lock()
+        self._opener: threading.Thread | None = None
+        self._waiting: list[LogRecord] = []  # records logged while wandb.init runs
+        self._error: BaseException | None = None
+
+    def _init_run(self) -> Any:
+        try:
+            import wandb
+        except ImportError as exc:
+            raise ImportError(_MISSING) from exc
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        return wandb.init(
+            project=self.project,
+            entity=self.entity,
+            name=self.name,
+            id=self.run_id,
+            resume=self.resume,  # type: ignore[arg-type]  # checked in __init__
+            mode=self.mode,  # type: ignore[arg-type]
+            dir=None if self.dir is None else str(self.dir),
+            config=self.config or None,
+            settings=wandb.Settings(**self.settings),
+            reinit="create_new",  # one process may hold several runs (no global run)
+        )
+
+    def _opening(self) -> None:
+        """The opener thread: ``wandb.init``, the replay floor, then the records that
+        arrived meanwhile, in order (under the lock, so none overtakes them)."""
+        try:
+            run = self._init_run()
+            floor = self._held_step(run) if self._resumed else None
+        except BaseException as exc:
+            with self._lock:
+                self._error = exc
+            return
+        with self._lock:
+            self.run, self._floor = run, floor
+            waiting, self._waiting = self._waiting, []
+            try:
+                for record in waiting:
+                    self._write(record)
+            except BaseException as exc:
+                self._error = exc
+
+    def _start(self) -> None:
+        """Open the run on a thread of its own (once per ``fit()``)."""
+        if self._opener is None:
+            self._opener = threading.Thread(
+                target=self._opening, name="trainbus-wandb-init", daemon=True
+            )
+            self._opener.start()
+
+    def _held_step(self, run: Any) -> int | None:
+        """The last step the W&B run holds already (killed runs' rows), or ``None``."""
+        if not run.settings._offline:
+            starting = int(run.starting_step or 0)  # online: W&B's server tells
+            return starting - 1 if starting > 0 else None
+        own = Path(run.settings.sync_dir).name
+        steps = [
+            last_history_step(folder / f"run-{self.run_id}.wandb")
+            for folder in Path(run.settings.wandb_dir).glob(f"offline-run-*-{self.run_id}")
+            if folder.name != own
+        ]
+        known = [s for s in steps if s is not None]
+        return max(known) if known else None
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        """Start opening the W&B run (resumed into the checkpoint's run id when there is
+        one) on a thread of its own: ``wandb.init`` takes seconds, and the records logged
+        meanwhile wait in memory, so no barrier waits for it."""
+        self._start()
+
+    def log_record(self, record: LogRecord) -> None:
+        """``run.log`` the record's values at its step; hyperparameters to ``run.config``.
+
+        A value at a step the W&B run already held when this run opened it is dropped
+        (the replay rule: the killed run's value stays). While the run is being opened,
+        the record waits in memory.
+
+        Raises:
+            BaseException: Opening the run failed (``wandb.init``'s error).
+        """
+        self._start()  # also for records logged before fit_start (at INIT)
+        with self._lock:
+            error, self._error = self._error, None
+            if error is not None:  # raised once (by a record or by close), not twice
+                raise error
+            if self.run is None:
+                self._waiting.append(record)
+                return
+            self._write(record)
+
+    def _write(self, record: LogRecord) -> None:
+        run = self.run
+        if record.hyperparameters:
+            values = {name: to_json_value(v) for name, v in record.metrics.items()}
+            run.config.update(values, allow_val_change=True)
+            return
+        floor = self._floor
+        if floor is not None and record.step <= floor:
+            self.dropped += len(record.metrics)
+            return
+        run.log({name: _wandb_value(v) for name, v in record.metrics.items()}, step=record.step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The W&B run's id (and project, entity): a resumed run logs into that run."""
+        return {"run_id": self.run_id, "project": self.project, "entity": self.entity}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: log into the checkpoint's W&B run, dropping the steps it holds."""
+        run_id = state.get("run_id")
+        if isinstance(run_id, str) and run_id and self.run is None:
+            self.run_id = run_id
+            self._resumed = True
+
+    def close(self, state: State, logger: Logger) -> None:
+        """Wait for the run to be open, then finish it (W&B writes its last history
+        row); runs also when training failed.
+
+        Raises:
+            BaseException: Opening the run failed (``wandb.init``'s error).
+        """
+        opener, self._opener = self._opener, None
+        if opener is not None:
+            opener.join()
+        with self._lock:
+            run, self.run = self.run, None
+            error, self._error = self._error, None
+        if run is not None:
+            run.finish()
+        if error is not None:
+            raise error
