@@ -82,7 +82,8 @@ def train_loop(config: dict[str, Any]) -> None:
     )
     if rank == 0:
         with open(out / "starts.txt", "a") as f:
-            f.write(f"{int(trainer.state.timer.batch)} {trainer.state.world_size} {trainer.state.device}\n")
+            state = trainer.state
+            f.write(f"{int(state.timer.batch)} {state.world_size} {state.device}\n")
     trainer.fit_sync()
     if rank == 0:
         torch.save(

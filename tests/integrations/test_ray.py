@@ -17,7 +17,6 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-import ray.train  # noqa: E402
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig  # noqa: E402
 from ray.train.torch import TorchTrainer  # noqa: E402
 
