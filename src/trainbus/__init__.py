@@ -41,6 +41,7 @@ from trainbus.core.filters import once as once
 from trainbus.core.logger import Logger as Logger
 from trainbus.core.logger import LogLevel as LogLevel
 from trainbus.core.logger import LogRecord as LogRecord
+from trainbus.core.notice import PreemptionNotice as PreemptionNotice
 from trainbus.core.serializable import Serializable as Serializable
 from trainbus.core.state import State as State
 from trainbus.core.time import Time as Time
@@ -76,6 +77,7 @@ __all__ = (
     "Logger",
     "LoggerDestination",
     "Preemption",
+    "PreemptionNotice",
     "Serializable",
     "SlowCallbackWarning",
     "State",

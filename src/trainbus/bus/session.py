@@ -93,6 +93,7 @@ class Session:
         #: Scopes of the waits that close_timeout bounds; a second Ctrl-C shortens them.
         self._bounded: set[anyio.CancelScope] = set()
         self._abandoning = False
+        self._noticed = anyio.Event()  # state.preemption is set: start preemption_notice
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -175,6 +176,21 @@ class Session:
                     handler = lane.member.table.extra.get("background")
                     if handler is not None:
                         tg.start_soon(self._background, handler)
+                if self.state.preemption is None:  # else given before this session
+                    await self._noticed.wait()
+                for lane in self.lanes:
+                    handler = lane.member.table.extra.get("preemption_notice")
+                    if handler is not None:
+                        tg.start_soon(self._background, handler)
+
+    def notify_preemption(self) -> None:
+        """Start each callback's ``preemption_notice`` beside its handlers, once (loop).
+
+        Like ``background``, it runs as a task of its own (not in the callback's lane, so
+        it starts while a handler of the callback runs) and is cancelled after every
+        ``close``; an exception in it fails the run as a handler's would.
+        """
+        self._noticed.set()
 
     async def _background(self, handler: Handler) -> None:
         try:
