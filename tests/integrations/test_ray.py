@@ -39,13 +39,20 @@ LAST = BATCHES * EPOCHS
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("ray")
     ray.cloudpickle.register_pickle_by_value(ray_workers)
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=100 * 1024**2,
-        _temp_dir=str(root / "t"),
-        log_to_driver=False,
-    )
+    for attempt in range(3):  # Ray gives its raylet 30 s to start: too little on a busy machine
+        try:
+            ray.init(
+                num_cpus=2,
+                include_dashboard=False,
+                object_store_memory=100 * 1024**2,
+                _temp_dir=str(root / f"t{attempt}"),
+                log_to_driver=False,
+            )
+            break
+        except Exception as exc:
+            ray.shutdown()
+            if "timed out during startup" not in str(exc) or attempt == 2:
+                raise
     try:
         yield root
     finally:

@@ -163,14 +163,15 @@ class RayReporter(LoggerDestination):
     ``CheckpointConfig(num_to_keep=...)``, ``result.checkpoint`` and Ray Tune see it like
     a native run's.
 
-    What waits for what: at a report event its ``@blocking`` handler, on the training
-    thread, copies the metrics and queues the report (nothing else; at other batches it
-    only checks the interval). The reporter's thread makes the call: it waits for the
-    saver to finish writing that checkpoint (a hard link of the file is handed to Ray,
-    so pruning by ``num_checkpoints_to_keep`` does not race the upload), then calls
+    What waits for what: at a report event its handler, on its lane (not the training
+    thread), copies the metrics and queues the report (at other batches it only checks
+    the interval). The reporter's thread makes the call: it waits for the saver to finish
+    writing that checkpoint (a hard link of the file is handed to Ray, so pruning by
+    ``num_checkpoints_to_keep`` does not race the upload), then calls
     ``ray.train.report``, which waits for every rank's matching report and uploads. The
-    training thread waits only when two reports are still outstanding (the bound), and
-    at ``close``, which returns when this rank's reports have all returned.
+    handler waits only when two reports are still outstanding (the bound; the next
+    ``BATCH_END`` barrier then waits for it), and ``close`` returns when this rank's
+    reports have all returned.
 
     Args:
         saver: The saver whose checkpoints are reported; default: the run's one
@@ -213,7 +214,7 @@ class RayReporter(LoggerDestination):
         )
         self.close_timeout = float(close_timeout)
         self._latest: dict[str, Any] = {}  # the lane's (log_metrics), read at report events
-        self._last_batch: int | None = None  # the batch of the last report (training thread)
+        self._last_batch: int | None = None  # the batch of the last report (the lane's)
         self._reports: queue.SimpleQueue[tuple[dict[str, Any], int] | None] = queue.SimpleQueue()
         self._outstanding = threading.BoundedSemaphore(2)  # queued or being made
         self._thread: threading.Thread | None = None
@@ -317,23 +318,25 @@ class RayReporter(LoggerDestination):
             if plain is not None:
                 self._latest[name] = plain
 
-    # -- report events (training thread) -----------------------------------------------------
+    # -- report events (this destination's lane) ---------------------------------------------
+    #
+    # Plain handlers: each runs on the reporter's lane after the records logged before its
+    # event, and after the saver's @blocking handler of the same event captured (the saver
+    # comes first: a callback, the reporter a logger). A @blocking handler here would make
+    # the training thread wait for the lane's records at every batch.
 
-    @blocking
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         """Queue a report if the interval falls on this batch."""
         interval = self._interval
         if interval is not None and interval.is_due(Event.BATCH_END, state):
             self._queue(state.timestamp)
 
-    @blocking
     def epoch_checkpoint(self, state: State, logger: Logger) -> None:
         """Queue a report if the interval falls on this epoch."""
         interval = self._interval
         if interval is not None and interval.is_due(Event.EPOCH_END, state):
             self._queue(state.timestamp)
 
-    @blocking
     def fit_end(self, state: State, logger: Logger) -> None:
         """Queue the last report, unless this batch was just reported."""
         if self._last_batch != int(state.timestamp.batch):
