@@ -29,6 +29,7 @@ from trainbus.bus.producer import Producer
 from trainbus.bus.records import Records
 from trainbus.bus.runners import fail_thread_lane, run_loop_lane, run_thread_lane
 from trainbus.bus.slow import long_wait_message, warn_at
+from trainbus.bus.watchdog import LoopWatch
 from trainbus.core.exceptions import CallbackTimeoutWarning, SlowCallbackWarning
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ class Session:
         gate.wait_warning = options.wait_warning
         gate.on_long_wait = self._warn_long_wait
         self.lanes = [Lane(member, gate) for member in members]
+        self.watch = LoopWatch(self.loop, self.lanes)  # deadlines a held loop cannot keep
         self.waker = LoopWaker(self.loop, self.lanes, counters)
         self.spawner = Spawner(self.loop)
         self.producer = Producer(
@@ -306,7 +308,8 @@ class Session:
             finished.set()
 
         self._put(lane, CallItem(fn, is_async, on_done, what))
-        with anyio.move_on_after(timeout) as scope:
+        deadline = f"its close deadline ({timeout:g} s, close_timeout)"
+        with self.watch.armed(timeout, deadline), anyio.move_on_after(timeout) as scope:
             self._bounded.add(scope)
             with anyio.move_on_after(min(self.options.wait_warning, timeout)):
                 await finished.wait()
@@ -402,6 +405,8 @@ class Session:
         where = lanes[0].member.table.callback if lanes else None
         message = long_wait_message(kind, event, lanes, seconds)
         self.loop.call_soon(self._emit, message, CallbackTimeoutWarning, where)
+        at = f" of Event.{event.name}" if event is not None else ""
+        self.watch.check(f"the training thread's wait{at} ({seconds:g} s, wait_warning)")
 
     def _warn_slow(self, message: str, where: object) -> None:
         """Emit a SlowCallbackWarning on the loop thread, where the caller's filters apply."""

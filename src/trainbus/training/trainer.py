@@ -19,6 +19,7 @@ from trainbus.bus import (
     no_running_loop,
 )
 from trainbus.bus.engine import Engine
+from trainbus.bus.watchdog import OWN_LOOP
 from trainbus.checkpoint.resume import attach_handler_drain, read_checkpoint, restore_checkpoint
 from trainbus.core.callback import Callback, resolve_callback
 from trainbus.core.destination import LoggerDestination
@@ -483,6 +484,7 @@ class Trainer:
         running: list[tuple[LoopHandle, anyio.CancelScope]] = []
 
         async def fit() -> None:
+            OWN_LOOP.set(True)  # this loop is ours: a handler holding it may be interrupted
             with anyio.CancelScope() as scope:
                 running.append((LoopHandle(), scope))
                 await self.fit(duration=duration)
