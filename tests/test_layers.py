@@ -25,8 +25,6 @@ TOP = len(LAYERS)
 
 #: Upward imports that remain, (importer, imported) -> why it is still there.
 KNOWN = {
-    ("trainbus.runtime.preemption", "trainbus.callbacks.checkpoint_saver"):
-        "preemption finds the run's CheckpointSaver (issue 40 is moving it to a protocol)",
     ("trainbus.runtime.distributed", "trainbus.callbacks.checkpoint_saver"):
         "the distributed checks name the saver's sharded option",
     ("trainbus.runtime.distributed", "trainbus.callbacks.checkpoint_uploader"):

@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+import torch
 
-from tests.helpers import make_trainer
-from trainbus import Callback, Preemption, TrainingPreempted
+from tests.helpers import TinyModel, make_trainer
+from trainbus import Callback, CallbackSignatureError, Preemption, TrainingPreempted
 from trainbus.callbacks import CheckpointSaver
 from trainbus.loggers import JSONLinesLogger
 
@@ -53,10 +56,7 @@ def test_sigterm_checkpoints_where_training_stopped_and_fit_sync_exits_143(
     resumed = make_trainer(20, callbacks=[saver2], loggers=[log2], load_path=tmp_path / "ckpt")
     resumed.fit_sync()
     assert int(resumed.state.timestamp.batch) == 20
-    steps = [
-        json.loads(line)["step"]
-        for line in (tmp_path / "m.jsonl").read_text().splitlines()
-    ]
+    steps = [json.loads(line)["step"] for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 21))  # each batch's loss once
 
 
@@ -78,11 +78,15 @@ def test_without_preemption_no_handler_is_installed(tmp_path: Path) -> None:
         ({"signals": ("TERM",)}, TypeError, "signals="),
         ({"exit_code": 300}, ValueError, "exit_code=300"),
         ({"grace": 0}, ValueError, "grace=0"),
+        ({"signals": ()}, None, ""),  # no signal: trainer.preempt() only
     ],
 )
 def test_bad_preemption_arguments_name_the_argument(
-    kwargs: dict[str, Any], error: type[Exception], match: str
+    kwargs: dict[str, Any], error: type[Exception] | None, match: str
 ) -> None:
+    if error is None:
+        assert Preemption(**kwargs).signals == ()
+        return
     with pytest.raises(error, match=match):
         Preemption(**kwargs)
 
@@ -99,3 +103,151 @@ def test_a_preemption_object_sets_the_exit_status(tmp_path: Path) -> None:
     with pytest.raises(TrainingPreempted) as caught:
         trainer.fit_sync()
     assert caught.value.code == 99
+
+
+# -- one notice from any source: trainer.preempt(), state.preemption, preemption_notice -----
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.anyio
+async def test_preempt_from_another_task_stops_at_the_next_boundary_with_a_checkpoint(
+    tmp_path: Path,
+) -> None:
+    at_three, given = anyio.Event(), anyio.Event()
+
+    class Cue(Callback):
+        async def batch_end(self, state: Any, logger: Any) -> None:
+            if int(state.timer.batch) == 3:
+                at_three.set()
+                await given.wait()  # the barrier at batch 3 holds until preempt() returned
+
+    saver = CheckpointSaver(tmp_path / "ckpt", "ba{batch}.pt", save_interval="100ba")
+    trainer = make_trainer(20, callbacks=[saver, Cue()])
+    assert trainer.state.preemption is None and not trainer.preempted
+    seen: list[Any] = []
+
+    async def maintenance() -> None:
+        await at_three.wait()
+        seen.append(trainer.state.preemption)  # None until the call
+        assert trainer.preempt("maintenance") is True
+        assert trainer.preempt("again") is False  # one notice: the first wins
+        given.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(maintenance)
+        await trainer.fit()
+    notice = trainer.state.preemption
+    assert seen == [None]
+    assert trainer.preempted and notice is not None
+    assert (notice.reason, notice.source, notice.signum) == ("maintenance", "call", None)
+    assert 0 < notice.time_left() <= 30.0  # the default grace, from now
+    assert int(trainer.state.timestamp.batch) == 3  # the boundary right after the call
+    assert [int(ts.batch) for ts, _ in saver.saved_checkpoints] == [3]
+
+    resumed = make_trainer(20, load_path=tmp_path / "ckpt" / "ba3.pt")
+    await resumed.fit()
+    uninterrupted = make_trainer(20)
+    await uninterrupted.fit()
+    got, want = _weights(resumed.state.model), _weights(uninterrupted.state.model)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_an_async_callback_gets_the_notice_while_the_training_thread_is_inside_a_batch(
+    tmp_path: Path,
+) -> None:
+    inside, release = threading.Event(), threading.Event()
+
+    class LongBatch(TinyModel):
+        def forward(self, batch: Any) -> torch.Tensor:
+            if self.training and self.training_forwards == 2:  # batch 3's forward
+                inside.set()
+                assert release.wait(30), "preemption_notice never ran during the batch"
+            return super().forward(batch)
+
+    class Flush(Callback):
+        def __init__(self) -> None:
+            self.got: list[tuple[str, float, int, bool]] = []
+
+        async def preemption_notice(self, state: Any, logger: Any) -> None:
+            notice = state.preemption
+            self.got.append(
+                (notice.reason, notice.time_left(), int(state.timer.batch), inside.is_set())
+            )
+            release.set()  # the training thread is still in batch 3 until now
+
+    flush = Flush()
+    trainer = make_trainer(
+        10, callbacks=[flush], model=LongBatch(), preemption=Preemption(grace=12)
+    )
+
+    def spot_poller() -> None:
+        assert inside.wait(30)
+        trainer.preempt("spot notice")
+
+    poller = threading.Thread(target=spot_poller)
+    poller.start()
+    with pytest.raises(TrainingPreempted) as caught:
+        trainer.fit_sync()  # the notice is the same as a signal's: exit 143
+    poller.join()
+    assert caught.value.code == 143
+    [(reason, left, batch, during)] = flush.got
+    assert (reason, batch, during) == ("spot notice", 2, True)  # batch 3 not finished
+    assert 0 < left <= 12
+    assert int(trainer.state.timestamp.batch) == 3
+
+
+def test_a_plain_preemption_notice_handler_is_refused() -> None:
+    class Plain(Callback):
+        def preemption_notice(self, state: Any, logger: Any) -> None: ...
+
+    with pytest.raises(CallbackSignatureError, match="must be `async def preemption_notice"):
+        make_trainer(2, callbacks=[Plain()])
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        (("",), ValueError, "reason=''"),
+        ((None,), ValueError, "reason=None"),
+        (("x", "soon"), TypeError, "deadline='soon' must be a time.monotonic"),
+    ],
+)
+def test_bad_preempt_arguments_name_the_argument(
+    args: tuple[Any, ...], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        make_trainer(2).preempt(*args)
+
+
+def test_grace_defaults_from_torchrun_then_ours_then_30_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+    monkeypatch.delenv("TRAINBUS_PREEMPTION_GRACE", raising=False)
+    assert (Preemption().seconds, Preemption().seconds_from) == (30.0, "default")
+    monkeypatch.setenv("TRAINBUS_PREEMPTION_GRACE", "75")
+    assert (Preemption().seconds, Preemption().seconds_from) == (75.0, "TRAINBUS_PREEMPTION_GRACE")
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "8")
+    p = Preemption()
+    assert (p.seconds, p.seconds_from) == (8.0, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+    assert Preemption(grace=5).seconds == 5.0  # the argument wins
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="TORCH_ELASTIC_SHUTDOWN_TIMEOUT='soon' must be"):
+        Preemption()
+
+
+def test_preemption_is_on_by_default_under_a_launcher_with_a_checkpoint_saver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    saver = CheckpointSaver(tmp_path / "ckpt")
+    assert make_trainer(2, callbacks=[saver]).preemption is None  # no launcher
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    assert make_trainer(2).preemption is None  # no saver
+    assert make_trainer(2, callbacks=[CheckpointSaver(tmp_path / "a")]).preemption is not None
+    off = make_trainer(2, callbacks=[CheckpointSaver(tmp_path / "b")], preemption=False)
+    assert off.preemption is None

@@ -32,6 +32,7 @@ from trainbus.core.exceptions import CheckpointWarning as CheckpointWarning
 from trainbus.core.exceptions import EngineThreadError as EngineThreadError
 from trainbus.core.exceptions import FitInProgressError as FitInProgressError
 from trainbus.core.exceptions import FitNotAwaitedWarning as FitNotAwaitedWarning
+from trainbus.core.exceptions import HandlerInterrupted as HandlerInterrupted
 from trainbus.core.exceptions import SlowCallbackWarning as SlowCallbackWarning
 from trainbus.core.exceptions import TrainbusError as TrainbusError
 from trainbus.core.exceptions import TrainbusWarning as TrainbusWarning
@@ -41,6 +42,7 @@ from trainbus.core.filters import once as once
 from trainbus.core.logger import Logger as Logger
 from trainbus.core.logger import LogLevel as LogLevel
 from trainbus.core.logger import LogRecord as LogRecord
+from trainbus.core.notice import PreemptionNotice as PreemptionNotice
 from trainbus.core.serializable import Serializable as Serializable
 from trainbus.core.state import State as State
 from trainbus.core.time import Time as Time
@@ -63,6 +65,7 @@ __all__ = (
     "CallbackSignatureError",
     "CallbackStatistics",
     "CallbackTimeoutWarning",
+    "HandlerInterrupted",
     "CheckpointLoadError",
     "CheckpointSaveError",
     "CheckpointWarning",
@@ -76,6 +79,7 @@ __all__ = (
     "Logger",
     "LoggerDestination",
     "Preemption",
+    "PreemptionNotice",
     "Serializable",
     "SlowCallbackWarning",
     "State",

@@ -50,7 +50,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Engine", "raise_errors"]
 
-_EXTRA_METHODS = (("background", object, 2, "background(self, state, logger)"),)
+_EXTRA_METHODS = (
+    ("background", object, 2, "background(self, state, logger)"),
+    ("preemption_notice", object, 2, "preemption_notice(self, state, logger)"),
+)
 
 
 def raise_errors(errors: Sequence[BaseException], what: str = "handlers") -> None:
@@ -134,6 +137,14 @@ class Engine:
                 raise CallbackSignatureError(
                     f"{background.qualname} must be `async def background(self, state, "
                     "logger)`: it runs as a task on the event loop for the whole fit()"
+                )
+            notice = table.extra.get("preemption_notice")
+            if notice is not None and not notice.is_async:
+                raise CallbackSignatureError(
+                    f"{notice.qualname} must be `async def preemption_notice(self, state, "
+                    "logger)`: it runs as a task on the event loop as soon as the run is "
+                    "told to stop (docs/preemption.md); a plain handler can read "
+                    "state.preemption instead"
                 )
             self._members.append(Member(table, i, resolve_log_handler(table), max_lag))
         self._session: Session | None = None
@@ -384,10 +395,20 @@ class Engine:
         self.stop()
         cancel()
 
-    def _abandon(self) -> None:
+    def _notify_preemption(self) -> None:
+        """Start every ``async def preemption_notice`` on the loop (any thread, signal-safe).
+
+        Nothing happens outside a session; a session that starts later starts them itself
+        when ``state.preemption`` is set (``Session._run_backgrounds``).
+        """
         session = self._session
         if session is not None:
-            session.loop.call_soon(session.abandon)
+            session.loop.call_soon_if_running(session.notify_preemption)
+
+    def _abandon(self, why: str = "the second Ctrl-C") -> None:
+        session = self._session
+        if session is not None:
+            session.loop.call_soon(session.abandon, why)
 
 
 class _Standing:

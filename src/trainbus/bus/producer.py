@@ -10,11 +10,14 @@ snapshot of the state, D5) and, for every callback that handles the event, in li
   ``queue_size`` items (D12). Nothing is woken per item.
 
 Waking, by rule (never by time), at the end of a publish: with an event outside a batch's
-inside (``INSIDE_BATCH``), each sleeping thread lane with items; with an event of
-``WAKES_LOOP``, the loop, with one call that hands it the loop lanes' inboxes
-(:meth:`Producer.hand_over`, ``bridge.LoopWaker``), if something was queued for it since
-its last wake-up. Before the training thread waits (a barrier, backpressure, a
-``@blocking`` handler), everything is woken and handed over.
+inside (``INSIDE_BATCH``), each sleeping thread lane with items. The loop, with one call
+that hands it the loop lanes' inboxes (:meth:`Producer.hand_over`, ``bridge.LoopWaker``),
+if something was queued for it since its last wake-up: at an event outside the batch loop
+(``WAKES_LOOP``), at the batch's first publish that queues something for it (whatever its
+events: the trainer's ``BEFORE_FORWARD``, a ``Bus.batch()``'s entry, a bridge's hook), and
+at the batch's end (``ENDS_BATCH``; the barrier's wait hands over, else the publish does).
+Before the training thread waits (a barrier, backpressure, a ``@blocking`` handler),
+everything is woken and handed over.
 
 At a barrier event it then waits at the gate for what the barrier waits for (D4, with each
 lane's lag). Nothing here depends on how long anything took.
@@ -60,19 +63,25 @@ INSIDE_BATCH: Final = frozenset({
 })
 
 #: The events whose publish wakes the loop, handing it everything queued for loop lanes
-#: since its last wake-up: ``BEFORE_FORWARD`` (and an eval batch's), after which the
-#: training thread computes the batch, and the events outside the batch loop (fit, epoch
-#: and eval start and end, checkpoints of an epoch). Not the other per-batch events: what
-#: ``AFTER_FORWARD`` ... ``BATCH_END``, ``BATCH_CHECKPOINT`` queue for the loop is handed
-#: over when the training thread next waits (the ``BATCH_END`` barrier) or at the next
-#: ``BEFORE_FORWARD``, whichever is first. So a batch wakes the loop twice with the
-#: default barrier: before its forward, and at its barrier. Each wake-up costs every loop
+#: since its last wake-up: the events outside the batch loop (fit, epoch and eval start and
+#: end, checkpoints of an epoch). Inside a batch (``INSIDE_BATCH``) the loop is woken once,
+#: at the batch's first publish that queues something for it, whatever the event (the
+#: trainer's lead events or its ``BEFORE_FORWARD``, a ``Bus.batch()``'s entry, a bridge's
+#: first hook), and once at its end (``ENDS_BATCH``: the barrier's wait hands over; a
+#: publish whose barrier waited for nothing hands over at its end). So a batch wakes the
+#: loop at most twice however the loop that publishes is written, and what a batch's
+#: ``BATCH_END`` queues (a trailing upload) is handed over when its batch ends, not when
+#: the training thread next waits. What ``BATCH_CHECKPOINT`` queues after the barrier's
+#: wait is handed over with the next batch's first wake-up. Each wake-up costs every loop
 #: lane with work one suspension of its task (a resume through asyncio's ``call_soon``:
 #: about 13,000 instructions, 1,100 a call with 10 callbacks on 12 events a batch).
 WAKES_LOOP: Final = frozenset(
-    {Event.BEFORE_FORWARD, Event.EVAL_BEFORE_FORWARD}
-    | (set(Event) - INSIDE_BATCH - {Event.BATCH_END, Event.BATCH_CHECKPOINT, Event.EVAL_BATCH_END})
+    set(Event) - INSIDE_BATCH - {Event.BATCH_END, Event.BATCH_CHECKPOINT, Event.EVAL_BATCH_END}
 )
+
+#: The events that end a batch: the loop is handed what the batch queued for it by the
+#: barrier's wait, or, if that waited for nothing, at the end of the publish.
+ENDS_BATCH: Final = frozenset({Event.BATCH_END, Event.EVAL_BATCH_END})
 
 
 class Producer:
@@ -136,6 +145,12 @@ class Producer:
         self.loop_lanes = [lane for lane in lanes if not lane.on_thread]
         #: Whether items were queued on loop lanes since the loop was last woken.
         self._loop_owed = False
+        #: Hand-overs so far (a batch's end hands over if its barrier did not).
+        self.hand_overs = 0
+        #: Whether the loop was woken since the current batch began (its one wake-up
+        #: inside a batch, see ``WAKES_LOOP``); cleared by a batch's end and by a publish
+        #: of events outside a batch's inside.
+        self._woke_inside = False
         #: The events that queue items on loop lanes (see ``WAKES_LOOP``).
         self.to_loop = frozenset(
             event
@@ -162,7 +177,8 @@ class Producer:
         if gate.stopping:
             raise Stopped
         queue_size = self.queue_size
-        threads = loop = False
+        threads = loop = inside = False
+        ended: int | None = None  # hand-overs when the batch's end was published
         for event in events:
             self.counters.published += 1
             queued, here, others = self.plan[event]
@@ -192,10 +208,14 @@ class Producer:
                     self.wait([(lane, lane.enq)], "blocking", event)
             if event in self.to_loop:
                 self._loop_owed = True
-            if event not in INSIDE_BATCH:
+            if event in INSIDE_BATCH:
+                inside = True
+            else:
                 threads = True
-            if event in WAKES_LOOP:
-                loop = True
+                if event in WAKES_LOOP:
+                    loop = True
+                elif event in ENDS_BATCH:
+                    ended = self.hand_overs
             if event is Event.BATCH_END:
                 self._batch_end()
             if self._barrier_all or event in self.barriers:
@@ -204,8 +224,12 @@ class Producer:
                     self._trace_mark = _perf()  # the next batch's span starts after the wait
             if gate.stopping:
                 raise Stopped
-        if loop and self._loop_owed:  # not owed after a wait, which handed everything over
+        if self._loop_owed and (  # not owed after a wait, which handed everything over
+            loop or ended == self.hand_overs or (inside and not self._woke_inside)
+        ):
             self.hand_over()
+        if ended is not None or not inside:
+            self._woke_inside = False  # the next batch's first publish may wake it
         if threads:
             self.wake_threads()
 
@@ -222,6 +246,8 @@ class Producer:
                 waves.append((lane, inbox))
         if lanes is None:
             self._loop_owed = False
+            self.hand_overs += 1
+            self._woke_inside = True
         self.waker.deliver(waves)
 
     def wake_threads(self) -> None:

@@ -29,6 +29,7 @@ from trainbus.bus.producer import Producer
 from trainbus.bus.records import Records
 from trainbus.bus.runners import fail_thread_lane, run_loop_lane, run_thread_lane
 from trainbus.bus.slow import long_wait_message, warn_at
+from trainbus.bus.watchdog import LoopWatch
 from trainbus.core.exceptions import CallbackTimeoutWarning, SlowCallbackWarning
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ class Session:
         gate.wait_warning = options.wait_warning
         gate.on_long_wait = self._warn_long_wait
         self.lanes = [Lane(member, gate) for member in members]
+        self.watch = LoopWatch(self.loop, self.lanes)  # deadlines a held loop cannot keep
         self.waker = LoopWaker(self.loop, self.lanes, counters)
         self.spawner = Spawner(self.loop)
         self.producer = Producer(
@@ -92,7 +94,8 @@ class Session:
         )
         #: Scopes of the waits that close_timeout bounds; a second Ctrl-C shortens them.
         self._bounded: set[anyio.CancelScope] = set()
-        self._abandoning = False
+        self._abandoning = ""  # why every bounded wait was cut short, once it was
+        self._noticed = anyio.Event()  # state.preemption is set: start preemption_notice
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -175,6 +178,21 @@ class Session:
                     handler = lane.member.table.extra.get("background")
                     if handler is not None:
                         tg.start_soon(self._background, handler)
+                if self.state.preemption is None:  # else given before this session
+                    await self._noticed.wait()
+                for lane in self.lanes:
+                    handler = lane.member.table.extra.get("preemption_notice")
+                    if handler is not None:
+                        tg.start_soon(self._background, handler)
+
+    def notify_preemption(self) -> None:
+        """Start each callback's ``preemption_notice`` beside its handlers, once (loop).
+
+        Like ``background``, it runs as a task of its own (not in the callback's lane, so
+        it starts while a handler of the callback runs) and is cancelled after every
+        ``close``; an exception in it fails the run as a handler's would.
+        """
+        self._noticed.set()
 
     async def _background(self, handler: Handler) -> None:
         try:
@@ -240,15 +258,17 @@ class Session:
             if lane.scope is not None:
                 lane.scope.cancel()
 
-    def abandon(self) -> None:
+    def abandon(self, why: str = "the second Ctrl-C") -> None:
         """A second Ctrl-C (or the preemption watchdog): stop, and give every bounded wait
         at most ``ABANDON_TIMEOUT`` more seconds, the waits running now and those still to
         come (loop thread). What has not finished by then is abandoned; what finishes, a
         destination's ``close`` writing its file, say, is kept. Nothing is cut at once: at
         this moment a stuck handler and one about to return look alike."""
         self.stop()
-        self._abandoning = True
-        deadline = anyio.current_time() + ABANDON_TIMEOUT
+        self._abandoning = why
+        # A call_soon callback runs outside any task: anyio.current_time() would raise
+        # NoEventLoopError there (issue 45: a traceback after a SIGTERM stop that worked).
+        deadline = self.loop.current_time() + ABANDON_TIMEOUT
         for scope in self._bounded:
             scope.deadline = min(scope.deadline, deadline)
 
@@ -290,7 +310,8 @@ class Session:
             finished.set()
 
         self._put(lane, CallItem(fn, is_async, on_done, what))
-        with anyio.move_on_after(timeout) as scope:
+        deadline = f"its close deadline ({timeout:g} s, close_timeout)"
+        with self.watch.armed(timeout, deadline), anyio.move_on_after(timeout) as scope:
             self._bounded.add(scope)
             with anyio.move_on_after(min(self.options.wait_warning, timeout)):
                 await finished.wait()
@@ -368,7 +389,7 @@ class Session:
         self, who: str, what: str, where: object = None, lane: Lane | None = None
     ) -> None:
         when = (
-            f"within {ABANDON_TIMEOUT:g} s of the second Ctrl-C"
+            f"within {ABANDON_TIMEOUT:g} s of {self._abandoning}"
             if self._abandoning
             else f"within {self.timeout(lane):g} s (close_timeout)"
         )
@@ -386,6 +407,8 @@ class Session:
         where = lanes[0].member.table.callback if lanes else None
         message = long_wait_message(kind, event, lanes, seconds)
         self.loop.call_soon(self._emit, message, CallbackTimeoutWarning, where)
+        at = f" of Event.{event.name}" if event is not None else ""
+        self.watch.check(f"the training thread's wait{at} ({seconds:g} s, wait_warning)")
 
     def _warn_slow(self, message: str, where: object) -> None:
         """Emit a SlowCallbackWarning on the loop thread, where the caller's filters apply."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from trainbus.core.notice import PreemptionNotice
 from trainbus.core.serializable import Serializable
 from trainbus.core.time import Time, TimeUnit, ensure_time
 from trainbus.core.timer import Timer, Timestamp
@@ -126,6 +127,10 @@ class State(Serializable):
         rank: This process's global rank under ``torchrun`` (``0`` in a single process).
         world_size: The number of training processes (``1`` in a single process).
         local_rank: This process's rank on its machine (``0`` in a single process).
+        preemption: ``None``, or the :class:`~trainbus.core.notice.PreemptionNotice`
+            (``reason``, ``deadline``, ``time_left()``) once the run has been told to stop
+            (a signal, ``trainer.preempt()``, another rank). Live: a handler sees it as
+            soon as it is given, whatever event it runs for.
     """
 
     batch = _frame_property("batch", "The current batch as the data loader produced it.")
@@ -175,6 +180,7 @@ class State(Serializable):
         self.rank = 0
         self.world_size = 1
         self.local_rank = 0
+        self.preemption: PreemptionNotice | None = None
 
     # -- Composer-compatible fields ---------------------------------------------------------
 

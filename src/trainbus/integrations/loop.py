@@ -33,6 +33,7 @@ import torch
 
 from trainbus.bus.bridge import no_running_loop
 from trainbus.bus.engine import Engine
+from trainbus.bus.watchdog import OWN_LOOP
 from trainbus.checkpoint.resume import attach_handler_drain
 from trainbus.core.callback import Callback
 from trainbus.core.destination import LoggerDestination
@@ -212,6 +213,7 @@ class Bus:
         _refuse_in_loop("bus.run_sync()", "await bus.run(train)")
 
         async def main() -> T | None:
+            OWN_LOOP.set(True)  # this loop is ours: a handler holding it may be interrupted
             return await self.run(train, *args, **kwargs)
 
         return anyio.run(main, backend=backend)

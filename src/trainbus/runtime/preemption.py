@@ -1,47 +1,60 @@
-"""Preemption: on SIGTERM, stop at the next batch, checkpoint, deliver, and exit with a status.
+"""Preemption: one notice with a deadline, from a signal or a call; stop, checkpoint, exit.
 
-Clusters announce the end of a job with a signal, then kill it some seconds later: SLURM
-sends ``SIGTERM`` (or the signal named by ``sbatch --signal=TERM@120``), Kubernetes
-``SIGTERM`` then ``SIGKILL`` after ``terminationGracePeriodSeconds``. With
-``Trainer(preemption=True)`` (or a :class:`Preemption`), ``fit()`` installs a handler for
-those signals while it runs (in the main thread only: Python delivers signals there). The
-handler only sets flags, which is all a signal handler may safely do:
+Clusters announce the end of a job, then kill it some seconds later: torchrun forwards
+``SIGTERM`` and sends ``SIGKILL`` after its shutdown timeout, SLURM sends the signal named
+by ``sbatch --signal=USR1@90``, Kubernetes ``SIGTERM`` then ``SIGKILL`` after
+``terminationGracePeriodSeconds``; a service, a spot-notice poller or Ray's drain callback
+calls ``trainer.preempt(reason)``. Every source gives the same notice (:meth:`Preemption.give`):
 
-1. every :class:`~trainbus.callbacks.CheckpointSaver` is asked to save at its next
-   checkpoint event, or at ``FIT_END`` (:meth:`CheckpointSaver.request_save`);
-2. every callback with a ``close_timeout`` (the HTTP uploader, MLflow) has it lowered so
-   that ``close`` ends within ``grace`` seconds of the signal: what is not delivered by
-   then stays in the spool or journal, for the resumed run;
-3. ``state.stop_training()``: the loop stops at the next batch boundary, fires
-   ``FIT_END`` and closes every callback as usual.
+1. ``state.preemption`` becomes a :class:`~trainbus.core.notice.PreemptionNotice`
+   (``reason``, ``deadline``, ``time_left()``), visible to every handler at once, and each
+   callback's ``async def preemption_notice(state, logger)`` starts as a task on the loop
+   (``Engine._notify_preemption``), beside whatever handler its callback runs;
+2. in a single process every checkpoint taker (:class:`SavesOnRequest`, e.g.
+   ``CheckpointSaver``) is asked to save at its next checkpoint event, or at ``FIT_END``;
+   under ``torchrun`` the savers are asked once every rank agreed to stop
+   (``runtime/distributed.py``, :class:`~trainbus.runtime.distributed.StopAgreement`), so
+   that the checkpoint is of the batch every rank stopped at;
+3. every callback with a ``close_timeout`` (the HTTP uploader, MLflow) has it lowered so
+   that ``close`` ends before the deadline: what is not delivered by then stays in the
+   spool or journal, for the resumed run;
+4. ``state.stop_training()``: the loop stops at the next batch boundary (one batch later
+   under ``torchrun``, where the ranks agree), fires ``FIT_END`` and closes every callback.
 
 ``fit_sync()`` then raises :class:`TrainingPreempted`, a ``SystemExit`` whose code is
-``exit_code`` (143 = 128 + SIGTERM by default): a script that does not catch it exits
-with that status, which a job script can test to requeue the job (see
-``docs/crash-consistency.md``). ``await trainer.fit()`` returns normally instead and
+``exit_code`` (143 = 128 + SIGTERM by default). ``await trainer.fit()`` returns normally and
 ``trainer.preempted`` tells the caller. SIGINT is not handled here.
+
+**The deadline** is ``grace`` seconds after the notice (or the ``deadline`` given to
+``trainer.preempt``). ``grace`` defaults from the environment (:func:`default_grace`):
+``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (torchrun's delay before ``SIGKILL``), else
+``TRAINBUS_PREEMPTION_GRACE`` (set it beside SLURM's ``--signal`` or Kubernetes'
+``terminationGracePeriodSeconds``), else 30 s.
 
 **A stuck handler.** The steps above need the training thread to reach the next batch
 boundary; a handler that blocks (the barrier at ``BATCH_END`` waits for it) would hold it
-there past the cluster's ``SIGKILL``. So the signal also starts a watchdog thread
-(:class:`_Watchdog`), bounded by ``grace`` from the signal:
+there past the cluster's ``SIGKILL``. So the notice also starts a watchdog thread
+(:class:`_Watchdog`), bounded by the deadline:
 
-- after ``patience`` seconds (the Trainer's ``close_timeout``, at most ``grace / 2``)
+- after ``patience`` seconds (the Trainer's ``close_timeout``, at most half the time left)
   without the requested checkpoint captured (in a run with a ``CheckpointSaver``;
   without one only the last bound below applies), it names on stderr what the run waits
   for (the stuck callback and event), captures and writes the checkpoint itself
-  (:meth:`CheckpointSaver.save_now`: the training thread is held at the barrier, its
+  (:meth:`SavesOnRequest.save_now`: the training thread is held at the barrier, its
   state consistent as of the batch it finished), then gives what still runs 2 s more and
   abandons it (``Engine._abandon``, as a second Ctrl-C does: threads left behind as
   daemons, coroutines cancelled) so that every other callback closes under its deadline;
 - a handler that blocks the event loop's own thread (``time.sleep`` inside ``async def``)
-  cannot be cancelled from the loop; when the loop runs on the main thread (``fit_sync()``,
-  ``anyio.run(trainer.fit)``) the watchdog re-sends the signal to the main thread, whose
-  handler then raises :class:`HandlerAbandoned` inside the stuck handler (as Ctrl-C
-  raises ``KeyboardInterrupt``), which frees the loop; ``fit()`` drops that error;
-- one second before ``grace`` ends, if ``fit()`` still has not returned, it writes what
-  it could not finish to stderr and ends the process with ``os._exit(exit_code)``
-  (callbacks' ``close`` that did not run by then do not run).
+  cannot be cancelled from the loop; for a signal's notice, when the loop runs on the main
+  thread (``fit_sync()``, ``anyio.run(trainer.fit)``) the watchdog re-sends the signal to
+  the main thread, whose handler then raises :class:`HandlerAbandoned` inside the stuck
+  handler (as Ctrl-C raises ``KeyboardInterrupt``), which frees the loop; ``fit()`` drops
+  that error;
+- one second before the deadline, if ``fit()`` still has not returned and the notice came
+  from a signal (here or on another rank: the process is about to be killed anyway), it
+  writes what it could not finish to stderr and ends the process with
+  ``os._exit(exit_code)``. A notice from ``trainer.preempt()`` never ends the process
+  (a service that calls it keeps running).
 """
 
 from __future__ import annotations
@@ -51,20 +64,38 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from trainbus.core.notice import NoticeSource, PreemptionNotice
 
 if TYPE_CHECKING:
     from trainbus.bus.engine import Engine
     from trainbus.core.state import State
 
-__all__ = ["HandlerAbandoned", "Preemption", "TrainingPreempted", "check_preemption"]
+__all__ = [
+    "DEFAULT_GRACE",
+    "GRACE_ENV",
+    "HandlerAbandoned",
+    "Preemption",
+    "SavesOnRequest",
+    "TrainingPreempted",
+    "check_preemption",
+    "default_grace",
+]
 
-#: Seconds before the end of ``grace`` at which a run that has not stopped is ended.
+#: Seconds before the deadline at which a run that has not stopped is ended.
 EXIT_MARGIN = 1.0
+#: The grace period when neither the argument nor the environment gives one.
+DEFAULT_GRACE = 30.0
+#: Our variable for the grace period (SLURM, Kubernetes: the delay is set outside).
+GRACE_ENV = "TRAINBUS_PREEMPTION_GRACE"
+#: torchrun's delay between its SIGTERM and its SIGKILL, when given through the environment.
+TORCHRUN_GRACE_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 
 
 class HandlerAbandoned(Exception):
@@ -72,28 +103,94 @@ class HandlerAbandoned(Exception):
 
 
 class TrainingPreempted(SystemExit):
-    """Raised by ``fit_sync()`` after a preemption signal stopped and checkpointed the run.
+    """Raised by ``fit_sync()`` after a preemption notice stopped and checkpointed the run.
 
     A ``SystemExit``: uncaught, the process exits with :attr:`code` and no traceback.
     """
 
 
+@runtime_checkable
+class SavesOnRequest(Protocol):
+    """What preemption asks of a callback that takes checkpoints (``CheckpointSaver``).
+
+    ``runtime/`` sits below ``callbacks/``: it asks for these methods, not for the class.
+    """
+
+    def request_save(self) -> None:
+        """Save at the next checkpoint event, or at ``FIT_END`` (any thread, signal-safe)."""
+
+    def requested_save_captured(self) -> bool:
+        """Whether the requested save has been captured (or none was requested)."""
+
+    def save_now(self, state: State, timeout: float) -> Path | None:
+        """Capture and write the requested checkpoint from the calling thread."""
+
+
+def _env_seconds(environ: Mapping[str, str], name: str) -> float | None:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(
+            f"environment variable {name}={raw!r} must be a number of seconds > 0, e.g. {name}=120"
+        )
+    return value
+
+
+def default_grace(environ: Mapping[str, str] | None = None) -> tuple[float, str]:
+    """The grace period a ``Preemption()`` without ``grace=`` uses, and where it came from.
+
+    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (torchrun's delay before ``SIGKILL``; torchrun's
+    ``--shutdown-timeout`` flag is not visible to the workers, the variable is), else
+    ``TRAINBUS_PREEMPTION_GRACE``, else 30 s.
+
+    Raises:
+        ValueError: One of the variables is set but is not a number of seconds > 0.
+
+    Example:
+        >>> default_grace({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120"})
+        (120.0, 'TORCH_ELASTIC_SHUTDOWN_TIMEOUT')
+        >>> default_grace({})
+        (30.0, 'default')
+    """
+    env = os.environ if environ is None else environ
+    for name in (TORCHRUN_GRACE_ENV, GRACE_ENV):
+        seconds = _env_seconds(env, name)
+        if seconds is not None:
+            return seconds, name
+    return DEFAULT_GRACE, "default"
+
+
+def _savers(callbacks: Iterable[Any]) -> list[SavesOnRequest]:
+    return [cb for cb in callbacks if isinstance(cb, SavesOnRequest)]
+
+
 @dataclass
 class Preemption:
-    """What ``fit()`` does when the cluster signals that the job will be stopped.
+    """What ``fit()`` does when the job is told that it will be stopped.
 
     Args:
-        signals: The signals that mean "stop soon"; default ``(SIGTERM,)``. ``SIGINT``
-            is refused (Ctrl-C is handled by ``fit_sync`` itself).
+        signals: The signals that give the notice; default ``(SIGTERM,)`` (SLURM's
+            ``--signal=USR1@90``: ``(signal.SIGUSR1,)``; ``()``: only
+            ``trainer.preempt()``). ``SIGINT`` is refused (Ctrl-C is handled by
+            ``fit_sync`` itself).
         exit_code: The status ``fit_sync()`` exits with (via :class:`TrainingPreempted`)
             once the run stopped; default 143 (128 + SIGTERM, what a shell reports for a
             process ended by SIGTERM).
-        grace: Seconds after the signal by which loggers' ``close`` must end (their
-            ``close_timeout`` is lowered to fit); keep it below the cluster's delay
-            before ``SIGKILL`` minus a batch and a checkpoint write.
+        grace: Seconds from the notice to its deadline, by which the run must have
+            checkpointed and closed; ``None`` (the default) takes it from the
+            environment (:func:`default_grace`: ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, else
+            ``TRAINBUS_PREEMPTION_GRACE``, else 30 s).
 
     Attributes:
-        signum: The signal received, or ``None``.
+        signum: The signal that gave the last notice, or ``None``.
+        seconds: The grace period in use (``grace``, or the environment's).
+        seconds_from: Where :attr:`seconds` came from: ``"grace="``, a variable's name,
+            or ``"default"``.
 
     Example:
         >>> trainer = Trainer(model, loader, "10ep", callbacks=[CheckpointSaver("ckpt")],
@@ -103,15 +200,19 @@ class Preemption:
 
     signals: tuple[int, ...] = (signal.SIGTERM,)
     exit_code: int = 143
-    grace: float = 30.0
+    grace: float | None = None
     signum: int | None = field(default=None, init=False)
+    seconds: float = field(default=DEFAULT_GRACE, init=False)
+    seconds_from: str = field(default="default", init=False)
     _watchdog: _Watchdog | None = field(default=None, init=False, repr=False)
+    _fit: _Fit | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.signals, int | signal.Signals):
             self.signals = (self.signals,)
         sigs = tuple(self.signals)
-        if not sigs or not all(isinstance(s, int) for s in sigs):
+        if not all(isinstance(s, int) for s in sigs):
             raise TypeError(
                 f"signals={self.signals!r} must be a tuple of signal numbers, e.g. "
                 "(signal.SIGTERM,) or (signal.SIGUSR1,)"
@@ -126,57 +227,120 @@ class Preemption:
             raise TypeError(f"exit_code={self.exit_code!r} must be an int, e.g. 143")
         if not 0 <= self.exit_code <= 255:
             raise ValueError(f"exit_code={self.exit_code!r} must be in 0..255, e.g. 143")
-        if isinstance(self.grace, bool) or not isinstance(self.grace, int | float) or not (
-            self.grace > 0
+        if self.grace is None:
+            self.seconds, self.seconds_from = default_grace()
+            return
+        if (
+            isinstance(self.grace, bool)
+            or not isinstance(self.grace, int | float)
+            or not (self.grace > 0)
         ):
-            raise ValueError(f"grace={self.grace!r} must be seconds > 0, e.g. 30.0")
+            raise ValueError(
+                f"grace={self.grace!r} must be seconds > 0, e.g. 30.0 (or None: from "
+                f"{TORCHRUN_GRACE_ENV} or {GRACE_ENV})"
+            )
+        self.seconds, self.seconds_from = float(self.grace), "grace="
 
-    def trigger(
-        self, state: State, signum: int, engine: Engine | None = None, patience: float = 0.0
-    ) -> None:
-        """Ask the savers for a checkpoint, bound the loggers' close, stop training; with
-        an ``engine``, start the watchdog (module docstring) that bounds it all by ``grace``."""
-        from trainbus.callbacks.checkpoint_saver import CheckpointSaver
+    # -- the notice ---------------------------------------------------------------------------
 
-        if self.signum is not None:
-            watchdog = self._watchdog
-            if watchdog is not None and watchdog.raise_now:  # the watchdog's own signal
-                watchdog.raise_now = False
-                raise HandlerAbandoned(
-                    f"abandoned: it blocked the event loop after {signal.Signals(signum).name}"
-                )
-            return  # already stopping
-        self.signum = signum
-        for cb in state.callbacks:
-            if isinstance(cb, CheckpointSaver):
-                cb.request_save()
-        _bound_close(state.callbacks, self.grace)
+    def notice(
+        self,
+        reason: str,
+        *,
+        source: NoticeSource = "call",
+        deadline: float | None = None,
+        signum: int | None = None,
+    ) -> PreemptionNotice:
+        """A notice given now: its deadline is ``deadline``, or :attr:`seconds` from now."""
+        when = time.monotonic() + self.seconds if deadline is None else float(deadline)
+        return PreemptionNotice(reason=reason, deadline=when, source=source, signum=signum)
+
+    def give(self, state: State, notice: PreemptionNotice) -> bool:
+        """Give ``notice`` to the run (any thread, a signal handler, a task on the loop).
+
+        The first notice wins; later ones (another signal, a second ``preempt()``) are
+        dropped and this returns ``False``. Outside ``fit()`` the notice waits for the next
+        ``fit()``, which then stops at its first batch boundary.
+        """
+        if not self._lock.acquire(blocking=False):
+            return False  # another notice is being given right now: it wins
+        try:
+            if state.preemption is not None:
+                return False
+            state.preemption = notice
+            if notice.signum is not None:
+                self.signum = notice.signum
+        finally:
+            self._lock.release()
+        fit = self._fit
+        if fit is not None:
+            self._act(fit, notice)
+        else:
+            state.stop_training()
+        return True
+
+    def _act(self, fit: _Fit, notice: PreemptionNotice) -> None:
+        state = fit.state
+        if not fit.distributed:  # distributed: asked once the ranks agreed (module doc)
+            for saver in _savers(state.callbacks):
+                saver.request_save()
+        _bound_close(state.callbacks, max(0.1, notice.time_left() - 2 * EXIT_MARGIN))
         state.stop_training()
-        if engine is not None:
-            patience = min(patience, self.grace / 2) if patience > 0 else self.grace / 2
-            self._watchdog = _Watchdog(self, state, engine, patience, signum)
+        if fit.engine is not None:
+            fit.engine._notify_preemption()
+            left = notice.time_left()
+            patience = min(fit.patience, left / 2) if fit.patience > 0 else left / 2
+            self._watchdog = _Watchdog(self, notice, state, fit.engine, patience)
             self._watchdog.start()
+
+    def agreed(self, state: State, *, signum: int) -> None:
+        """Every rank agreed to stop for a preemption (``StopAgreement``, training thread):
+        give this rank the notice if it has none, and ask its savers for a checkpoint now,
+        so that it is of the batch every rank stops at (``FIT_END`` writes it)."""
+        if state.preemption is None:
+            name = signal.Signals(signum).name if signum else ""
+            reason = f"{name} on another rank" if name else "preempted on another rank"
+            self.give(state, self.notice(reason, source="peer", signum=signum or None))
+        for saver in _savers(state.callbacks):
+            saver.request_save()
 
     @contextmanager
     def installed(
-        self, state: State, engine: Engine | None = None, patience: float = 0.0
+        self,
+        state: State,
+        engine: Engine | None = None,
+        patience: float = 0.0,
+        *,
+        distributed: bool = False,
     ) -> Iterator[None]:
-        """Handle :attr:`signals` during the block (only in the main thread).
+        """Handle :attr:`signals` during the block (only in the main thread); notices given
+        during the block (any source) act at once (module docstring).
 
-        With ``engine``, a signal also starts the watchdog that bounds the stop by
-        ``grace`` (``patience``: seconds to wait for the checkpoint before the stuck
+        With ``engine``, a notice also starts the watchdog that bounds the stop by its
+        deadline (``patience``: seconds to wait for the checkpoint before the stuck
         handlers are abandoned; the Trainer passes its ``close_timeout``).
         """
-        self.signum = None
         self._watchdog = None
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
+        fit = _Fit(state, engine, patience, distributed)
+        self._fit = fit
+        pending = state.preemption
+        if pending is not None:  # given before this fit(): it stops at the first boundary
+            self._act(fit, pending)
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
 
-        def handler(signum: int, frame: FrameType | None) -> None:
-            self.trigger(state, signum, engine, patience)
+            def handler(signum: int, frame: FrameType | None) -> None:
+                watchdog = self._watchdog
+                if watchdog is not None and watchdog.raise_now:  # the watchdog's own signal
+                    watchdog.raise_now = False
+                    raise HandlerAbandoned(
+                        f"abandoned: it blocked the event loop after {watchdog.notice.reason}"
+                    )
+                name = signal.Signals(signum).name
+                self.give(state, self.notice(name, source="signal", signum=signum))
 
-        previous = {s: signal.signal(s, handler) for s in self.signals}
+            previous = {s: signal.signal(s, handler) for s in self.signals}
+            fit.signals = tuple(previous)
         try:
             yield
         finally:
@@ -186,62 +350,79 @@ class Preemption:
             for s, old in previous.items():
                 signal.signal(s, old)
             self._watchdog = None
+            self._fit = None
 
-    def raise_if_triggered(self) -> None:
-        """Raise :class:`TrainingPreempted` if a signal stopped the run."""
-        if self.signum is not None:
-            raise _preempted(self.exit_code, signal.Signals(self.signum).name)
+    def raise_if_triggered(self, state: State) -> None:
+        """Raise :class:`TrainingPreempted` if a notice stopped the run."""
+        notice = state.preemption
+        if notice is not None:
+            raise _preempted(self.exit_code, notice.reason)
 
 
-def _preempted(code: int, name: str) -> TrainingPreempted:
+@dataclass
+class _Fit:
+    """The running ``fit()`` a :class:`Preemption` acts on."""
+
+    state: State
+    engine: Engine | None
+    patience: float
+    distributed: bool
+    signals: tuple[int, ...] = ()
+
+
+def _preempted(code: int, reason: str) -> TrainingPreempted:
     exc = TrainingPreempted(code)
-    exc.add_note(f"trainbus: {name} received; the run stopped after a checkpoint")
+    exc.add_note(f"trainbus: preempted ({reason}); the run stopped after a checkpoint")
     return exc
 
 
 class _Watchdog(threading.Thread):
-    """Bounds a preempted run's stop by ``grace`` when a handler is stuck (module docstring)."""
+    """Bounds a preempted run's stop by its deadline when a handler is stuck (module doc)."""
 
     def __init__(
-        self, owner: Preemption, state: State, engine: Engine, patience: float, signum: int
+        self,
+        owner: Preemption,
+        notice: PreemptionNotice,
+        state: State,
+        engine: Engine,
+        patience: float,
     ) -> None:
         super().__init__(name="trainbus-preemption-watchdog", daemon=True)
-        self.owner, self.state, self.engine = owner, state, engine
-        self.patience, self.signum = patience, signum
+        self.owner, self.notice, self.state, self.engine = owner, notice, state, engine
+        self.patience = patience
         self.started_at = time.monotonic()
-        self.deadline = self.started_at + max(0.0, owner.grace - EXIT_MARGIN)
+        self.deadline = max(self.started_at, notice.deadline - EXIT_MARGIN)
         self.done = threading.Event()  # fit() is returning
         self.raise_now = False  # the main thread's handler raises HandlerAbandoned
         self.main = threading.main_thread().ident
         self._sending = threading.Lock()  # no signal to the main thread once fit() returns
         # The last bound, on a timer of its own: it fires even if this thread is stuck
         # (a callback's state_dict() that waits for the stuck handler, say).
-        self._last = threading.Timer(self.deadline - self.started_at, self._exit)
-        self._last.daemon = True
-        self._last.name = "trainbus-preemption-deadline"
+        self._last: threading.Timer | None = None
+        if notice.source != "call":  # a call never ends the process (module docstring)
+            self._last = threading.Timer(self.deadline - self.started_at, self._exit)
+            self._last.daemon = True
+            self._last.name = "trainbus-preemption-deadline"
 
     def start(self) -> None:
-        self._last.start()
+        if self._last is not None:
+            self._last.start()
         super().start()
 
     def finish(self) -> None:
         with self._sending:
             self.done.set()
-        self._last.cancel()
+        if self._last is not None:
+            self._last.cancel()
 
     def _say(self, text: str) -> None:
         print(f"trainbus: {text}", file=sys.stderr, flush=True)
 
-    def _savers(self) -> list[Any]:
-        from trainbus.callbacks.checkpoint_saver import CheckpointSaver
-
-        return [cb for cb in self.state.callbacks if isinstance(cb, CheckpointSaver)]
-
     def run(self) -> None:
-        name = signal.Signals(self.signum).name
+        name = self.notice.reason
         if self.done.wait(self.patience):
             return
-        savers = self._savers()
+        savers = _savers(self.state.callbacks)
         if all(s.requested_save_captured() for s in savers):
             # The checkpoint is taken (or there is none to take: without a saver nothing
             # tells a stuck run from one still closing): only the last bound applies.
@@ -260,14 +441,18 @@ class _Watchdog(threading.Thread):
             else:
                 if path is not None:
                     self._say(f"{name}: checkpoint written to {str(path)!r}")
-        self.engine._abandon()
+        self.engine._abandon(f"{name}'s forced stop")
         if self.done.wait(min(2.0, max(0.0, self.deadline - time.monotonic()) / 2)):
             return
+        fit = self.owner._fit
+        signum = self.notice.signum
+        if signum is None or fit is None or signum not in fit.signals:
+            return  # only our own signal handler can interrupt the main thread
         with self._sending:
             if not self.done.is_set() and self._loop_wedged():
                 self._say(f"{name}: the event loop is blocked by {waiting}; interrupting it")
                 self.raise_now = True
-                signal.pthread_kill(self.main or 0, self.signum)
+                signal.pthread_kill(self.main or 0, signum)
 
     def _loop_wedged(self) -> bool:
         """Whether the main thread runs user code, not the event loop's wait for I/O."""
@@ -281,32 +466,48 @@ class _Watchdog(threading.Thread):
     def _exit(self) -> None:
         if self.done.is_set():
             return
-        name = signal.Signals(self.signum).name
         waiting = self.engine._describe_waiting()
         self._say(
-            f"{name}: grace={self.owner.grace:g}s is almost over and fit() has not returned "
-            f"(still running: {waiting or 'closing'}); exiting with status "
-            f"{self.owner.exit_code} now"
+            f"{self.notice.reason}: the deadline ({self.owner.seconds:g}s grace) is almost "
+            f"over and fit() has not returned (still running: {waiting or 'closing'}); "
+            f"exiting with status {self.owner.exit_code} now"
         )
         os._exit(self.owner.exit_code)
 
 
-def _bound_close(callbacks: Iterable[Any], grace: float) -> None:
+def _bound_close(callbacks: Iterable[Any], seconds: float) -> None:
     for cb in callbacks:
         timeout = getattr(cb, "close_timeout", None)
-        if isinstance(timeout, float) and timeout > grace:
-            cb.close_timeout = grace
+        if isinstance(timeout, float) and timeout > seconds:
+            cb.close_timeout = seconds
 
 
-def check_preemption(value: Any) -> Preemption | None:
-    """``Trainer(preemption=...)``: ``False``/``None``, ``True`` or a :class:`Preemption`."""
-    if value is None or value is False:
+def check_preemption(value: Any, *, auto: bool = False) -> Preemption | None:
+    """``Trainer(preemption=...)``: ``None`` (on when ``auto``), ``False``, ``True`` or a
+    :class:`Preemption`."""
+    if value is None:
+        return Preemption() if auto else None
+    if value is False:
         return None
     if value is True:
         return Preemption()
     if isinstance(value, Preemption):
         return value
     raise TypeError(
-        f"preemption={value!r} must be True, False or a trainbus.Preemption(...), e.g. "
+        f"preemption={value!r} must be None (on under torchrun or SLURM with a "
+        "CheckpointSaver), True, False or a trainbus.Preemption(...), e.g. "
         "preemption=True to checkpoint and exit on SIGTERM"
     )
+
+
+def launched_by_a_scheduler(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the process runs under torchrun or in a SLURM job (``preemption=None``)."""
+    env = os.environ if environ is None else environ
+    return bool(env.get("TORCHELASTIC_RUN_ID") or env.get("SLURM_JOB_ID")) or all(
+        env.get(n) for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    )
+
+
+def takes_checkpoints(callbacks: Iterable[Any]) -> bool:
+    """Whether a callback takes checkpoints on request (``CheckpointSaver``)."""
+    return bool(_savers(callbacks))

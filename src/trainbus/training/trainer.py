@@ -19,6 +19,7 @@ from trainbus.bus import (
     no_running_loop,
 )
 from trainbus.bus.engine import Engine
+from trainbus.bus.watchdog import OWN_LOOP
 from trainbus.checkpoint.resume import attach_handler_drain, read_checkpoint, restore_checkpoint
 from trainbus.core.callback import Callback, resolve_callback
 from trainbus.core.destination import LoggerDestination
@@ -41,7 +42,13 @@ from trainbus.runtime.distributed import (
     wrap_model,
 )
 from trainbus.runtime.interrupt import sigint_handled
-from trainbus.runtime.preemption import HandlerAbandoned, Preemption, check_preemption
+from trainbus.runtime.preemption import (
+    HandlerAbandoned,
+    Preemption,
+    check_preemption,
+    launched_by_a_scheduler,
+    takes_checkpoints,
+)
 from trainbus.training.checks import (
     _as_list,
     _check_loader,
@@ -133,7 +140,10 @@ class Trainer:
         preemption: ``True`` or a :class:`~trainbus.Preemption`: on SIGTERM (while
             ``fit()`` runs in the main thread) save a checkpoint, stop at the next batch,
             close every logger within a grace period, and make ``fit_sync()`` exit with
-            status 143. See ``docs/crash-consistency.md``.
+            status 143. ``None`` (the default) turns it on when the process runs under
+            ``torchrun`` or in a SLURM job and a ``CheckpointSaver`` is among the
+            callbacks, off otherwise; ``False`` turns it off. :meth:`preempt` works in
+            every case. See ``docs/preemption.md``.
 
     Example:
         >>> trainer = Trainer(model, loader, "2ep", loss_fn=F.cross_entropy,
@@ -170,7 +180,7 @@ class Trainer:
         wait_warning: float = DEFAULT_WAIT_WARNING,
         load_path: str | os.PathLike[str] | None = None,
         dist_timeout: float = DEFAULT_DIST_TIMEOUT,
-        preemption: Preemption | bool = False,
+        preemption: Preemption | bool | None = None,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(
@@ -195,7 +205,6 @@ class Trainer:
         interval = check_eval_interval(eval_interval)
         check_run_name(run_name)
         clip = check_grad_clip_norm(grad_clip_norm)
-        self.preemption = check_preemption(preemption)
         if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
             raise ValueError(f"grad_accum={grad_accum!r} must be a positive int, e.g. 1 or 4")
         if precision not in _PRECISIONS:
@@ -215,6 +224,12 @@ class Trainer:
         callbacks = _as_list(callbacks, "callbacks")
         loggers = _as_list(loggers, "loggers")
         check_callbacks(callbacks, loggers)
+        self.preemption = check_preemption(
+            preemption,
+            auto=launched_by_a_scheduler() and takes_checkpoints([*callbacks, *loggers]),
+        )
+        # trainer.preempt() gives the same notice with or without signals handled.
+        self._notices = self.preemption or Preemption(signals=())
         check_checkpointing(model, callbacks)
         opt_list = [] if optimizers is None else _optimizer_list(optimizers)
         check_optimizers(opt_list)
@@ -294,6 +309,7 @@ class Trainer:
         self._close_timeout = bus_options.close_timeout  # preemption's patience too
         self._init_delivered = False
         self._finished = False  # whether a fit() of this trainer reached max_duration
+        self._notice_acted = False  # whether a fit() ran with state.preemption set
         # Read and check the checkpoint before INIT; restore it after, as Composer does.
         checkpoint = None if load_path is None else read_checkpoint(
             load_path, self.state, **_what_callbacks_write(load_path, self.state.callbacks)
@@ -348,6 +364,9 @@ class Trainer:
                 f"'{end.value}{end.unit.value}'; to continue the run, pass duration=..., e.g. "
                 "trainer.fit(duration='1ep') (or fit_sync(duration='1ep'))"
             )
+        if self._notice_acted:  # the last fit() stopped for it: this one starts afresh
+            state.preemption = None
+            self._notice_acted = False
         state.begin_fit()
         loop = TrainingLoop(state, self.logger, self._config, self.engine.run_event)
         # The saver waits for every handler and record before it captures (CheckpointSaver).
@@ -364,17 +383,20 @@ class Trainer:
                     abort_on_failure()
                 raise
 
-        terminated: list[int] = []
-        if self.preemption is None:
-            with sigterm_stops(state, self._distributed) as terminated:
+        notices = self._notices
+        with (
+            notices.installed(
+                state, self.engine, self._close_timeout, distributed=self._distributed
+            ),
+            sigterm_stops(state, self._distributed and self.preemption is None) as terminated,
+        ):
+            try:
                 await self.engine.run_cycle(produce)
-        else:  # preemption handles SIGTERM itself: checkpoint, stop, exit 143
-            with self.preemption.installed(state, self.engine, self._close_timeout):
-                try:
-                    await self.engine.run_cycle(produce)
-                except Exception as exc:
-                    if self.preemption.signum is None or not _only_abandoned(exc):
-                        raise  # a handler freed by preemption's watchdog fails, as meant
+            except Exception as exc:
+                if state.preemption is None or not _only_abandoned(exc):
+                    raise  # a handler freed by preemption's watchdog fails, as meant
+            finally:
+                self._notice_acted = state.preemption is not None
         self._finished = _reached(state)  # a later fit() without duration= would do nothing
         if terminated:  # torchrun stops the other workers when one fails; all closed
             raise RuntimeError(
@@ -384,8 +406,54 @@ class Trainer:
 
     @property
     def preempted(self) -> bool:
-        """Whether a preemption signal stopped the last ``fit()``."""
-        return self.preemption is not None and self.preemption.signum is not None
+        """Whether a preemption notice (a signal, :meth:`preempt`, another rank) came for
+        the running or last ``fit()``; ``state.preemption`` is that notice."""
+        return self.state.preemption is not None
+
+    def preempt(self, reason: str, deadline: float | None = None) -> bool:
+        """Tell the run that it will be stopped: the same notice as a preemption signal.
+
+        Safe from any thread and from any task (a web request, a spot-notice poller, a Ray
+        callback); returns at once. ``state.preemption`` becomes the notice, each
+        callback's ``async def preemption_notice(state, logger)`` starts on the loop, the
+        run stops at the next batch boundary (under ``torchrun``: every rank, one batch
+        later) with a checkpoint, and closes before ``deadline``; ``fit_sync()`` then
+        raises :class:`~trainbus.TrainingPreempted` (``await fit()`` returns and
+        :attr:`preempted` is true). Unlike a signal's, this notice never ends the process
+        when the deadline passes. Called before ``fit()``, the next ``fit()`` stops at its
+        first batch boundary.
+
+        Args:
+            reason: Why, for ``state.preemption.reason`` and the stderr line,
+                e.g. ``"maintenance"``.
+            deadline: A :func:`time.monotonic` value by which the run must have stopped;
+                default: the preemption's grace period from now (``Preemption(grace=...)``,
+                else the environment's, else 30 s). From a wall-clock deadline ``t``:
+                ``time.monotonic() + (t - time.time())``.
+
+        Returns:
+            Whether this call gave the notice (``False``: a notice was already given).
+
+        Example:
+            >>> trainer.preempt("maintenance")   # from a request handler, say
+            True
+        """
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError(
+                f"reason={reason!r} must be a non-empty string saying why, e.g. "
+                'trainer.preempt("maintenance")'
+            )
+        if deadline is not None and (
+            isinstance(deadline, bool)
+            or not isinstance(deadline, int | float)
+            or deadline != deadline
+        ):
+            raise TypeError(
+                f"deadline={deadline!r} must be a time.monotonic() value, e.g. "
+                "time.monotonic() + 60, or None for the grace period"
+            )
+        notices = self._notices
+        return notices.give(self.state, notices.notice(reason, deadline=deadline))
 
     def fit_sync(
         self,
@@ -404,8 +472,9 @@ class Trainer:
             EngineThreadError: Called on a thread that runs an event loop; use
                 ``await trainer.fit()`` there.
             KeyboardInterrupt: Ctrl-C was pressed (after every callback closed).
-            TrainingPreempted: A preemption signal stopped the run (``preemption=``);
-                a ``SystemExit`` with the configured status.
+            TrainingPreempted: A preemption notice stopped the run (a signal,
+                :meth:`preempt`, another rank); a ``SystemExit`` with the configured
+                status.
         """
         if not no_running_loop():
             raise EngineThreadError(
@@ -415,6 +484,7 @@ class Trainer:
         running: list[tuple[LoopHandle, anyio.CancelScope]] = []
 
         async def fit() -> None:
+            OWN_LOOP.set(True)  # this loop is ours: a handler holding it may be interrupted
             with anyio.CancelScope() as scope:
                 running.append((LoopHandle(), scope))
                 await self.fit(duration=duration)
@@ -425,8 +495,7 @@ class Trainer:
 
         with sigint_handled(self.engine, cancel) as presses:
             anyio.run(fit, backend=backend)
-        if self.preemption is not None:
-            self.preemption.raise_if_triggered()  # exits with its status unless caught
+        self._notices.raise_if_triggered(self.state)  # exits with its status unless caught
         if presses is not None and presses.count:
             raise KeyboardInterrupt
 
