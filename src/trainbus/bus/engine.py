@@ -405,10 +405,10 @@ class Engine:
         if session is not None:
             session.loop.call_soon_if_running(session.notify_preemption)
 
-    def _abandon(self) -> None:
+    def _abandon(self, why: str = "the second Ctrl-C") -> None:
         session = self._session
         if session is not None:
-            session.loop.call_soon(session.abandon)
+            session.loop.call_soon(session.abandon, why)
 
 
 class _Standing:

@@ -94,7 +94,7 @@ class Session:
         )
         #: Scopes of the waits that close_timeout bounds; a second Ctrl-C shortens them.
         self._bounded: set[anyio.CancelScope] = set()
-        self._abandoning = False
+        self._abandoning = ""  # why every bounded wait was cut short, once it was
         self._noticed = anyio.Event()  # state.preemption is set: start preemption_notice
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -258,15 +258,17 @@ class Session:
             if lane.scope is not None:
                 lane.scope.cancel()
 
-    def abandon(self) -> None:
+    def abandon(self, why: str = "the second Ctrl-C") -> None:
         """A second Ctrl-C (or the preemption watchdog): stop, and give every bounded wait
         at most ``ABANDON_TIMEOUT`` more seconds, the waits running now and those still to
         come (loop thread). What has not finished by then is abandoned; what finishes, a
         destination's ``close`` writing its file, say, is kept. Nothing is cut at once: at
         this moment a stuck handler and one about to return look alike."""
         self.stop()
-        self._abandoning = True
-        deadline = anyio.current_time() + ABANDON_TIMEOUT
+        self._abandoning = why
+        # A call_soon callback runs outside any task: anyio.current_time() would raise
+        # NoEventLoopError there (issue 45: a traceback after a SIGTERM stop that worked).
+        deadline = self.loop.current_time() + ABANDON_TIMEOUT
         for scope in self._bounded:
             scope.deadline = min(scope.deadline, deadline)
 
@@ -387,7 +389,7 @@ class Session:
         self, who: str, what: str, where: object = None, lane: Lane | None = None
     ) -> None:
         when = (
-            f"within {ABANDON_TIMEOUT:g} s of the second Ctrl-C"
+            f"within {ABANDON_TIMEOUT:g} s of {self._abandoning}"
             if self._abandoning
             else f"within {self.timeout(lane):g} s (close_timeout)"
         )
