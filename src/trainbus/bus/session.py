@@ -71,7 +71,7 @@ class Session:
         gate.on_long_wait = self._warn_long_wait
         self.lanes = [Lane(member, gate) for member in members]
         self.watch = LoopWatch(self.loop, self.lanes)  # deadlines a held loop cannot keep
-        self.waker = LoopWaker(self.loop, self.lanes, counters)
+        self.waker = LoopWaker(self.loop, counters)
         self.spawner = Spawner(self.loop)
         self.producer = Producer(
             state=state,
