@@ -166,13 +166,14 @@ def test_two_ranks_make_one_wandb_run_and_one_tensorboard_folder_across_a_resume
 
 @pytest.mark.slow
 def test_an_exception_on_rank_1_stops_both_ranks(tmp_path: Path) -> None:
-    start = time.monotonic()
     proc = _launch(tmp_path, "--mode", "fail")  # the script trains for 1000 epochs
-    elapsed = time.monotonic() - start
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "RuntimeError: boom on rank 1 at batch 2" in output
-    assert elapsed < 60, output  # a safety bound (no rank left waiting), not a timing claim
+    # A safety bound (no rank left waiting for dist_timeout=30 s), not a timing claim:
+    # both ranks closed together (a launch alone takes 10-30 s on the shared machine).
+    r0, r1 = _ranks(tmp_path)
+    assert abs(r0["closed_at"] - r1["closed_at"]) < 15, output
     # Each rank ran its callbacks' close (the recorder writes its file there), and both
     # stopped at the same batch (issue 40): rank 1 held its error and went on computing
     # until the ranks agreed, one boundary later; rank 0 says why it stopped.
@@ -337,12 +338,11 @@ def test_a_checkpoint_uploader_with_an_fsdp_model_is_refused(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_a_stopper_on_rank_1_only_ends_both_ranks_at_the_same_batch(tmp_path: Path) -> None:
-    start = time.monotonic()
     proc = _launch(tmp_path, "--mode", "stop")  # 1000 epochs, unless both stop
-    elapsed = time.monotonic() - start
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert elapsed < 60, proc.stderr  # a safety bound (not dist_timeout's hang), not a timing claim
     r0, r1 = _ranks(tmp_path)
+    # A safety bound (no rank left waiting for dist_timeout=30 s), not a timing claim.
+    assert abs(r0["closed_at"] - r1["closed_at"]) < 15, proc.stderr
     # Rank 1 asked after batch 3; the ranks agree one boundary later, together.
     assert r0["batch"] == r1["batch"] == 4
     assert r0["params"] == r1["params"]

@@ -80,6 +80,7 @@ class Recorder(Callback):
             "ddp": type(state.ddp_model).__name__, "batch": int(state.timer.batch),
             "sigterm": state.stop_requested,
             "preemption": None if state.preemption is None else state.preemption.reason,
+            "closed_at": time.time(),
         }))  # fmt: skip
 
 
