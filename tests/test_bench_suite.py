@@ -25,7 +25,8 @@ SPEC_ROWS = (
     "(d) 4 callbacks sleeping 5 ms", "(e) a metrics upload per batch",
     "(g) a 5 ms awaited POST per batch", "(c) 100 no-op callbacks",
     "event-loop lateness p99 while training", "memory over 10^6 logged records",
-    "the README's first example",
+    "the README's first example", "checkpoint: training-thread stall per save",
+    "checkpoint: extra host memory at a save's peak", "checkpoint: RSS over 50 saves",
 )
 VERDICTS = {"met", "missed", "not decided"}
 

@@ -58,15 +58,16 @@ def _child(workdir: Path, url: str, every: int, *extra: str) -> subprocess.Popen
 
 def run_until(
     workdir: Path, url: str, every: int, *, stop_at: int | None, sig: int = signal.SIGKILL,
-    extra: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (), watchdog: float = 120,
 ) -> int:
     """Run the child; once it reports batch ``stop_at`` (with a checkpoint on disk), send
-    ``sig``. Returns the exit status."""
+    ``sig``. Returns the exit status. A child still running after ``watchdog`` seconds is
+    killed (and the test fails)."""
     extra = (*extra, "--preemption") if sig == signal.SIGTERM else extra
     child = _child(workdir, url, every, *extra)
     assert child.stdout is not None and child.stderr is not None
-    watchdog = threading.Timer(120, child.kill)
-    watchdog.start()
+    timer = threading.Timer(watchdog, child.kill)
+    timer.start()
     sent = False
     try:
         for line in child.stdout:
@@ -79,7 +80,7 @@ def run_until(
         child.wait()
         err = child.stderr.read()
     finally:
-        watchdog.cancel()
+        timer.cancel()
         child.kill()
         child.wait()
         child.stdout.close()

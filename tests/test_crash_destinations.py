@@ -75,13 +75,13 @@ def run(
         if kill:
             run_until(
                 workdir, server.url, 5, stop_at=KILL_AT, sig=signal.SIGKILL,
-                extra=(*extra, "--pause-at", str(KILL_AT)),
+                extra=(*extra, "--pause-at", str(KILL_AT)), watchdog=400,
             )  # fmt: skip
             assert sorted(p.name for p in (workdir / "ckpt").glob("*.pt")) == [
                 "ep0-ba10-rank0.pt", "ep0-ba5-rank0.pt",
             ]  # fmt: skip
         resume = ("--load-oldest",) if oldest else ()
-        run_until(workdir, server.url, 5, stop_at=None, extra=(*extra, *resume))
+        run_until(workdir, server.url, 5, stop_at=None, extra=(*extra, *resume), watchdog=400)
         weights = torch.load(workdir / "final.pt", weights_only=True)
         return destinations(workdir, server, mlflow, exp), weights
     finally:
@@ -112,6 +112,7 @@ def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.slow  # ~1-2 min of real processes and a real mlflow server
+@pytest.mark.timeout(900)  # the mlflow server's start alone can take minutes under load
 @pytest.mark.usefixtures("wandb_offline")
 def test_every_destination_holds_one_history_after_a_kill_and_resumes(
     tmp_path: Path, mlflow_server: MLflowServer

@@ -192,7 +192,7 @@ def test_a_tab_that_never_reads_does_not_hold_the_run(no_leaked_threads: None) -
         silent = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         silent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         silent.connect(("127.0.0.1", dashboard.port))
-        silent.sendall(b"GET /events?since=0&bus=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        silent.sendall(b"GET /events?since=0&bus=1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         silent.recv(1)  # the response has started: the tab is subscribed
         trainer.fit_sync()  # completes although the tab never reads
         assert dashboard.stream.ended

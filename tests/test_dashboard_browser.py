@@ -26,6 +26,7 @@ from trainbus.serve import JobContext, create_app, create_server
 
 CHROMIUM = os.environ.get("TRAINBUS_CHROMIUM", "/usr/bin/chromium")
 WAIT_MS = 30_000
+REBOUND = "rebind.test"
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,9 @@ def browser() -> Iterator[Any]:
         pytest.fail("the browser tests need Playwright: pip install -e '.[test]' (no browsers "
                     "download needed: they use the system Chromium)")
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        # rebind.test resolves to 127.0.0.1, as a rebinding attacker's domain would.
+        args = ["--no-sandbox", f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1"]
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=args)
         try:
             yield chromium
         finally:
@@ -355,3 +358,94 @@ def test_the_page_draws_at_most_four_frames_a_second_and_keeps_its_table_rows(
         assert frames - 1 <= (last - first) / 250  # frames at least 250 ms apart
         assert messages < received / 10  # the server packs the items (?pack=1&rate=4)
         assert watched.errors == []
+
+
+# -- who can open it (issue 46) -------------------------------------------------------------
+
+
+def test_a_token_protected_page_loads_and_streams_with_its_cookie(browser: Any) -> None:
+    token = "browser-test-token-0123456789"
+    with Dashboard(token=token) as dashboard:
+        trainer = local_run(30, [Quick()], dashboard)
+        watched = Watched(browser)
+        assert dashboard.url.endswith(f"?token={token}")
+        watched.page.goto(dashboard.url)  # the cookie carries the token to scripts and /events
+        fit = in_thread(trainer.fit_sync)
+        watched.wait("D.ended !== null")
+        fit.join(timeout=30)
+        assert watched.state("loss.steps") == list(range(1, 31))
+        assert watched.state("status") == "finished"
+        assert watched.errors == []
+        other = browser.new_page()  # a fresh browser without the cookie: refused
+        try:
+            response = other.goto(dashboard.url.split("?")[0])
+            assert response is not None and response.status == 401
+        finally:
+            other.close()
+
+
+def test_a_rebound_name_and_a_cross_site_page_start_no_job(browser: Any) -> None:
+    started: list[str] = []
+
+    def factory(ctx: JobContext) -> Trainer:
+        started.append(ctx.job_id)
+        model = TinyModel()
+        return Trainer(model, make_loader(4), "1ep",
+                       optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                       loggers=ctx.loggers, warn_slow_callbacks=False)
+
+    server = create_server(create_app(factory), port=0)
+    ready = threading.Event()
+    original = server.startup
+
+    async def startup(sockets: Any = None) -> None:
+        await original(sockets=sockets)
+        ready.set()
+
+    server.startup = startup  # type: ignore[method-assign]
+    serving = in_thread(lambda: asyncio.run(server.serve()))
+    try:
+        assert ready.wait(timeout=30)
+        port = server.port
+        page = browser.new_page()
+        posts: list[int] = []
+        page.on("response", lambda r: posts.append(r.status)
+                if r.request.method == "POST" else None)  # fmt: skip
+        # DNS rebinding: the attacker's name, resolved to 127.0.0.1, is refused.
+        response = page.goto(f"http://{REBOUND}:{port}/jobs")
+        assert response is not None and response.status == 403
+        # From that page (another site than 127.0.0.1): a same-origin JSON POST to its own
+        # name, a cross-site text/plain fetch, and a cross-site form post.
+        status = page.evaluate("""async (port) => {
+            const own = await fetch("/jobs", {method: "POST", body: "{}",
+                                              headers: {"Content-Type": "application/json"}});
+            await fetch(`http://127.0.0.1:${port}/jobs`, {method: "POST", mode: "no-cors",
+                        headers: {"Content-Type": "text/plain"}, body: '{"batches": 1}'});
+            const frame = document.createElement("iframe");
+            frame.name = "sink";
+            document.body.appendChild(frame);
+            const form = document.createElement("form");
+            Object.assign(form, {method: "POST", action: `http://127.0.0.1:${port}/jobs`,
+                                 target: "sink", enctype: "text/plain"});
+            const field = document.createElement("input");
+            Object.assign(field, {name: '{"batches": 1, "x": "', value: '"}'});
+            form.appendChild(field);
+            document.body.appendChild(form);
+            const loaded = new Promise(resolve => frame.addEventListener("load", resolve));
+            form.submit();
+            await loaded;
+            return own.status;
+        }""", port)
+        assert status == 403
+        assert len(posts) == 3 and all(s in (403, 415) for s in posts), posts
+        import httpx
+
+        assert httpx.get(f"http://127.0.0.1:{port}/jobs", timeout=30).json() == []
+        assert started == []
+        # The normal client still works.
+        r = httpx.post(f"http://127.0.0.1:{port}/jobs", json={}, timeout=30)
+        assert r.status_code == 201
+        page.close()
+    finally:
+        server.should_exit = True
+        serving.join(timeout=30)

@@ -41,3 +41,41 @@ def test_the_event_stream_example_runs_as_printed_and_prints_what_the_page_says(
                   "batch=3)`", "`StreamEvent(fit_end, epoch=2, batch=8)`", "`23 items sent`"):
         assert shown in section  # the page says what the code prints
     assert "# StreamEvent(batch_end, epoch=0, batch=3)" in code
+
+
+@pytest.mark.parametrize("token", [None, "a-token-for-the-docs-example"])
+def test_the_httpx_client_example_runs_against_the_service(
+    token: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The page's own client, against the real demo service (with and without a token)."""
+    import asyncio
+    import threading
+
+    from trainbus.serve import create_app, create_server
+
+    text = DOC.read_text(encoding="utf-8")
+    section = text[text.index("**Beyond loopback.**") :]
+    code = BLOCK.findall(section)[0]
+    assert "prints `completed`" in section
+    server = create_server(create_app(token=token), port=0)
+    started = threading.Event()
+    original = server.startup
+
+    async def startup(sockets: object = None) -> None:
+        await original(sockets=sockets)  # type: ignore[arg-type]
+        started.set()
+
+    server.startup = startup  # type: ignore[method-assign]
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    try:
+        assert started.wait(timeout=30)
+        line = 'url, token = "http://127.0.0.1:8000", None'
+        assert line in code
+        code = code.replace(line, f"url, token = {f'http://127.0.0.1:{server.port}'!r}, {token!r}")
+        exec(compile(code, f"{DOC.name}[httpx client]", "exec"), {"__name__": "__main__"})
+        assert capsys.readouterr().out == "completed\n"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+    assert not thread.is_alive()

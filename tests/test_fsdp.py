@@ -88,7 +88,10 @@ def test_an_fsdp_run_saves_dcp_folders_written_by_both_ranks(trained: Path) -> N
     assert sorted(p.name for p in ckpt.iterdir()) == ["ep0-ba4", "ep1-ba6", "ep1-ba8"]
     for folder in ckpt.iterdir():
         files = sorted(p.name for p in folder.iterdir())
-        assert files == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # one shard file per rank
+        assert files == [  # one shard file per rank, each with its checksum
+            ".metadata", ".metadata.crc32", "__0_0.distcp", "__0_0.distcp.crc32",
+            "__1_0.distcp", "__1_0.distcp.crc32",
+        ]  # fmt: skip
     # Both ranks ran their saver (it is rank-zero-only with DDP, not with FSDP).
     expected = [[b, str(ckpt / n)] for b, n in ((4, "ep0-ba4"), (6, "ep1-ba6"), (8, "ep1-ba8"))]
     assert r0["saved"] == r1["saved"] == expected
@@ -125,6 +128,23 @@ def test_an_interrupted_save_is_skipped_on_resume_with_a_warning(
     assert proc.stderr.count(f"{str(ckpt / 'ep1-ba8')!r} {SKIPPED}") == 2  # on each rank
     _assert_same_end(tmp_path / "out", trained)  # resumed from ep1-ba6, the newest complete
     assert (ckpt / "ep1-ba8" / ".metadata").is_file()  # the interrupted folder was rewritten
+
+
+@pytest.mark.slow
+def test_a_damaged_shard_is_skipped_on_resume_with_a_warning(trained: Path, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(trained / "ckpt", ckpt)
+    shard = ckpt / "ep1-ba8" / "__1_0.distcp"  # rank one's shard of the newest checkpoint
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one flipped bit
+    shard.write_bytes(bytes(data))
+    with pytest.raises(AssertionError, match=r"'__1_0\.distcp' fails its CRC-32 check"):
+        _launch(tmp_path / "direct", "--mode", "resume", "--load", str(ckpt / "ep1-ba8"))
+    # (the resumed run saves elsewhere: the damaged ep1-ba8 is kept, not overwritten)
+    proc = _launch(tmp_path / "out", "--mode", "resume", "--load", str(ckpt))
+    damaged = f"{str(ckpt / 'ep1-ba8')!r} is damaged"
+    assert proc.stderr.count(damaged) == 2, proc.stderr  # the same decision on each rank
+    _assert_same_end(tmp_path / "out", trained)  # resumed from ep1-ba6, the newest intact
 
 
 @pytest.mark.slow

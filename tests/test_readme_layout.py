@@ -80,3 +80,40 @@ def test_no_benchmark_figure_is_given_as_the_demos() -> None:
     own share (36% in the run the issue quotes)."""
     assert not re.search(r"\d+% hidden", TEXT)
     assert "Where each figure in this README comes from" in TEXT
+
+
+def test_the_versions_claimed_are_the_versions_ci_tests() -> None:
+    """Issue 45: ``torch>=2.4`` and Python 3.12/3.13 were claimed while CI ran one pair. The
+    torch range in pyproject.toml, the Python classifiers and the README's sentence must name
+    exactly the pairs that ``.ci/run`` and ``.ci/versions`` run."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    torch_requirement = next(d for d in project["dependencies"] if d.startswith("torch"))
+    versions_script = (ROOT / ".ci" / "versions").read_text(encoding="utf-8")
+    pairs_line = re.search(r"pairs=\((3\.[^)]*)\)", versions_script)
+    assert pairs_line is not None, ".ci/versions lost its default list of pairs"
+    pairs = [tuple(p.split(":")) for p in pairs_line.group(1).split()]
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "bash .ci/versions" in ci, ".ci/run must run the other claimed versions"
+    main_torch = re.search(r"'torch==([\d.]+)' -e '\.\[test\]'", ci)
+    assert main_torch is not None
+    tested_torch = {main_torch.group(1)} | {torch for _, torch in pairs}
+    tested_python = {"3.11"} | {py for py, _ in pairs}
+
+    lowest = re.search(r">=([\d.]+)", torch_requirement)
+    assert lowest is not None
+    oldest = min(tested_torch, key=lambda v: tuple(map(int, v.split("."))))
+    assert oldest.startswith(lowest.group(1) + "."), (
+        f"{torch_requirement!r} claims torch below what CI tests ({sorted(tested_torch)})"
+    )
+    classified = {
+        c.rsplit(" :: ", 1)[1]
+        for c in project["classifiers"]
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    }
+    assert classified == tested_python
+    sentence = " ".join(TEXT.split())
+    assert f"accepts `{torch_requirement}`" in sentence
+    for py, torch in pairs:
+        assert py in sentence and torch in sentence

@@ -27,6 +27,8 @@ from trainbus.serve import JobContext, JobManager, create_app, create_server, de
 
 # Every test here runs under a deadline, so a regression fails instead of hanging.
 DEADLINE = 30
+#: A raw body's header (httpx sets it by itself for json=...): the service takes JSON only.
+JSON = {"Content-Type": "application/json"}
 
 
 class Recorder(Callback):
@@ -371,7 +373,7 @@ async def test_bad_requests_get_errors_that_name_the_fix() -> None:
             r = await c.post("/jobs", json={"batchez": 3})
             assert r.status_code == 400
             assert "batchez" in r.json()["error"]
-            r = await c.post("/jobs", content=b"{not json")
+            r = await c.post("/jobs", content=b"{not json", headers=JSON)
             assert r.status_code == 400
             assert "JSON" in r.json()["error"]
             r = await c.post("/jobs", json=[1, 2])
@@ -410,7 +412,7 @@ async def test_bad_bodies_of_any_shape_get_400_with_a_message() -> None:
     with anyio.fail_after(DEADLINE):
         async with serving(create_app(Factory())) as (_, url), httpx.AsyncClient(base_url=url) as c:
             for body, word in BAD_BODIES:
-                r = await c.post("/jobs", content=body)
+                r = await c.post("/jobs", content=body, headers=JSON)
                 assert r.status_code == 400, (body[:40], r.text[:200])
                 message = r.json()["error"]
                 assert word in message, (body[:40], message)
@@ -430,12 +432,12 @@ async def test_a_body_over_the_limit_is_refused_with_413() -> None:
             serving(create_app(Factory(), max_body_bytes=16_384)) as (_, url),
             httpx.AsyncClient(base_url=url) as c,
         ):
-            r = await c.post("/jobs", content=b" " * 20_000)
+            r = await c.post("/jobs", content=b" " * 20_000, headers=JSON)
             assert r.status_code == 413
             assert "max_body_bytes=16384" in r.json()["error"]
-            r = await c.post("/jobs", content=chunks())
+            r = await c.post("/jobs", content=chunks(), headers=JSON)
             assert r.status_code == 413
-            r = await c.post("/jobs", content=b'{"batches": 2}' + b" " * 16_000)
+            r = await c.post("/jobs", content=b'{"batches": 2}' + b" " * 16_000, headers=JSON)
             assert r.status_code == 201
     assert create_app(Factory()).state.max_body_bytes == 1 << 20  # the default: 1 MiB
     with pytest.raises(ValueError, match="max_body_bytes"):

@@ -277,7 +277,9 @@ class Context:
         benchmarks declared (the 1,000-callback configs in a second one): all quiet, one at a
         time, then trainbus's and the plain loop's beside a CPU-bound neighbour (but the
         1,000-callback configs). With
-        ``quick`` the quiet processes run two at a time and the loaded pass is left out."""
+        ``quick`` the quiet processes run two at a time (a framework's configs, when more
+        than 4, split over two of them), the longest first, and the loaded pass is left
+        out."""
         if self.quick:
             for adapter in QUICK_UNCOUNTED:
                 self.uncounted[adapter] = "not counted in --quick (minutes under callgrind)"
@@ -290,11 +292,16 @@ class Context:
                     continue
                 # the 1,000-callback fits in a process of their own, all threads counted
                 # together (two processes can run at once)
-                for part in ([c for c in unique if c.get("n", 0) < 1000],
-                             [c for c in unique if c.get("n", 0) >= 1000]):
+                small = [c for c in unique if c.get("n", 0) < 1000]
+                # --quick: a framework's many configs in two processes, so that the two
+                # slots share the longest one's work (counts do not depend on the process)
+                halves = ([small[::2], small[1::2]] if self.quick and len(small) > 4
+                          else [small])
+                for part in (*halves, [c for c in unique if c.get("n", 0) >= 1000]):
                     # 1,000 threads take minutes under valgrind: counted quiet only
                     if part and not (loaded and part[0].get("n", 0) >= 1000):
                         jobs.append((adapter, part))
+            jobs.sort(key=lambda job: -len(job[1]))  # the longest first: a shorter makespan
             with ThreadPoolExecutor(max_workers=2 if self.quick else 1) as pool:
                 futures = [(adapter, todo, pool.submit(self._timed_callgrind, adapter, todo,
                                                        loaded)) for adapter, todo in jobs]

@@ -2,7 +2,7 @@
 
 Run it:  python examples/service/app.py --port 8000
    (or:  uvicorn examples.service.app:app --port 8000 --timeout-graceful-shutdown 5)
-Then:    curl -X POST localhost:8000/jobs -d '{"epochs": 3, "width": 64}'
+Then:    curl --json '{"epochs": 3, "width": 64}' localhost:8000/jobs
          curl -N localhost:8000/jobs/<id>/events
          curl localhost:8000/jobs/<id>
          curl -X DELETE localhost:8000/jobs/<id>

@@ -32,6 +32,7 @@ from trainbus.core.exceptions import CheckpointWarning as CheckpointWarning
 from trainbus.core.exceptions import EngineThreadError as EngineThreadError
 from trainbus.core.exceptions import FitInProgressError as FitInProgressError
 from trainbus.core.exceptions import FitNotAwaitedWarning as FitNotAwaitedWarning
+from trainbus.core.exceptions import HandlerInterrupted as HandlerInterrupted
 from trainbus.core.exceptions import SlowCallbackWarning as SlowCallbackWarning
 from trainbus.core.exceptions import TrainbusError as TrainbusError
 from trainbus.core.exceptions import TrainbusWarning as TrainbusWarning
@@ -64,6 +65,7 @@ __all__ = (
     "CallbackSignatureError",
     "CallbackStatistics",
     "CallbackTimeoutWarning",
+    "HandlerInterrupted",
     "CheckpointLoadError",
     "CheckpointSaveError",
     "CheckpointWarning",

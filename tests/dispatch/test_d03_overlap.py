@@ -12,7 +12,7 @@ import torch
 
 from tests.dispatch._probes import WATCHDOG, batch_of, fit, until
 from tests.helpers import TinyModel, make_trainer
-from trainbus import Callback, blocking
+from trainbus import Callback, blocking, trailing
 
 pytestmark = pytest.mark.anyio
 
@@ -141,11 +141,14 @@ async def test_a_plain_in_batch_handler_runs_when_its_batch_ends() -> None:
     await _runs_after_its_batch_s_last_inner_event(Plain, seen)
 
 
-async def test_an_async_handler_of_an_event_after_the_forward_runs_when_its_batch_ends() -> None:
-    # AFTER_FORWARD ... AFTER_TRAIN_BATCH do not wake the loop.
+async def test_an_async_handler_after_the_batch_s_first_wake_up_runs_when_its_batch_ends() -> None:
+    # The loop is woken once inside a batch, at the first publish that queues work for it
+    # (here BATCH_START's): what AFTER_FORWARD queues later waits for the batch's end.
     seen: list[tuple[int, list[int]]] = []
 
     class Late(Callback):
+        async def batch_start(self, state: Any, logger: Any) -> None: ...
+
         async def after_forward(self, state: Any, logger: Any) -> None:
             seen.append((batch_of(state), list(self.published)))  # type: ignore[attr-defined]
 
@@ -189,7 +192,7 @@ async def test_a_plain_handler_outside_a_batch_starts_at_once() -> None:
 
 
 async def test_an_async_before_forward_handler_runs_during_its_batch() -> None:
-    # BEFORE_FORWARD's publish wakes the loop.
+    # BEFORE_FORWARD's publish is the batch's first that queues work for the loop: it wakes it.
     answered = threading.Event()
 
     class Early(Callback):
@@ -201,37 +204,76 @@ async def test_an_async_before_forward_handler_runs_during_its_batch() -> None:
     await _runs_during_batch_0(Early, answered)
 
 
-async def test_an_async_batch_checkpoint_handler_runs_with_the_next_batch_s_forward() -> None:
-    # BATCH_CHECKPOINT does not wake the loop: its calls are handed over at the next
-    # BEFORE_FORWARD, and done by that batch's barrier (D4).
+async def test_an_async_after_forward_handler_alone_runs_during_its_batch() -> None:
+    # Whatever the event: the first publish inside a batch that queues work for the loop
+    # wakes it (a loop of your own may publish no BEFORE_FORWARD).
+    answered = threading.Event()
+
+    class Early(Callback):
+        async def after_forward(self, state: Any, logger: Any) -> None:
+            if batch_of(state) == 0:
+                await until(self.inside.is_set, "the backward")  # type: ignore[attr-defined]
+                answered.set()
+
+    await _runs_during_batch_0(Early, answered)
+
+
+async def test_an_async_batch_checkpoint_handler_runs_with_the_next_batch_s_first_wake_up() -> None:
+    # The barrier's wait handed the batch's work over; what BATCH_CHECKPOINT queues after it
+    # is handed over by the next batch's first publish that queues work for the loop (its
+    # lead events', here), and done by that batch's barrier (D4).
     seen: list[tuple[int, list[int]]] = []
-    forwards: list[int] = []
+    starts: list[int] = []
 
     class Marks(Callback):
-        @blocking
-        def before_forward(self, state: Any, logger: Any) -> None:
-            forwards.append(batch_of(state))
-
-        @blocking  # after the previous batch's barrier
+        @blocking  # after the previous batch's barrier, before its lead's hand-over
         def batch_start(self, state: Any, logger: Any) -> None:
-            # batch b-1's call was handed over at batch b's forward and waited for at its
+            # batch b-1's call was handed over at batch b-1's start and waited for at its
             # barrier; batch b's own is not handed over yet
             assert [n for n, _ in seen] == list(range(1, batch_of(state)))
+            starts.append(batch_of(state))
 
     class Checkpoints(Callback):
+        async def batch_end(self, state: Any, logger: Any) -> None: ...  # the barrier waits
+
         async def batch_checkpoint(self, state: Any, logger: Any) -> None:
-            seen.append((batch_of(state), list(forwards)))
+            seen.append((batch_of(state), list(starts)))
 
     await fit(make_trainer(4, callbacks=[Marks(), Checkpoints()]))
-    # the call of the batch that ends with batch count b ran after the next batch's
-    # BEFORE_FORWARD was published (the last one's at the epoch's end, which wakes the loop)
+    # the call of the batch that ends with batch count b ran after the next batch's start
+    # was published (the last one's at the epoch's end, which wakes the loop)
     assert seen == [(b, list(range(min(b + 1, 4)))) for b in range(1, 5)]
+
+
+async def test_a_batch_end_call_the_barrier_does_not_wait_for_is_handed_over_at_its_end() -> None:
+    # A trailing handler's call: the barrier waits for nothing, so the publish of BATCH_END
+    # hands it over. The next batch's start finds it running without any other event.
+    started: list[threading.Event] = [threading.Event() for _ in range(4)]
+    seen: list[bool] = []
+
+    class Upload(Callback):
+        @trailing(2)
+        async def batch_end(self, state: Any, logger: Any) -> None:
+            started[batch_of(state) - 1].set()
+
+    class Marks(Callback):
+        @blocking  # batch b's start: batch b-1's call must have started meanwhile
+        def batch_start(self, state: Any, logger: Any) -> None:
+            b = batch_of(state)
+            if b:
+                seen.append(started[b - 1].wait(WATCHDOG / 4))
+
+    trainer = make_trainer(4, callbacks=[Marks(), Upload()])
+    await fit(trainer)
+    assert seen == [True, True, True]
+    assert trainer.engine.statistics().barrier_waits == 0
 
 
 @pytest.mark.parametrize("batches", [3, 6])
 async def test_a_batch_wakes_the_loop_twice_with_the_default_barrier(batches: int) -> None:
-    # Before its forward (BEFORE_FORWARD) and at its BATCH_END barrier: the loop's work
-    # a batch is a rule of the events (docs/concurrency.md, "When a handler starts").
+    # At its first publish that queues work for the loop (its lead events) and at its
+    # BATCH_END barrier: the loop's work a batch is a rule of the events
+    # (docs/concurrency.md, "When a handler starts").
     class Everywhere(Callback):
         async def after_dataloader(self, state: Any, logger: Any) -> None: ...
         async def before_forward(self, state: Any, logger: Any) -> None: ...

@@ -80,6 +80,44 @@ class Upload(trainbus.Callback):
         await self.client.aclose()
 
 
+#: How long a training step waits for the previous batch's trailing upload to finish
+#: (``TrailingUpload.step``): with the upload handed over when its batch ended it takes one
+#: upload's latency; without, nothing runs it until the training thread waits.
+HANDOFF_PATIENCE = 5.0
+
+
+class TrailingUpload(trainbus.Callback):
+    """An ``@trailing(2) async def batch_end`` awaiting a real POST (a new user's upload).
+
+    The host's training step calls :meth:`step` with its batch index: batch ``k`` waits
+    until batch ``k - 1``'s upload is done, which holds only if the bus handed that call
+    over when batch ``k - 1`` ended (whatever events the host publishes), not at a later
+    wait of the training thread. So the barriers never wait, by construction: a test
+    synchronised on the bus's structure, not on the machine's speed.
+    """
+
+    def __init__(self, url: str, batches: int) -> None:
+        self.url = url
+        self.finished = [threading.Event() for _ in range(batches + 1)]
+        self.handed_over: list[bool] = []  # per batch from the second: found done in time
+        self.client = httpx.AsyncClient()
+
+    @trainbus.trailing(2)
+    async def batch_end(self, state: trainbus.State, logger: trainbus.Logger) -> None:
+        response = await self.client.post(self.url, json={"batch": int(state.timer.batch)})
+        response.raise_for_status()
+        self.finished[int(state.timer.batch)].set()  # batch k - 1 ends with count k
+
+    async def close(self, state: trainbus.State, logger: trainbus.Logger) -> None:
+        await self.client.aclose()
+
+    def step(self, batch_index: int) -> None:
+        """In batch ``batch_index``'s step: wait for the previous batch's upload (once one
+        was not done in time, no more waits: the test has failed)."""
+        if batch_index and all(self.handed_over):
+            self.handed_over.append(self.finished[batch_index].wait(HANDOFF_PATIENCE))
+
+
 class InlineUpload:
     """The same upload, run inline on the host's training thread (what the bus saves)."""
 

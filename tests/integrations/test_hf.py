@@ -22,6 +22,7 @@ from tests.integrations.helpers import (  # noqa: E402
     EventLog,
     GradientsAtEvent,
     InlineUpload,
+    TrailingUpload,
     Upload,
     metrics_service,
 )
@@ -53,7 +54,12 @@ class TinyModel(transformers.PreTrainedModel):  # type: ignore[misc]
                                        torch.nn.Linear(32, config.n_out))
         self.post_init()
 
+    #: Called at each training forward (a test's look at the bus from inside a step).
+    on_forward: Any = None
+
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, Any]:
+        if self.training and self.on_forward is not None:
+            self.on_forward()
         logits = self.net(x)
         if self.training and self.config.sleep:
             time.sleep(self.config.sleep)  # stands for the rest of a real batch's compute
@@ -145,6 +151,25 @@ async def test_an_async_upload_per_batch_overlaps_the_hf_trainer(tmp_path: Path)
     print(f"bus {min(overlapped) / min(bare):.2f}x, inline {timing.elapsed / min(bare):.2f}x")
     assert timing.elapsed / min(bare) > 1.4, (timing.elapsed, bare)
     assert min(overlapped) / min(bare) < 1.3, (overlapped, bare)
+
+
+async def test_a_trailing_upload_is_handed_over_when_its_hf_step_ends(tmp_path: Path) -> None:
+    # The bridge publishes no BEFORE_FORWARD: step k's upload is handed to the loop when
+    # step k ends, so the next forward finds it done and no barrier waits (issue 47).
+    with metrics_service() as service:
+        upload = TrailingUpload(service.url, BATCHES)
+        bridge = TrainbusCallback(callbacks=[upload], warn_slow=False)
+        hf = hf_trainer(tmp_path, [bridge], sleep=0.0)
+        forwards = [0]
+
+        def forward() -> None:
+            upload.step(forwards[0])
+            forwards[0] += 1
+
+        hf.model.on_forward = forward
+        await bridge.train(hf)
+    assert upload.handed_over == [True] * (BATCHES - 1)
+    assert bridge.bus.statistics().barrier_waits == 0
 
 
 async def test_mapping_gradients_and_hf_logs(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from tests.integrations.helpers import (  # noqa: E402
     EventLog,
     GradientsAtEvent,
     InlineUpload,
+    TrailingUpload,
     Upload,
     metrics_service,
 )
@@ -135,6 +136,29 @@ async def test_an_async_upload_per_batch_overlaps_lightnings_loop() -> None:
     print(f"bus {min(overlapped) / min(bare):.2f}x, inline {timing.elapsed / min(bare):.2f}x")
     assert timing.elapsed / min(bare) > 1.4, (timing.elapsed, bare)
     assert min(overlapped) / min(bare) < 1.3, (overlapped, bare)
+
+
+class Handoff(Tiny):
+    """Each training step first waits for the previous batch's trailing upload."""
+
+    def __init__(self, upload: TrailingUpload) -> None:
+        super().__init__(sleep=0.0)
+        self.upload = upload
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.upload.step(batch_idx)
+        return super().training_step(batch, batch_idx)
+
+
+async def test_a_trailing_upload_is_handed_over_when_its_lightning_batch_ends() -> None:
+    # The bridge publishes no BEFORE_FORWARD: batch k's upload is handed to the loop when
+    # batch k ends, so the next step finds it done and no barrier waits (issue 47).
+    with metrics_service() as service:
+        upload = TrailingUpload(service.url, BATCHES)
+        bridge = TrainbusCallback(callbacks=[upload], warn_slow=False)
+        await bridge.fit(trainer([bridge]), Handoff(upload), loader(BATCHES))
+    assert upload.handed_over == [True] * (BATCHES - 1)
+    assert bridge.bus.statistics().barrier_waits == 0
 
 
 async def test_mapping_gradients_and_lightning_metrics(tmp_path: Path) -> None:

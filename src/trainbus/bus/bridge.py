@@ -60,7 +60,7 @@ class LoopHandle:
             the loop it runs on (obstore's ``*_async`` functions need asyncio).
     """
 
-    __slots__ = ("backend", "call_soon", "new_event", "thread_id", "yield_now")
+    __slots__ = ("backend", "call_soon", "current_time", "new_event", "thread_id", "yield_now")
 
     def __init__(self) -> None:
         self.thread_id = threading.get_ident()
@@ -76,13 +76,19 @@ class LoopHandle:
         #: ``await yield_now()`` (on the loop): give the loop one turn, as a sleep that is
         #: woken at once would (a loop lane at a ``WAKE_END`` with more queued).
         self.yield_now: Callable[[], Awaitable[None]]
+        #: ``current_time()`` (on the loop, also in a :attr:`call_soon` callback, outside
+        #: any task, where ``anyio.current_time()`` finds no event loop): the loop's clock,
+        #: the one its cancel scopes' deadlines are on.
+        self.current_time: Callable[[], float]
         if running is not None:
             self.new_event = functools.partial(FutureEvent, running)
             self.yield_now = functools.partial(asyncio.sleep, 0)
+            self.current_time = running.time
         else:
             trio = sys.modules["trio"]
             self.new_event = trio.Event
             self.yield_now = trio.lowlevel.checkpoint
+            self.current_time = trio.current_time
 
     def call_soon_if_running(self, fn: Callable[..., Any], *args: Any) -> None:
         """:attr:`call_soon`, or nothing if the loop has ended (an abandoned thread that

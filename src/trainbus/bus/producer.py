@@ -5,16 +5,21 @@ snapshot of the state, D5) and, for every callback that handles the event, in li
 
 - a plain ``@blocking`` handler runs right here, once its callback's earlier items are done
   (D9); an ``async def`` ``@blocking`` handler is queued and waited for;
-- any other handler's item is appended to its lane's ``inbox`` (a thread lane's
-  ``pending``; a loop lane's list of its own), after waiting for room if the lane holds
-  ``queue_size`` items (D12). Nothing is woken per item.
+- any other handler's item is counted on its lane (after waiting for room if the lane
+  holds ``queue_size`` items, D12) and queued: on a loop lane's ``inbox`` (a list of its
+  own); on a lane thread (``pool.py``) once per thread, not per callback, when every
+  handler of the event is only queued (the common case), else as a ``(lane, item)``
+  pair. Nothing is woken per item.
 
 Waking, by rule (never by time), at the end of a publish: with an event outside a batch's
-inside (``INSIDE_BATCH``), each sleeping thread lane with items; with an event of
-``WAKES_LOOP``, the loop, with one call that hands it the loop lanes' inboxes
-(:meth:`Producer.hand_over`, ``bridge.LoopWaker``), if something was queued for it since
-its last wake-up. Before the training thread waits (a barrier, backpressure, a
-``@blocking`` handler), everything is woken and handed over.
+inside (``INSIDE_BATCH``), each sleeping lane thread with items. The loop, with one call
+that hands it the loop lanes' inboxes (:meth:`Producer.hand_over`, ``bridge.LoopWaker``),
+if something was queued for it since its last wake-up: at an event outside the batch loop
+(``WAKES_LOOP``), at the batch's first publish that queues something for it (whatever its
+events: the trainer's ``BEFORE_FORWARD``, a ``Bus.batch()``'s entry, a bridge's hook), and
+at the batch's end (``ENDS_BATCH``; the barrier's wait hands over, else the publish does).
+Before the training thread waits (a barrier, backpressure, a ``@blocking`` handler),
+everything is woken and handed over.
 
 At a barrier event it then waits at the gate for what the barrier waits for (D4, with each
 lane's lag). Nothing here depends on how long anything took.
@@ -34,16 +39,20 @@ from trainbus.core.events import Event
 
 if TYPE_CHECKING:
     from trainbus.bus.bridge import LoopWaker
-    from trainbus.bus.lanes import Counters, Gate, Lane, WaitKind
+    from trainbus.bus.lanes import Counters, Gate, Lane, LaneRunner, WaitKind
     from trainbus.bus.members import Member, Slot
     from trainbus.bus.options import BusOptions
+    from trainbus.bus.pool import LaneThread
     from trainbus.core.logger import Logger
     from trainbus.core.state import State
 
 __all__ = ["Plan", "Producer"]
 
 #: What publishing an event does with its handlers (see ``Producer.plan``).
-Plan = tuple[list["Lane"], list[tuple["Lane", "Slot"]], list[tuple["Lane", "Slot"]]]
+Plan = tuple[
+    list["Lane"], list["Lane"], list["LaneRunner"], list[tuple["Lane", "Slot"]],
+    list[tuple["Lane", "Slot"]],
+]
 
 _perf = time.perf_counter
 
@@ -60,19 +69,25 @@ INSIDE_BATCH: Final = frozenset({
 })
 
 #: The events whose publish wakes the loop, handing it everything queued for loop lanes
-#: since its last wake-up: ``BEFORE_FORWARD`` (and an eval batch's), after which the
-#: training thread computes the batch, and the events outside the batch loop (fit, epoch
-#: and eval start and end, checkpoints of an epoch). Not the other per-batch events: what
-#: ``AFTER_FORWARD`` ... ``BATCH_END``, ``BATCH_CHECKPOINT`` queue for the loop is handed
-#: over when the training thread next waits (the ``BATCH_END`` barrier) or at the next
-#: ``BEFORE_FORWARD``, whichever is first. So a batch wakes the loop twice with the
-#: default barrier: before its forward, and at its barrier. Each wake-up costs every loop
+#: since its last wake-up: the events outside the batch loop (fit, epoch and eval start and
+#: end, checkpoints of an epoch). Inside a batch (``INSIDE_BATCH``) the loop is woken once,
+#: at the batch's first publish that queues something for it, whatever the event (the
+#: trainer's lead events or its ``BEFORE_FORWARD``, a ``Bus.batch()``'s entry, a bridge's
+#: first hook), and once at its end (``ENDS_BATCH``: the barrier's wait hands over; a
+#: publish whose barrier waited for nothing hands over at its end). So a batch wakes the
+#: loop at most twice however the loop that publishes is written, and what a batch's
+#: ``BATCH_END`` queues (a trailing upload) is handed over when its batch ends, not when
+#: the training thread next waits. What ``BATCH_CHECKPOINT`` queues after the barrier's
+#: wait is handed over with the next batch's first wake-up. Each wake-up costs every loop
 #: lane with work one suspension of its task (a resume through asyncio's ``call_soon``:
 #: about 13,000 instructions, 1,100 a call with 10 callbacks on 12 events a batch).
 WAKES_LOOP: Final = frozenset(
-    {Event.BEFORE_FORWARD, Event.EVAL_BEFORE_FORWARD}
-    | (set(Event) - INSIDE_BATCH - {Event.BATCH_END, Event.BATCH_CHECKPOINT, Event.EVAL_BATCH_END})
+    set(Event) - INSIDE_BATCH - {Event.BATCH_END, Event.BATCH_CHECKPOINT, Event.EVAL_BATCH_END}
 )
+
+#: The events that end a batch: the loop is handed what the batch queued for it by the
+#: barrier's wait, or, if that waited for nothing, at the end of the publish.
+ENDS_BATCH: Final = frozenset({Event.BATCH_END, Event.EVAL_BATCH_END})
 
 
 class Producer:
@@ -85,6 +100,7 @@ class Producer:
         logger: Logger,
         members: Sequence[Member],
         lanes: Sequence[Lane],
+        threads: Sequence[LaneThread],
         options: BusOptions,
         gate: Gate,
         counters: Counters,
@@ -105,10 +121,12 @@ class Producer:
         self.destinations = [lane for lane in lanes if lane.log_slot is not None]
         self.lagged = [lane for lane in lanes if not lane.uniform]
         #: Per event, its handlers in offering order (loggers first at INIT, last
-        #: otherwise, as Composer does), in one of three lists by what publishing does
-        #: with them: ``queued`` lanes when it only queues each handler (no filter, not
-        #: ``@blocking``, no lag: the common case, an enq count and an append), ``here``
-        #: when it only runs each on this thread (plain ``@blocking``, no filter), else
+        #: otherwise, as Composer does), by what publishing does with them. When it only
+        #: queues each handler (no filter, not ``@blocking``, no lag: the common case):
+        #: ``queued`` loop lanes (an enq count and an append to the inbox), ``counted``
+        #: thread lanes (an enq count) and the lane ``threads`` that get the event's item
+        #: once each (their ``subs`` list its handlers there, in the same order). When it
+        #: only runs each on this thread (plain ``@blocking``, no filter): ``here``. Else
         #: ``others``, every handler with the full rules.
         self.plan: dict[Event, Plan] = {}
         for event in Event:
@@ -116,11 +134,22 @@ class Producer:
             if event is Event.INIT:
                 subs.sort(key=lambda pair: pair[0].log_slot is None)
             if all(_only_queued(lane, slot) for lane, slot in subs):
-                self.plan[event] = ([lane for lane, _ in subs], [], [])
+                lane_threads: list[LaneRunner] = []
+                for lane, slot in subs:
+                    thread = lane.thread
+                    if thread is not None:
+                        if thread not in lane_threads:
+                            lane_threads.append(thread)
+                        thread.subs.setdefault(event, []).append((lane, slot))
+                self.plan[event] = (
+                    [lane for lane, _ in subs if lane.thread is None],
+                    [lane for lane, _ in subs if lane.thread is not None],
+                    lane_threads, [], [],
+                )
             elif all(slot.here and slot.when is None for _, slot in subs):
-                self.plan[event] = ([], subs, [])
+                self.plan[event] = ([], [], [], subs, [])
             else:
-                self.plan[event] = ([], [], subs)
+                self.plan[event] = ([], [], [], [], subs)
         #: The thread that may publish now (the training thread, or a plain-code caller).
         self.ident: int | None = None
         self._view_key: tuple[Any, Any] = (None, None)
@@ -132,14 +161,20 @@ class Producer:
         #: ``wait_all`` must not wait for itself).
         self.running_here: Lane | None = None
         self.slow = SlowCallbacks()
-        self.thread_lanes = [lane for lane in lanes if lane.on_thread]
+        self.threads = threads
         self.loop_lanes = [lane for lane in lanes if not lane.on_thread]
         #: Whether items were queued on loop lanes since the loop was last woken.
         self._loop_owed = False
+        #: Hand-overs so far (a batch's end hands over if its barrier did not).
+        self.hand_overs = 0
+        #: Whether the loop was woken since the current batch began (its one wake-up
+        #: inside a batch, see ``WAKES_LOOP``); cleared by a batch's end and by a publish
+        #: of events outside a batch's inside.
+        self._woke_inside = False
         #: The events that queue items on loop lanes (see ``WAKES_LOOP``).
         self.to_loop = frozenset(
             event
-            for event, (queued, _, others) in self.plan.items()
+            for event, (queued, _, _, _, others) in self.plan.items()
             if any(not lane.on_thread for lane in queued)
             or any(not lane.on_thread and not slot.here for lane, slot in others)
         )
@@ -162,17 +197,25 @@ class Producer:
         if gate.stopping:
             raise Stopped
         queue_size = self.queue_size
-        threads = loop = False
+        threads = loop = inside = False
+        ended: int | None = None  # hand-overs when the batch's end was published
         for event in events:
             self.counters.published += 1
-            queued, here, others = self.plan[event]
-            if queued or here or others:
+            queued, counted, threads_of, here, others = self.plan[event]
+            if queued or counted or here or others:
                 item = self._item(event)
             for lane in queued:  # D3: an enq count and an append; woken below
                 if lane.enq - lane.done >= queue_size:  # D12: wait for room first
                     self.wait([(lane, lane.enq - queue_size + 1)], "backpressure", event)
                 lane.enq += 1  # before the item: its runner never counts past enq
                 lane.inbox.append(item)
+            if counted:
+                for lane in counted:  # D3: an enq count each...
+                    if lane.enq - lane.done >= queue_size:  # D12: wait for room first
+                        self.wait([(lane, lane.enq - queue_size + 1)], "backpressure", event)
+                    lane.enq += 1  # before the item: its runner never counts past enq
+                for thread in threads_of:  # ...and one append per lane thread
+                    thread.pending.append(item)
             if here:
                 self._run_here(here, item)
             for lane, slot in others:
@@ -187,15 +230,22 @@ class Producer:
                 lane.enq += 1  # before the item: its runner never counts past enq
                 if not lane.uniform:
                     lane.last_by_lag[slot.lag] = lane.enq
-                lane.inbox.append(item)
+                if lane.thread is not None:
+                    lane.thread.pending.append((lane, item))
+                else:
+                    lane.inbox.append(item)
                 if slot.is_blocking:  # an async @blocking handler: wait for it (D9)
                     self.wait([(lane, lane.enq)], "blocking", event)
             if event in self.to_loop:
                 self._loop_owed = True
-            if event not in INSIDE_BATCH:
+            if event in INSIDE_BATCH:
+                inside = True
+            else:
                 threads = True
-            if event in WAKES_LOOP:
-                loop = True
+                if event in WAKES_LOOP:
+                    loop = True
+                elif event in ENDS_BATCH:
+                    ended = self.hand_overs
             if event is Event.BATCH_END:
                 self._batch_end()
             if self._barrier_all or event in self.barriers:
@@ -204,8 +254,12 @@ class Producer:
                     self._trace_mark = _perf()  # the next batch's span starts after the wait
             if gate.stopping:
                 raise Stopped
-        if loop and self._loop_owed:  # not owed after a wait, which handed everything over
+        if self._loop_owed and (  # not owed after a wait, which handed everything over
+            loop or ended == self.hand_overs or (inside and not self._woke_inside)
+        ):
             self.hand_over()
+        if ended is not None or not inside:
+            self._woke_inside = False  # the next batch's first publish may wake it
         if threads:
             self.wake_threads()
 
@@ -222,13 +276,16 @@ class Producer:
                 waves.append((lane, inbox))
         if lanes is None:
             self._loop_owed = False
+            self.hand_overs += 1
+            self._woke_inside = True
         self.waker.deliver(waves)
 
     def wake_threads(self) -> None:
-        """Wake the sleeping thread lanes that have items (see ``INSIDE_BATCH``)."""
-        for lane in self.thread_lanes:
-            if lane.idle and lane.pending:
-                lane.wake_thread()
+        """Wake the sleeping lane threads that have items (see ``INSIDE_BATCH``): one
+        wake-up hands a thread everything queued for its callbacks since its last."""
+        for thread in self.threads:
+            if thread.idle and thread.pending:
+                thread.wake()
 
     def wait(
         self, targets: list[tuple[Lane, int]], kind: WaitKind, event: Event | None = None

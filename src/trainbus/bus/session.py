@@ -1,8 +1,9 @@
 """A session: one run of the bus on one event loop, from its start to its close.
 
 One ``fit()`` (or one engine call from plain code) is one session. Everything per-run is
-created here when it starts: the gate, a lane per callback, a thread per thread lane, a
-task per loop lane, the producer's state. What outlives a session (the slots' statistics,
+created here when it starts: the gate, a lane per callback, the lane threads that run the
+plain callbacks (``pool.py``: a bounded pool, plus one per callback that asks for its
+own), a task per loop lane, the producer's state. What outlives a session (the slots' statistics,
 the counters) lives in the engine's members.
 
 Every task of the session runs in a task group under a shielded scope: a task started
@@ -25,10 +26,12 @@ import anyio
 
 from trainbus.bus.bridge import LoopHandle, LoopWaker, Spawner
 from trainbus.bus.lanes import STOP, CallItem, Gate, Lane, Stopped
+from trainbus.bus.pool import LaneThread, LaneThreadError, place, start_thread
 from trainbus.bus.producer import Producer
 from trainbus.bus.records import Records
-from trainbus.bus.runners import fail_thread_lane, run_loop_lane, run_thread_lane
+from trainbus.bus.runners import fail_lane_thread, run_lane_thread, run_loop_lane
 from trainbus.bus.slow import long_wait_message, warn_at
+from trainbus.bus.watchdog import LoopWatch
 from trainbus.core.exceptions import CallbackTimeoutWarning, SlowCallbackWarning
 
 if TYPE_CHECKING:
@@ -69,6 +72,9 @@ class Session:
         gate.wait_warning = options.wait_warning
         gate.on_long_wait = self._warn_long_wait
         self.lanes = [Lane(member, gate) for member in members]
+        #: The lane threads, each with the callbacks pinned to it (``pool.place``).
+        self.threads = place(self.lanes, options.lane_threads)
+        self.watch = LoopWatch(self.loop, self.lanes)  # deadlines a held loop cannot keep
         self.waker = LoopWaker(self.loop, self.lanes, counters)
         self.spawner = Spawner(self.loop)
         self.producer = Producer(
@@ -76,6 +82,7 @@ class Session:
             logger=logger,
             members=members,
             lanes=self.lanes,
+            threads=self.threads,
             options=options,
             gate=gate,
             counters=counters,
@@ -92,7 +99,7 @@ class Session:
         )
         #: Scopes of the waits that close_timeout bounds; a second Ctrl-C shortens them.
         self._bounded: set[anyio.CancelScope] = set()
-        self._abandoning = False
+        self._abandoning = ""  # why every bounded wait was cut short, once it was
         self._noticed = anyio.Event()  # state.preemption is set: start preemption_notice
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -103,28 +110,36 @@ class Session:
 
         On exit the lanes finish what is queued (event handlers are skipped once the
         session stopped; log records are delivered), within ``close_timeout``; then their
-        threads and tasks end. Nothing started here outlives the block except the thread
-        of a lane abandoned while stuck in a plain handler.
+        threads and tasks end. Nothing started here outlives the block except a lane
+        thread abandoned while stuck in a plain handler.
+
+        Raises:
+            LaneThreadError: The operating system refused to start a lane thread (the
+                ones already started are stopped first).
         """
+        threads_done: list[tuple[LaneThread, anyio.Event]] = []
+        loop_done: list[tuple[Lane, anyio.Event]] = []
+        try:  # before the task group, so that a refusal is raised as it is, not grouped
+            for thread in self.threads:
+                done = anyio.Event()
+                thread.thread = start_thread(
+                    self._thread_main, (thread, done), thread.name, len(self.threads) + 1
+                )
+                threads_done.append((thread, done))
+        except LaneThreadError:
+            with anyio.CancelScope(shield=True):
+                for thread, done in threads_done:
+                    thread.stop()
+                    await done.wait()
+            raise
         internal = anyio.CancelScope(shield=True)
         async with anyio.create_task_group() as outer:
             with anyio.CancelScope(shield=True):
                 tg = await outer.start(_run_internal, internal)
-            threads_done: dict[int, anyio.Event] = {}
-            loop_done: dict[int, anyio.Event] = {}
             for lane in self.lanes:
-                done = anyio.Event()
-                if lane.on_thread:
-                    threads_done[lane.index] = done
-                    lane.thread = threading.Thread(
-                        target=self._thread_main,
-                        args=(lane, done),
-                        name=f"trainbus-lane-{lane.name}",
-                        daemon=True,
-                    )
-                    lane.thread.start()
-                else:
-                    loop_done[lane.index] = done
+                if lane.thread is None:
+                    done = anyio.Event()
+                    loop_done.append((lane, done))
                     tg.start_soon(
                         run_loop_lane, lane, self.counters, self.options.queue_size, self.loop,
                         done, name=f"trainbus-lane-{lane.name}",
@@ -141,31 +156,37 @@ class Session:
                     await self.drain()
                     self.logger._connect(None)
                     background.cancel()
-                    for lane in self.lanes:
+                    for thread in self.threads:
+                        thread.stop()
+                    for lane, _ in loop_done:
                         self._put(lane, STOP)
-                    for index, event in (*threads_done.items(), *loop_done.items()):
-                        if not self.lanes[index].abandoned:
+                    for lane, event in loop_done:
+                        if not lane.abandoned:
                             await event.wait()
-                    for lane in self.lanes:
-                        if lane.thread is not None and not lane.abandoned:
-                            lane.thread.join()
+                    for thread, event in threads_done:
+                        if not any(lane.abandoned for lane in thread.lanes):
+                            await event.wait()
+                            assert thread.thread is not None
+                            thread.thread.join()
                     internal.cancel()
 
     def _put(self, lane: Lane, item: Any) -> None:
-        """Queue an item on ``lane`` from the loop (close calls, drain marks, ``STOP``)."""
+        """Queue an item on ``lane`` from the loop (close calls, drain marks; a loop
+        lane's ``STOP``)."""
+        if lane.thread is not None:
+            lane.thread.put(lane, item)
+            return
         lane.pending.append(item)
-        if lane.on_thread:
-            lane.wake_thread()
-        elif lane.wakeup is not None:
+        if lane.wakeup is not None:
             lane.wakeup.set()
 
-    def _thread_main(self, lane: Lane, finished: anyio.Event) -> None:
+    def _thread_main(self, thread: LaneThread, finished: anyio.Event) -> None:
         try:
             try:
-                run_thread_lane(lane, self.spawner, self.loop, self.counters)
+                run_lane_thread(thread, self.spawner, self.loop, self.counters)
             except BaseException as exc:  # a bug of ours: fail the run rather than hang it
                 self.gate.fail(exc, None, None)
-                fail_thread_lane(lane, self.loop, exc)
+                fail_lane_thread(thread, self.loop, exc)
         finally:
             self.loop.call_soon_if_running(finished.set)
 
@@ -226,8 +247,7 @@ class Session:
                 producer.ident = None
                 loop.call_soon_if_running(finished.set)
 
-        thread = threading.Thread(target=main, name="trainbus-train", daemon=True)
-        thread.start()
+        thread = start_thread(main, (), "trainbus-train", len(self.threads) + 1)
         try:
             await finished.wait()
         except BaseException:
@@ -256,15 +276,17 @@ class Session:
             if lane.scope is not None:
                 lane.scope.cancel()
 
-    def abandon(self) -> None:
+    def abandon(self, why: str = "the second Ctrl-C") -> None:
         """A second Ctrl-C (or the preemption watchdog): stop, and give every bounded wait
         at most ``ABANDON_TIMEOUT`` more seconds, the waits running now and those still to
         come (loop thread). What has not finished by then is abandoned; what finishes, a
         destination's ``close`` writing its file, say, is kept. Nothing is cut at once: at
         this moment a stuck handler and one about to return look alike."""
         self.stop()
-        self._abandoning = True
-        deadline = anyio.current_time() + ABANDON_TIMEOUT
+        self._abandoning = why
+        # A call_soon callback runs outside any task: anyio.current_time() would raise
+        # NoEventLoopError there (issue 45: a traceback after a SIGTERM stop that worked).
+        deadline = self.loop.current_time() + ABANDON_TIMEOUT
         for scope in self._bounded:
             scope.deadline = min(scope.deadline, deadline)
 
@@ -306,7 +328,8 @@ class Session:
             finished.set()
 
         self._put(lane, CallItem(fn, is_async, on_done, what))
-        with anyio.move_on_after(timeout) as scope:
+        deadline = f"its close deadline ({timeout:g} s, close_timeout)"
+        with self.watch.armed(timeout, deadline), anyio.move_on_after(timeout) as scope:
             self._bounded.add(scope)
             with anyio.move_on_after(min(self.options.wait_warning, timeout)):
                 await finished.wait()
@@ -384,7 +407,7 @@ class Session:
         self, who: str, what: str, where: object = None, lane: Lane | None = None
     ) -> None:
         when = (
-            f"within {ABANDON_TIMEOUT:g} s of the second Ctrl-C"
+            f"within {ABANDON_TIMEOUT:g} s of {self._abandoning}"
             if self._abandoning
             else f"within {self.timeout(lane):g} s (close_timeout)"
         )
@@ -402,6 +425,8 @@ class Session:
         where = lanes[0].member.table.callback if lanes else None
         message = long_wait_message(kind, event, lanes, seconds)
         self.loop.call_soon(self._emit, message, CallbackTimeoutWarning, where)
+        at = f" of Event.{event.name}" if event is not None else ""
+        self.watch.check(f"the training thread's wait{at} ({seconds:g} s, wait_warning)")
 
     def _warn_slow(self, message: str, where: object) -> None:
         """Emit a SlowCallbackWarning on the loop thread, where the caller's filters apply."""

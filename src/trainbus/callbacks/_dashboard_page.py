@@ -22,11 +22,13 @@ from typing import Any
 
 import anyio
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from trainbus.callbacks._guard import Access, Guard
 from trainbus.callbacks._stream_items import StreamBusSnapshot
 from trainbus.callbacks.event_stream import EventStream, StreamOverflowError, Subscription
 
@@ -263,6 +265,7 @@ def dashboard_app(
     end: Callable[[Subscription], Awaitable[dict[str, Any]]],
     hub: ConnectionHub,
     title: str = "trainbus run",
+    access: Access | None = None,
 ) -> Starlette:
     """The single-run dashboard's application: ``/``, ``/events`` and ``/static``.
 
@@ -271,6 +274,8 @@ def dashboard_app(
         end: Builds the ``end`` event's data.
         hub: Registers the SSE connections, so that stopping the server cuts them.
         title: The page's title.
+        access: Who it answers (:class:`~trainbus.callbacks._guard.Guard`, the service's
+            checks); default: loopback names only, no token.
     """
 
     async def page(request: Request) -> Response:
@@ -284,5 +289,6 @@ def dashboard_app(
             Route("/", page, methods=["GET"]),
             Route("/events", events, methods=["GET"]),
             Mount("/static", app=static_files(), name="static"),
-        ]
+        ],
+        middleware=[Middleware(Guard, access=access or Access())],
     )

@@ -16,11 +16,13 @@ Needs ``pip install 'trainbus[service]'`` (Starlette, uvicorn).
 
 from __future__ import annotations
 
+import secrets
 import socket
 import threading
 import time
 import warnings
 from collections import deque
+from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -59,6 +61,13 @@ _EVENTS = DEFAULT_STREAM_EVENTS - {Event.BATCH_END}
 _FLUSH_S = 0.25
 
 
+def _missing_extra(exc: ImportError) -> ImportError:
+    return ImportError(
+        f"Dashboard needs Starlette and uvicorn ({exc.name} is missing); install them "
+        "with: pip install 'trainbus[service]'"
+    )
+
+
 class Dashboard(LoggerDestination):
     """Serves a live dashboard of this run at ``http://127.0.0.1:<port>/``.
 
@@ -74,9 +83,17 @@ class Dashboard(LoggerDestination):
         interval: Seconds between two bus snapshots (callbacks panel, timeline), taken
             while a tab watches.
         history: Items kept for tabs that open (or reconnect) later.
+        token: Required on every request when set (:attr:`url` carries it; the page sets
+            a cookie from it). On a ``host`` other than loopback one is generated when
+            none is given, unless ``insecure_no_token=True``.
+        allowed_hosts: ``Host`` names it answers besides ``localhost``, ``127.0.0.1``,
+            ``[::1]`` and the address a request arrived on; ``["*"]``: any.
+        insecure_no_token: Serve other machines without a token (anyone who reaches the
+            port reads the run).
 
     Attributes:
         stream: The server side's :class:`EventStream` (lives on the server's loop).
+        token: The token requests need (``None``: none).
 
     Example:
         >>> with Dashboard() as dashboard:
@@ -96,7 +113,18 @@ class Dashboard(LoggerDestination):
         port: int = 0,
         interval: float = 0.5,
         history: int = 20_000,
+        token: str | None = None,
+        allowed_hosts: Iterable[str] = (),
+        insecure_no_token: bool = False,
     ) -> None:
+        try:
+            from trainbus.callbacks._guard import access_options, is_loopback
+        except ImportError as exc:
+            raise _missing_extra(exc) from exc
+        if token is None and not is_loopback(host) and not insecure_no_token:
+            token = secrets.token_urlsafe(32)  # printed with the url, as Jupyter does
+        self._access = access_options(token, allowed_hosts, insecure_no_token)
+        self.token = token
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port={port!r} must be an int from 0 to 65535 (0: any free port)")
         if isinstance(interval, bool) or not isinstance(interval, int | float) or not (
@@ -126,9 +154,10 @@ class Dashboard(LoggerDestination):
 
     @property
     def url(self) -> str:
-        """The page's address (starts the server if needed)."""
+        """The page's address, with ``?token=`` if it has one (starts the server if needed)."""
         self.start()
-        return f"http://{self.host}:{self.port}/"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/" + (f"?token={self.token}" if self.token else "")
 
     def _bind_engine(self, engine: Engine) -> None:
         """Called by the engine it joins, once, when the engine is built (a private hook).
@@ -163,10 +192,7 @@ class Dashboard(LoggerDestination):
         try:
             from trainbus.callbacks._dashboard_page import ConnectionHub
         except ImportError as exc:
-            raise ImportError(
-                f"Dashboard needs Starlette and uvicorn ({exc.name} is missing); install them "
-                "with: pip install 'trainbus[service]'"
-            ) from exc
+            raise _missing_extra(exc) from exc
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # A small send buffer (inherited by each connection): a tab that stops reading is
@@ -194,7 +220,7 @@ class Dashboard(LoggerDestination):
         from trainbus.callbacks._dashboard_page import dashboard_app
 
         assert self._hub is not None
-        app = dashboard_app(self.stream, self._end_data, self._hub)
+        app = dashboard_app(self.stream, self._end_data, self._hub, access=self._access)
         started = self._started
 
         class Server(uvicorn.Server):

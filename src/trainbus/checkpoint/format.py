@@ -34,6 +34,7 @@ import pathlib
 import random
 import secrets
 import struct
+import sys
 import threading
 import zipfile
 import zlib
@@ -158,7 +159,7 @@ def _check(value: Any, owner: str, path: str, user: tuple[type, ...] | None) -> 
     user = _user_safe_types() if user is None else user
     if kind in user:
         return
-    name = f"{kind.__module__}.{kind.__qualname__}"
+    name = _import_name(kind)
     raise CheckpointSaveError(
         f"callback {owner}: {path} is a {name}, which a checkpoint cannot hold "
         "(Trainer(load_path=...) loads with torch.load(weights_only=True) and would refuse "
@@ -167,6 +168,17 @@ def _check(value: Any, owner: str, path: str, user: tuple[type, ...] | None) -> 
         "dict or a str), or allow the class with "
         f"torch.serialization.add_safe_globals([{kind.__qualname__}])"
     )
+
+
+def _import_name(kind: type) -> str:
+    """``kind``'s name as a user imports it: the shortest enclosing module that holds it
+    (``pathlib.PurePosixPath``, not Python 3.13's ``pathlib._local.PurePosixPath``)."""
+    parts = kind.__module__.split(".")
+    for end in range(1, len(parts) + 1):
+        module = sys.modules.get(".".join(parts[:end]))
+        if module is not None and getattr(module, kind.__qualname__, None) is kind:
+            return f"{module.__name__}.{kind.__qualname__}"
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def safe_globals() -> Any:

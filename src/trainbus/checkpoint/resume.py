@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainbus.checkpoint import dcp_files as _dcp_files
 from trainbus.checkpoint import sharded as _dcp
 from trainbus.checkpoint.format import (
     FORMAT_KEY,
@@ -113,6 +114,17 @@ def _read(path: pathlib.Path) -> dict[str, Any]:
             "pass a file written by trainbus.callbacks.CheckpointSaver"
         )
     return obj
+
+
+def _verify_sharded(path: pathlib.Path) -> None:
+    """Every file of a sharded checkpoint against its CRC-32 (``dcp_files.verify``)."""
+    try:
+        _dcp_files.verify(path)
+    except ArchiveDamaged as exc:
+        raise _Damaged(
+            f"load_path={str(path)!r} cannot be read as a checkpoint: it is truncated or "
+            f"corrupt ({exc})"
+        ) from exc
 
 
 def _check_model(path: pathlib.Path, model: torch.nn.Module, saved: dict[str, Any]) -> None:
@@ -239,6 +251,11 @@ def read_checkpoint(
     if path.is_dir() and not (_dcp.is_complete(path) or _dcp.is_interrupted(path)):
         return _read_newest_intact(path, state)
     if path.is_dir():
+        if _dcp.is_complete(path):
+            try:
+                _verify_sharded(path)
+            except _Damaged as exc:
+                raise CheckpointLoadError(str(exc)) from exc.__cause__
         _dcp.check(path, state)
         return LoadedCheckpoint(path, {}, sharded=True)
     return _read_one(path, state)
@@ -255,16 +272,18 @@ def _read_one(path: pathlib.Path, state: State) -> LoadedCheckpoint:
 def _read_newest_intact(folder: pathlib.Path, state: State) -> LoadedCheckpoint | None:
     """The newest checkpoint in ``folder`` that passes its integrity check.
 
-    A damaged one (a CRC-32 mismatch, a torn archive) is skipped with a
+    A damaged one (a CRC-32 mismatch in a file or a sharded checkpoint's shard, a torn
+    archive) is skipped with a
     :class:`~trainbus.CheckpointWarning` naming it; other errors (another model) raise, and
     so does a folder whose every checkpoint is damaged (rather than start over silently).
     """
     damaged: _Damaged | None = None
     for path in find_checkpoints(folder):
-        if path.is_dir():
-            _dcp.check(path, state)
-            return LoadedCheckpoint(path, {}, sharded=True)
         try:
+            if path.is_dir():
+                _verify_sharded(path)
+                _dcp.check(path, state)
+                return LoadedCheckpoint(path, {}, sharded=True)
             return _read_checked(path, state)
         except _Damaged as exc:
             damaged = damaged or exc

@@ -11,6 +11,9 @@ runs on every rank and each save is a folder that every rank writes its shards i
   host memory here and writes them on its own thread, over a process group of its own (its
   planning collectives must not interleave with training's); :class:`ShardedSave` is the
   handle the saver's writer thread waits on;
+- each shard file gets a ``.crc32`` beside it before the commit, and loading checks every
+  file against it first (``trainbus.checkpoint.dcp_files``: a damaged checkpoint is refused,
+  and a saver's folder falls back to the newest intact one);
 - the folder's ``.metadata`` file, written (to a temporary name, then renamed) by rank zero
   once every rank's shards are written, is the **commit marker**: a folder without it is an
   interrupted save, never resumed from (:func:`find_checkpoint`, the newest complete
@@ -20,7 +23,8 @@ runs on every rank and each save is a folder that every rank writes its shards i
   optimizers' shards each rank needs (``dcp.load`` + ``set_state_dict``) and returns the
   trainer state, which ``trainbus.checkpoint.resume`` restores as it does a single file's.
 
-The ``.metadata`` file is a pickle (DCP's format): load checkpoints you trust only.
+The ``.metadata`` file is a pickle (DCP's format); trainbus unpickles it through an allow-list
+of DCP's metadata classes, so a hostile one is refused before any of its code runs.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from trainbus.checkpoint.dcp_files import ChecksumWriter, SafeReader, UnsafeMetadata
+from trainbus.checkpoint.dcp_files import read_metadata as _read_metadata
 from trainbus.checkpoint.format import TEMP_MARKER, BufferPool, capture, safe_globals
 from trainbus.core.exceptions import CheckpointLoadError, CheckpointWarning
 from trainbus.runtime import gloo_exit as _gloo_exit
@@ -199,7 +205,9 @@ class ShardedSave:
         """Wait until the checkpoint is written and committed (writer thread); its bytes here."""
         self.future.result()
         return sum(
-            p.stat().st_size for p in path.iterdir() if p.name.startswith(f"__{_rank()}_")
+            p.stat().st_size
+            for p in path.iterdir()
+            if p.name.startswith(f"__{_rank()}_") and p.suffix == ".distcp"
         )
 
 
@@ -270,7 +278,6 @@ def save(
     from concurrent.futures import Future
 
     from torch.distributed.checkpoint import state_dict_saver
-    from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
     trainer = capture(state, weights_only=weights_only, epoch_rng=epoch_rng, include_model=False)
     trainer.wait()
@@ -282,7 +289,7 @@ def save(
     to_save[_TRAINER_KEY.format(rank=_rank())] = blob.getvalue()
     if optim_sd:
         to_save["optimizers"] = optim_sd
-    writer = FileSystemWriter(str(path))
+    writer = ChecksumWriter(str(path))
     async_save = getattr(state_dict_saver, "async_save", None)
     if async_save is None or not _distributed():  # torch < 2.3, or a single process
         done: Future[Any] = Future()
@@ -297,10 +304,15 @@ def save(
 
 
 def _metadata(path: pathlib.Path) -> Any:
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
-
     try:
-        return FileSystemReader(str(path)).read_metadata()
+        return _read_metadata(path)
+    except UnsafeMetadata as exc:
+        raise CheckpointLoadError(
+            f"load_path={str(path)!r}: its {METADATA} names {exc.global_name}, which a "
+            "torch.distributed.checkpoint metadata never holds; it was refused unread (nothing "
+            "of it ran): the file was not written by torch.distributed.checkpoint, or is "
+            f"hostile. Remove {str(path)!r} (or pass another load_path)"
+        ) from None
     except Exception as exc:
         raise CheckpointLoadError(
             f"load_path={str(path)!r}: its {METADATA} cannot be read as a "
@@ -365,7 +377,6 @@ def load(path: pathlib.Path, state: State) -> dict[str, Any]:
         CheckpointLoadError: The checkpoint holds another number of optimizers than the
             trainer, or cannot be read.
     """
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
@@ -380,7 +391,7 @@ def load(path: pathlib.Path, state: State) -> dict[str, Any]:
         to_load["optimizers"] = optim_sd
     try:
         with _one_process() as kwargs:
-            dcp_load(to_load, storage_reader=FileSystemReader(str(path)), **kwargs)
+            dcp_load(to_load, storage_reader=SafeReader(str(path)), **kwargs)
         with safe_globals():
             trainer: dict[str, Any] = torch.load(
                 io.BytesIO(to_load[key]), map_location="cpu", weights_only=True

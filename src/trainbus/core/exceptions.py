@@ -152,3 +152,19 @@ def add_thread_bound_hint(exc: BaseException) -> None:
         and THREAD_BOUND_HINT not in getattr(exc, "__notes__", ())
     ):
         exc.add_note(THREAD_BOUND_HINT)
+
+
+class HandlerInterrupted(TrainbusError):
+    """Raised inside an ``async def`` handler that held the event loop's thread past its
+    deadline without awaiting, under ``fit_sync()`` (``docs/concurrency.md``,
+    "Deadlines"); ``fit()`` raises it with a note naming the handler and its event."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args or (
+            "this async def handler held the event loop's thread past its deadline without "
+            "awaiting, and trainbus interrupted it",
+        ))
+
+
+HandlerInterrupted.__module__ = "trainbus"
+__all__ += ["HandlerInterrupted"]

@@ -33,6 +33,7 @@ import torch
 
 from trainbus.bus.bridge import no_running_loop
 from trainbus.bus.engine import Engine
+from trainbus.bus.watchdog import OWN_LOOP
 from trainbus.checkpoint.resume import attach_handler_drain
 from trainbus.core.callback import Callback
 from trainbus.core.destination import LoggerDestination
@@ -95,6 +96,8 @@ class Bus:
             abandoned (the engine's default when ``None``).
         wait_warning: Seconds a barrier may wait for a callback before a warning names it
             (the engine's default when ``None``).
+        lane_threads: Threads in the pool that runs plain callbacks (the engine's
+            default, 8, when ``None``); ``own_thread = True`` callbacks get their own.
 
     Raises:
         TypeError, ValueError: A callback or an option is invalid (the message names it).
@@ -124,6 +127,7 @@ class Bus:
         warn_slow: bool = True,
         close_timeout: float | None = None,
         wait_warning: float | None = None,
+        lane_threads: int | None = None,
     ) -> None:
         callback_list = [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
         logger_list = [loggers] if isinstance(loggers, Callback) else list(loggers)
@@ -155,6 +159,8 @@ class Bus:
             options["close_timeout"] = close_timeout
         if wait_warning is not None:
             options["wait_warning"] = wait_warning
+        if lane_threads is not None:
+            options["lane_threads"] = lane_threads
         self.engine = Engine(
             self.state,
             self.logger,
@@ -212,6 +218,7 @@ class Bus:
         _refuse_in_loop("bus.run_sync()", "await bus.run(train)")
 
         async def main() -> T | None:
+            OWN_LOOP.set(True)  # this loop is ours: a handler holding it may be interrupted
             return await self.run(train, *args, **kwargs)
 
         return anyio.run(main, backend=backend)

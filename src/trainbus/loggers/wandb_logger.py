@@ -1,7 +1,9 @@
 """``WandBLogger``: metrics to a Weights & Biases run that a resumed run continues.
 
 W&B is an optional dependency (``pip install 'trainbus[wandb]'``); ``wandb`` is imported
-when the run is first needed (at ``fit_start``), never when ``trainbus.loggers`` is.
+when a ``WandBLogger`` is made (on that thread: importing it beside another thread's
+``ast.parse`` raised ``SystemError: AST constructor recursion depth mismatch`` on CPython
+3.11.7), never when ``trainbus.loggers`` is.
 
 What goes where: numbers (ints, floats, bools, one-element tensors) are logged as numbers,
 other values as their JSON form (:func:`~trainbus.loggers.jsonl.to_json_value`), each
@@ -196,6 +198,10 @@ class WandBLogger(LoggerDestination):
             raise TypeError(f"settings={settings!r} must be a dict or None")
         if importlib.util.find_spec("wandb") is None:
             raise ImportError(_MISSING)
+        try:  # here, on the thread that makes the logger, before any lane thread runs:
+            import wandb  # noqa: F401  # its import (pydantic's ast.parse) is not thread-safe
+        except ImportError as exc:  # on CPython 3.11.7 beside another thread's ast.parse
+            raise ImportError(_MISSING) from exc
         self.project, self.entity, self.name = project, entity, name
         self.run_id: str = run_id if run_id is not None else _new_run_id()
         self.resume, self.mode = resume, mode
@@ -260,7 +266,7 @@ class WandBLogger(LoggerDestination):
 
     def _held_step(self, run: Any) -> int | None:
         """The last step the W&B run holds already (killed runs' rows), or ``None``."""
-        if not run.settings._offline:
+        if not run.offline:
             starting = int(run.starting_step or 0)  # online: W&B's server tells
             return starting - 1 if starting > 0 else None
         own = Path(run.settings.sync_dir).name

@@ -441,7 +441,7 @@ class _Watchdog(threading.Thread):
             else:
                 if path is not None:
                     self._say(f"{name}: checkpoint written to {str(path)!r}")
-        self.engine._abandon()
+        self.engine._abandon(f"{name}'s forced stop")
         if self.done.wait(min(2.0, max(0.0, self.deadline - time.monotonic()) / 2)):
             return
         fit = self.owner._fit

@@ -9,7 +9,7 @@ thread, so the service keeps answering requests. See ``docs/service.md``.
 Example:
     >>> from trainbus.serve import create_app, create_server
     >>> create_server(create_app(), port=8000).run()
-    $ curl -X POST localhost:8000/jobs -d '{"epochs": 2, "batches": 20}'
+    $ curl --json '{"epochs": 2, "batches": 20}' localhost:8000/jobs
     $ curl -N localhost:8000/jobs/<id>/events
 
 Or from a shell: ``python -m trainbus.serve --port 8000``.

@@ -2,7 +2,7 @@
 
 Routes::
 
-    POST   /jobs               start a job (JSON body: the job's parameters)   201
+    POST   /jobs               start a job (JSON body: the job's parameters)   201 / 415
     GET    /jobs               every job's status                              200
     GET    /jobs/{id}          status, progress and latest metrics             200 / 404
     GET    /jobs/{id}/events   server-sent events until the job closes         200 / 404
@@ -15,6 +15,9 @@ Routes::
     DELETE /jobs/{id}          cancel (waits until its callbacks closed)       200 / 404
     GET    /healthz            liveness                                        200
 
+Every request passes :class:`~trainbus.callbacks._guard.Guard` first (the ``Host`` check, the
+token if there is one, same-origin JSON writes).
+
 Jobs run in a task group owned by the application's lifespan, so they live on the
 server's event loop next to the request handlers and are cancelled (and closed) when the
 application shuts down.
@@ -22,11 +25,12 @@ application shuts down.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -37,6 +41,7 @@ from trainbus.callbacks._dashboard_page import (
     sse_response,
     static_files,
 )
+from trainbus.callbacks._guard import Guard, access_options
 from trainbus.callbacks.event_stream import Subscription
 from trainbus.serve._body import parse_params
 from trainbus.serve._jobs import (
@@ -186,6 +191,9 @@ def create_app(
     stream_events: Any = None,
     stream_history: int = 1024,
     dashboard: bool = True,
+    token: str | None = None,
+    allowed_hosts: Iterable[str] = (),
+    insecure_no_token: bool = False,
     debug: bool = False,
 ) -> Starlette:
     """A Starlette application that runs training jobs and streams their events.
@@ -208,7 +216,19 @@ def create_app(
         dashboard: Whether each job's stream also carries bus snapshots (statistics and
             timeline, every 0.5 s) for its ``/jobs/{id}/dashboard`` page; this records
             the job's timeline (``engine.record_trace()``, its latest spans only).
+        token: Required on every request when set (``Authorization: Bearer <token>``, or
+            ``?token=<token>`` once, which sets a cookie for the browser); needed to serve
+            other machines. E.g. ``secrets.token_urlsafe(32)``.
+        allowed_hosts: ``Host`` names accepted besides ``localhost``, ``127.0.0.1``,
+            ``[::1]`` and the address a request arrived on (behind a proxy, or under a
+            DNS name); ``["*"]`` accepts any (DNS rebinding then needs the token).
+        insecure_no_token: Answer requests from other machines without a token: anyone
+            who reaches the port can then start, read and cancel jobs.
         debug: Starlette's debug mode.
+
+    Every request passes the checks of ``docs/service.md`` ("Who can reach it"): its
+    ``Host`` names this server, it carries the token if there is one, and a write
+    (``POST``, ``DELETE``) is same-origin and ``POST /jobs`` is ``application/json``.
 
     Returns:
         The application; its :class:`JobManager` is ``app.state.jobs``.
@@ -225,6 +245,7 @@ def create_app(
         max_body_bytes < 1
     ):
         raise ValueError(f"max_body_bytes={max_body_bytes!r} must be an int >= 1, e.g. 1048576")
+    access = access_options(token, allowed_hosts, insecure_no_token)
     manager = JobManager(
         job_factory,
         max_running=max_running,
@@ -250,7 +271,13 @@ def create_app(
         Route("/jobs/{job_id}/dashboard", job_dashboard, methods=["GET"]),
         Mount("/static", app=static_files(), name="static"),
     ]
-    app = Starlette(debug=debug, routes=routes, lifespan=lifespan)
+    app = Starlette(
+        debug=debug,
+        routes=routes,
+        middleware=[Middleware(Guard, access=access)],
+        lifespan=lifespan,
+    )
     app.state.jobs = manager
+    app.state.access = access
     app.state.max_body_bytes = max_body_bytes
     return app

@@ -17,6 +17,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
+from trainbus.callbacks._guard import Access, check_bind
 from trainbus.serve._jobs import JobManager
 
 __all__ = ["TrainbusServer", "create_server"]
@@ -27,6 +28,7 @@ class TrainbusServer(uvicorn.Server):
 
     Attributes:
         jobs: The application's :class:`JobManager`.
+        token: The application's token (``None``: none), for :attr:`url`.
         ready: An ``asyncio.Event`` set once the server listens.
 
     Example:
@@ -39,10 +41,19 @@ class TrainbusServer(uvicorn.Server):
         >>> await task
     """
 
-    def __init__(self, config: uvicorn.Config, jobs: JobManager) -> None:
+    def __init__(self, config: uvicorn.Config, jobs: JobManager, token: str | None = None) -> None:
         super().__init__(config)
         self.jobs = jobs
+        self.token = token
         self.ready = asyncio.Event()
+
+    @property
+    def url(self) -> str:
+        """The service's address, with ``?token=`` when it has one (to open in a browser)."""
+        host = self.config.host
+        host = f"[{host}]" if ":" in host else host
+        query = f"?token={self.token}" if self.token else ""
+        return f"http://{host}:{self.port}/{query}"
 
     @property
     def port(self) -> int:
@@ -81,6 +92,10 @@ def create_server(
         log_level: uvicorn's log level.
         **config: Further ``uvicorn.Config`` arguments.
 
+    Raises:
+        ValueError: ``host`` is not loopback and the app has no token
+            (``create_app(token=...)``) nor ``insecure_no_token=True``.
+
     Example:
         >>> create_server(create_app(), port=8000).run()     # blocks, like uvicorn.run
     """
@@ -90,7 +105,9 @@ def create_server(
             "create_server(app) needs an application made by trainbus.serve.create_app "
             "(app.state.jobs is its JobManager); for another app use uvicorn.Server"
         )
+    access: Access = app.state.access
+    check_bind(host, access, "create_app(token=secrets.token_urlsafe(32))")
     uv_config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, lifespan="on", **config
     )
-    return TrainbusServer(uv_config, jobs)
+    return TrainbusServer(uv_config, jobs, access.token)

@@ -13,12 +13,14 @@ import torch
 
 from trainbus.bus import (
     DEFAULT_CLOSE_TIMEOUT,
+    DEFAULT_LANE_THREADS,
     DEFAULT_WAIT_WARNING,
     BusOptions,
     LoopHandle,
     no_running_loop,
 )
 from trainbus.bus.engine import Engine
+from trainbus.bus.watchdog import OWN_LOOP
 from trainbus.checkpoint.resume import attach_handler_drain, read_checkpoint, restore_checkpoint
 from trainbus.core.callback import Callback, resolve_callback
 from trainbus.core.destination import LoggerDestination
@@ -130,6 +132,10 @@ class Trainer:
         wait_warning: Seconds the training thread may wait at a barrier (or a close for a
             callback) before a :class:`~trainbus.CallbackTimeoutWarning` names the callback
             and the handler it waits for; ``math.inf`` never warns.
+        lane_threads: Threads in the pool that runs plain callbacks' handlers (default
+            8): each plain callback is pinned to one of them for the whole run, and
+            several share one; a callback that sets ``own_thread = True`` gets a thread
+            of its own besides. See ``docs/concurrency.md``.
         load_path: A checkpoint file, or a ``CheckpointSaver`` folder (its newest
             complete checkpoint; an empty folder starts fresh), or ``"s3://bucket/prefix"``
             written by a ``CheckpointUploader``, to resume from. See ``docs/checkpoints.md``.
@@ -179,6 +185,7 @@ class Trainer:
         warn_slow_callbacks: bool = True,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
         wait_warning: float = DEFAULT_WAIT_WARNING,
+        lane_threads: int = DEFAULT_LANE_THREADS,
         load_path: str | os.PathLike[str] | None = None,
         dist_timeout: float = DEFAULT_DIST_TIMEOUT,
         preemption: Preemption | bool | None = None,
@@ -220,6 +227,7 @@ class Trainer:
             warn_slow=warn_slow_callbacks,
             close_timeout=close_timeout,
             wait_warning=wait_warning,
+            lane_threads=lane_threads,
         )
         resolved_device = _resolve_device(device)
         callbacks = _as_list(callbacks, "callbacks")
@@ -303,6 +311,7 @@ class Trainer:
             warn_slow=bus_options.warn_slow,
             close_timeout=bus_options.close_timeout,
             wait_warning=bus_options.wait_warning,
+            lane_threads=bus_options.lane_threads,
         )
         self._config = LoopConfig(
             loss_fn=loss_fn,
@@ -498,6 +507,7 @@ class Trainer:
         running: list[tuple[LoopHandle, anyio.CancelScope]] = []
 
         async def fit() -> None:
+            OWN_LOOP.set(True)  # this loop is ours: a handler holding it may be interrupted
             with anyio.CancelScope() as scope:
                 running.append((LoopHandle(), scope))
                 await self.fit(duration=duration)

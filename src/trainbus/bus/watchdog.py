@@ -1,0 +1,122 @@
+"""A handler that holds the event loop's thread past a deadline: named, and interrupted
+where the loop is trainbus's own (issue 45, item 7; ``docs/concurrency.md``, "Deadlines").
+
+The bus's deadlines (a close's ``close_timeout``, a barrier's ``wait_warning``) are kept
+by the event loop, so an ``async def`` handler that never awaits (``while True: pass``,
+a long computation) silences every one of them: the loop never gets control back to
+cancel it or to warn. :class:`LoopWatch` keeps them from another thread instead: when a
+deadline passes (the training thread's wait at a barrier passes ``wait_warning``; a
+timer thread armed for each close), it looks at the loop's thread. If that thread runs
+user code and does not run a call handed to it within :data:`CONFIRM_S`, a handler holds
+it: the handler and its event are named on stderr, once, and
+
+- under ``fit_sync()`` (trainbus started the loop, on the main thread: :data:`OWN_LOOP`)
+  :class:`~trainbus.HandlerInterrupted` is raised inside it (as Ctrl-C raises
+  ``KeyboardInterrupt`` there); the run then fails with that error, named by the bus's
+  note, or the close goes on without that callback;
+- under ``await trainer.fit()`` in your own loop, nothing is raised (the exception could
+  land in your code, not the handler's): the message is all, and the run waits.
+
+A plain ``def`` handler never holds the loop (it runs on its callback's thread), and a
+handler blocked in a C call (``time.sleep`` inside ``async def``) gets the exception
+only when the call returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
+from typing import TYPE_CHECKING
+
+from trainbus.core.exceptions import HandlerInterrupted
+
+if TYPE_CHECKING:
+    from trainbus.bus.bridge import LoopHandle
+    from trainbus.bus.lanes import Lane
+
+__all__ = ["CONFIRM_S", "OWN_LOOP", "LoopWatch"]
+
+#: Set (in the loop's context) by ``fit_sync()``/``run_sync()``: trainbus started this loop.
+OWN_LOOP: ContextVar[bool] = ContextVar("trainbus_own_loop", default=False)
+#: Seconds a held loop's thread is given to run a handed-over call before it counts as held.
+CONFIRM_S = 1.0
+#: Seconds after a close deadline that its watch looks (the loop's own cancel comes first).
+CLOSE_MARGIN_S = 0.5
+_IDLE = ("/selectors.py", "/asyncio/", "/trio/", "/anyio/", "/threading.py", "/selectors")
+
+
+class LoopWatch:
+    """Keeps the loop-side deadlines of one session from outside the loop (module doc)."""
+
+    def __init__(self, loop: LoopHandle, lanes: Sequence[Lane]) -> None:
+        self.loop = loop
+        self.lanes = lanes
+        self.interrupt = OWN_LOOP.get()  # read on the loop, where the session is built
+        self._reported: set[str] = set()
+        self._lock = threading.Lock()
+
+    def check(self, deadline: str) -> None:
+        """The ``deadline`` passed: name a handler that holds the loop, interrupt it if ours.
+
+        Called from a thread that is not the loop's; it waits at most :data:`CONFIRM_S`.
+        """
+        tid = self.loop.thread_id
+        if tid == threading.get_ident() or not _runs_user_code(tid):
+            return
+        answered = threading.Event()
+        self.loop.call_soon_if_running(answered.set)
+        if answered.wait(CONFIRM_S) or not _runs_user_code(tid):
+            return
+        running = [
+            f"{lane.current}" for lane in self.lanes if lane.scope is not None and lane.current
+        ]
+        held = " or ".join(running) or "an async def handler"
+        with self._lock:
+            first = held not in self._reported
+            self._reported.add(held)
+        if self.interrupt:
+            what = "raising HandlerInterrupted in it (fit_sync() owns the loop)"
+        else:
+            what = (
+                "it cannot be interrupted in your own event loop (await trainer.fit()): the "
+                "run waits for it; make it await, or a plain def (its own thread)"
+            )
+        if first or self.interrupt:
+            print(
+                f"trainbus: {held} has held the event loop's thread past {deadline} without "
+                f"awaiting (a loop with no await?); {what}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if self.interrupt:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(tid), ctypes.py_object(HandlerInterrupted)
+            )
+
+    @contextlib.contextmanager
+    def armed(self, seconds: float, deadline: str) -> Iterator[None]:
+        """Check ``CLOSE_MARGIN_S`` after ``seconds`` unless the block ended first."""
+        if seconds == float("inf"):
+            yield
+            return
+        timer = threading.Timer(seconds + CLOSE_MARGIN_S, self.check, (deadline,))
+        timer.daemon = True
+        timer.name = "trainbus-loop-watch"
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+
+
+def _runs_user_code(tid: int) -> bool:
+    """Whether thread ``tid`` runs code outside the event loop's own wait and machinery."""
+    frame = sys._current_frames().get(tid)
+    if frame is None:
+        return False
+    where = frame.f_code.co_filename.replace("\\", "/")
+    return not any(part in where for part in _IDLE)
