@@ -9,6 +9,6 @@ which the runner calls in a fresh process (``ctx.child``).
 
 MODULES = (
     "call_blocking", "call_plain", "call_async", "batch_overhead", "growth", "run_event",
-    "sleepers", "upload", "trailing_upload", "loop_wakeups", "many_callbacks", "first_example", "lateness",
-    "memory", "checkpoint",
+    "sleepers", "upload", "trailing_upload", "loop_wakeups", "many_callbacks",
+    "thousand_callbacks", "first_example", "lateness", "memory", "checkpoint",
 )

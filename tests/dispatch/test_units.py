@@ -19,7 +19,8 @@ from trainbus import Callback, Event, Logger, State, blocking, trailing
 from trainbus.bus.bridge import LoopHandle, LoopWaker
 from trainbus.bus.lanes import STOP, CallItem, Counters, EventItem, Gate, Lane, LogItem, Stopped
 from trainbus.bus.members import Member
-from trainbus.bus.runners import fail_thread_lane, run_loop_lane
+from trainbus.bus.pool import LaneThread
+from trainbus.bus.runners import fail_lane_thread, run_loop_lane
 from trainbus.core.callback import resolve_callback
 from trainbus.core.logger import LogRecord
 
@@ -153,8 +154,11 @@ def test_wait_for_room_returns_once_a_record_is_taken() -> None:
 # -- a thread lane after an internal error ---------------------------------------------------
 
 
-def test_a_broken_thread_lane_counts_events_and_records_fails_calls_and_stops() -> None:
-    lane = make_lane()
+def test_a_broken_lane_thread_counts_events_and_records_fails_calls_and_stops() -> None:
+    lane, other = make_lane(), make_lane()
+    thread = LaneThread([lane, other])
+    thread.subs[Event.BATCH_END] = [(lane, lane.slots[Event.BATCH_END]),
+                                    (other, other.slots[Event.BATCH_END])]
     calls: list[BaseException | None] = []
 
     class Loop:
@@ -162,13 +166,16 @@ def test_a_broken_thread_lane_counts_events_and_records_fails_calls_and_stops() 
             fn(*args)
 
     record = LogRecord({"x": 1.0}, 0, 0.0)
-    for item in (event_item(), LogItem(record), CallItem(lambda: None, False, calls.append), STOP):
-        lane.pending.append(item)
-    lane.enq = 1
+    thread.pending.append(event_item())  # a bare item: every callback of the thread's
+    thread.put(lane, event_item())
+    thread.put(lane, LogItem(record))
+    thread.put(lane, CallItem(lambda: None, False, calls.append))
+    thread.stop()
+    lane.enq, other.enq = 2, 1
     lane.log_enq = 1
     error = RuntimeError("internal")
-    fail_thread_lane(lane, Loop(), error)  # type: ignore[arg-type]
-    assert (lane.done, lane.log_done) == (1, 1)
+    fail_lane_thread(thread, Loop(), error)  # type: ignore[arg-type]
+    assert (lane.done, lane.log_done, other.done) == (2, 1, 1)
     assert calls == [error]
 
 

@@ -11,7 +11,7 @@ waiting there for handlers that need that same loop would deadlock.
 The path of one event, end to end (``docs/concurrency.md`` has the picture):
 ``Producer.publish`` (training thread, ``producer.py``) appends the event's item to each
 lane (``lanes.py``) and wakes the sleeping runners by its rule (``bridge.LoopWaker`` for
-the loop lanes, ``Lane.wake_thread`` for a thread lane); the runner (``runners.py``) calls
+the loop lanes, ``LaneThread.wake`` for a lane thread); the runner (``runners.py``) calls
 the handler and counts the item done, which tells the gate (``lanes.Gate``) the training
 thread may be waiting at, at a barrier.
 """
@@ -29,7 +29,12 @@ import anyio.lowlevel
 from trainbus.bus.bridge import LoopThread, no_running_loop
 from trainbus.bus.lanes import Counters, Stopped
 from trainbus.bus.members import Member
-from trainbus.bus.options import DEFAULT_CLOSE_TIMEOUT, DEFAULT_WAIT_WARNING, BusOptions
+from trainbus.bus.options import (
+    DEFAULT_CLOSE_TIMEOUT,
+    DEFAULT_LANE_THREADS,
+    DEFAULT_WAIT_WARNING,
+    BusOptions,
+)
 from trainbus.bus.session import Session
 from trainbus.bus.statistics import BusStatistics, collect_statistics
 from trainbus.bus.trace import TraceRecorder
@@ -84,6 +89,8 @@ class Engine:
             a cancelled ``fit()`` waits for a stuck handler) before it is abandoned.
         wait_warning: Seconds a barrier or a close may wait for a callback before a
             :class:`~trainbus.CallbackTimeoutWarning` names it (``math.inf``: never).
+        lane_threads: Threads in the pool that runs plain callbacks (each pinned to one
+            for the whole run; ``own_thread = True`` callbacks get one of their own).
 
     Raises:
         TypeError: A callback is not a :class:`~trainbus.Callback`, or an option has the
@@ -109,6 +116,7 @@ class Engine:
         warn_slow: bool = True,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
         wait_warning: float = DEFAULT_WAIT_WARNING,
+        lane_threads: int = DEFAULT_LANE_THREADS,
     ) -> None:
         self.options = BusOptions.validated(
             barriers=barriers,
@@ -117,6 +125,7 @@ class Engine:
             warn_slow=warn_slow,
             close_timeout=close_timeout,
             wait_warning=wait_warning,
+            lane_threads=lane_threads,
         )
         self.state = state
         self.logger = logger

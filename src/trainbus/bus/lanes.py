@@ -4,10 +4,12 @@ One :class:`Lane` per callback per session. Its items (one per published event i
 per logged record for a destination, per ``close`` call) run one at a time, in queue order
 (D1), by the one runner its placement gives it (``members.py``, ``runners.py``):
 
-- items go into ``pending`` (a deque: an append, nothing woken); the runner takes them
-  from the left and, when there are none, sleeps: a thread lane's thread on ``sleeper``
-  (woken by :meth:`Lane.wake_thread`), a loop lane's task on ``wakeup`` (woken through
-  ``bridge.LoopWaker``). When the producer wakes them is its rule (``producer.py``).
+- a thread lane's items go into its lane thread's FIFO (``pool.LaneThread``: a bounded
+  pool of threads, each serving several callbacks in list order), which sleeps when it
+  is empty until the producer wakes it (its rule: ``producer.py``);
+- a loop lane's items go into its ``pending`` (a deque: an append, nothing woken); its
+  task takes them from the left and, when there are none, sleeps on ``wakeup`` (woken
+  through ``bridge.LoopWaker``).
 - a loop lane's items from the training thread go into its ``inbox`` instead, which the
   training thread hands to the loop in one piece at each of its wake-ups of the loop
   (``Producer.hand_over``); the loop appends them to ``pending``, then ``WAKE_END``. At
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 if TYPE_CHECKING:
     import anyio
 
-    from trainbus.bus.members import Member
+    from trainbus.bus.members import Member, Slot
     from trainbus.bus.trace import TraceRecorder
     from trainbus.core.callback import Handler
     from trainbus.core.events import Event
@@ -68,6 +70,17 @@ class LoopEvent(Protocol):
     def set(self) -> None: ...
 
     def wait(self) -> Awaitable[Any]: ...
+
+
+class LaneRunner(Protocol):
+    """What a lane knows of its lane thread (``pool.LaneThread``, which imports this
+    module): its FIFO, ``put``, the handlers a bare event item runs, whom it waits for."""
+
+    pending: deque[Any]
+    subs: dict[Event, list[tuple[Lane, Slot]]]
+    waiting_on: Lane | None
+
+    def put(self, lane: Lane, item: WorkItem) -> None: ...
 
 
 class Stopped(Exception):
@@ -177,8 +190,8 @@ class Lane:
         "room",
         "room_waiters",
         "room_wakers",
+        "runner",
         "scope",
-        "sleeper",
         "slots",
         "thread",
         "uniform",
@@ -196,18 +209,21 @@ class Lane:
         self.slots = member.slots
         self.log_slot = member.log_slot
         self.on_thread = member.on_thread
-        #: The lane's items, in order (its runner takes them from the left).
+        #: A loop lane's items, in order (its task takes them from the left). A thread
+        #: lane's are in its lane thread's FIFO (``runner.pending``).
         self.pending: deque[WorkItem] = deque()
-        #: Where the training thread queues: ``pending`` itself for a thread lane; for a
-        #: loop lane a list that only the training thread touches until it hands it over.
-        self.inbox: MutableSequence[WorkItem] = self.pending if member.on_thread else []
-        #: Whether the runner sleeps (or is about to): set by the runner before its
-        #: second look at ``pending``, so an append either is seen or sees it sleep.
+        #: Where the training thread queues a loop lane's items: a list that only the
+        #: training thread touches until it hands it over (unused for a thread lane).
+        self.inbox: MutableSequence[WorkItem] = []
+        #: Whether a loop lane's task sleeps (or is about to): set before its second look
+        #: at ``pending``, so an append either is seen or sees it sleep.
         self.idle = False
-        #: A thread lane's thread sleeps in ``sleeper.acquire()`` (held while it sleeps);
-        #: :meth:`wake_thread` releases it.
-        self.sleeper = threading.Lock()
-        self.sleeper.acquire()
+        #: Who runs the lane's items: its ``pool.LaneThread`` (set there) for a thread
+        #: lane; the lane itself (its task) for a loop lane. Lanes with one runner run one
+        #: item at a time between them (records' waits for room follow runners).
+        self.runner: LaneRunner | Lane = self
+        #: A thread lane's lane thread (``None`` for a loop lane).
+        self.thread: LaneRunner | None = None
         #: A loop lane's task sleeps on ``wakeup`` (``bridge.LoopWaker`` sets it).
         self.wakeup: LoopEvent | None = None
         #: Held by whoever runs one of the lane's items: its thread, or the training thread
@@ -241,34 +257,12 @@ class Lane:
         self.last_batch = 0
         #: The cancel scope of the coroutine handler running now, if any (D11).
         self.scope: anyio.CancelScope | None = None
-        self.thread: threading.Thread | None = None
         #: Set when the lane missed its close deadline: nobody waits for it any more.
         self.abandoned = False
         #: The handler running now (``"Class.method"``), for messages; else ``None``.
         self.current: str | None = None
         #: Set when one of its handlers raised: it runs nothing more but its close (D10).
         self.failed = False
-
-    def sleep_thread(self) -> None:
-        """A thread lane's thread: sleep until :meth:`wake_thread`, unless an item came."""
-        self.idle = True  # before the second look: an append either is seen or sees idle
-        if not self.pending:
-            self.sleeper.acquire()
-        self.idle = False
-
-    def wake_thread(self) -> None:
-        """Wake a thread lane's thread, which sleeps or is about to (any thread).
-
-        A thread woken and not yet running is woken again at each later publish that wakes
-        threads (``BATCH_END`` then ``BATCH_CHECKPOINT``, say): the look at ``locked()``
-        spares the ``RuntimeError`` of a second release, which costs the caller more than
-        the wake-up itself and depends on how soon the woken thread runs."""
-        sleeper = self.sleeper
-        if sleeper.locked():
-            try:
-                sleeper.release()
-            except RuntimeError:  # released meanwhile by another thread
-                pass
 
     # -- lags (training thread; ``@trailing`` slots) --------------------------------------
 
@@ -334,15 +328,18 @@ class Lane:
                 self.room_waiters -= 1
 
 
-def would_deadlock(waiter: Lane | None, dest: Lane) -> bool:
-    """Whether ``waiter`` waiting for room in ``dest`` could wait for ever: ``dest`` is
-    ``waiter``, or waits, through a chain of lanes waiting for room, for ``waiter``."""
-    lane: Lane | None = dest
+def would_deadlock(waiter: LaneRunner | Lane | None, dest: Lane) -> bool:
+    """Whether ``waiter`` (a lane thread, or a loop lane's task) waiting for room in
+    ``dest`` could wait for ever: ``dest`` runs on ``waiter`` (a callback pinned to the
+    same lane thread), or on a runner that waits, through a chain of runners waiting for
+    room, for ``waiter``."""
+    runner: LaneRunner | Lane | None = dest.runner
     hops = 0
-    while lane is not None and hops < 64:
-        if lane is waiter:
+    while runner is not None and hops < 64:
+        if runner is waiter:
             return True
-        lane = lane.waiting_on
+        nxt = runner.waiting_on
+        runner = nxt.runner if nxt is not None else None
         hops += 1
     return hops >= 64
 

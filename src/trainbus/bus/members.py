@@ -5,8 +5,10 @@ A :class:`Member` is one callback as the bus sees it for the engine's lifetime; 
 it is declared (D7), and never changes:
 
 - a callback with any plain handler that is not ``@blocking`` (or a plain ``log_record``, or
-  a plain ``close``) has a thread of its own: every plain handler of it runs there, and its
-  ``async def`` handlers run on the event loop, handed over by that thread in order;
+  a plain ``close``) is pinned to one lane thread (``pool.py``): one of a bounded pool,
+  which it shares with other callbacks, or one of its own if it declares
+  ``own_thread = True``. Every plain handler of it runs there, and its ``async def``
+  handlers run on the event loop, handed over by that thread in order;
 - any other callback runs on the event loop, in a task of its own;
 - a plain ``@blocking`` handler runs on the training thread, whatever its callback has.
 """
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
     from trainbus.core.callback import Handler, HandlerTable
     from trainbus.core.events import Event
 
-__all__ = ["Member", "Slot", "due"]
+__all__ = ["Member", "Slot", "due", "own_thread_of"]
 
 
 class Slot:
@@ -74,7 +76,9 @@ class Member:
         index: Its position in the callback list.
         slots: The slot per event it handles (none for events it ignores).
         log_slot: For a logger destination, the slot receiving log records.
-        on_thread: Whether it has a thread of its own (see the module docstring).
+        on_thread: Whether it runs on a lane thread (see the module docstring).
+        own_thread: Whether that lane thread is its own (``own_thread = True`` on the
+            callback), not one of the pool's.
         shares_thread: Whether the training thread runs some of its plain handlers too.
         lags: The distinct lags (batches) of its slots.
         peak: The most event handler calls ever queued at once for it.
@@ -88,6 +92,7 @@ class Member:
         "log_slot",
         "name",
         "on_thread",
+        "own_thread",
         "peak",
         "peak_records",
         "shares_thread",
@@ -113,6 +118,7 @@ class Member:
             slot.here for slot in self.slots.values()
         )
         self.on_thread = table.has_sync or plain_log or blocking_destination
+        self.own_thread = self.on_thread and own_thread_of(table.callback, index)
         #: Whether its plain handlers run on two threads, its own and (``@blocking``) the
         #: training thread: then each item of its thread runs under its lane's lock (D1).
         self.shares_thread = self.on_thread and any(slot.here for slot in self.slots.values())
@@ -127,6 +133,22 @@ class Member:
         if self.log_slot is not None:
             slots.append(self.log_slot)
         return slots
+
+
+def own_thread_of(callback: object, index: int) -> bool:
+    """The callback's ``own_thread`` declaration, checked.
+
+    Raises:
+        TypeError: ``own_thread`` is not a bool.
+    """
+    own = getattr(callback, "own_thread", False)
+    if not isinstance(own, bool):
+        raise TypeError(
+            f"callbacks[{index}] ({type(callback).__qualname__}).own_thread={own!r} must be "
+            "True (its plain handlers get a thread of their own) or False (they share the "
+            "pool's lane threads, the default)"
+        )
+    return own
 
 
 def due(slot: Slot, when: Callable[[Any], bool], ts: Any) -> bool:

@@ -13,12 +13,14 @@ from typing import Any
 
 from trainbus.core.events import Event
 
-__all__ = ["DEFAULT_CLOSE_TIMEOUT", "DEFAULT_WAIT_WARNING", "BusOptions"]
+__all__ = ["DEFAULT_CLOSE_TIMEOUT", "DEFAULT_LANE_THREADS", "DEFAULT_WAIT_WARNING", "BusOptions"]
 
 #: Seconds each callback's ``close`` (and ``post_close``) may take before it is abandoned.
 DEFAULT_CLOSE_TIMEOUT = 30.0
 #: Seconds a barrier or a close may wait before a warning names what it waits for.
 DEFAULT_WAIT_WARNING = 10.0
+#: Lane threads the plain callbacks share (``bus/pool.py`` says why eight).
+DEFAULT_LANE_THREADS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,9 @@ class BusOptions:
             close waiting for a callback) emits a
             :class:`~trainbus.CallbackTimeoutWarning` naming the callback and the handler it
             waits for (``math.inf``: never).
+        lane_threads: Threads in the pool that runs plain callbacks' handlers; each plain
+            callback is pinned to one of them for the whole run (callbacks declaring
+            ``own_thread = True`` get a thread of their own besides).
     """
 
     barriers: frozenset[Event] = frozenset({Event.BATCH_END})
@@ -47,6 +52,7 @@ class BusOptions:
     warn_slow: bool = True
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT
     wait_warning: float = DEFAULT_WAIT_WARNING
+    lane_threads: int = DEFAULT_LANE_THREADS
 
     @classmethod
     def validated(
@@ -58,6 +64,7 @@ class BusOptions:
         warn_slow: Any = True,
         close_timeout: Any = DEFAULT_CLOSE_TIMEOUT,
         wait_warning: Any = DEFAULT_WAIT_WARNING,
+        lane_threads: Any = DEFAULT_LANE_THREADS,
     ) -> BusOptions:
         """Check every option and return them; raise naming the argument and the fix.
 
@@ -67,6 +74,10 @@ class BusOptions:
         """
         _int_at_least(max_lag, 0, "max_lag", "an int >= 0 (batches), e.g. 0 or 2")
         _int_at_least(queue_size, 1, "queue_size", "an int >= 1 (handler calls), e.g. 128")
+        _int_at_least(
+            lane_threads, 1, "lane_threads",
+            f"an int >= 1 (threads plain callbacks share), e.g. {DEFAULT_LANE_THREADS}",
+        )
         _seconds(close_timeout, "close_timeout", "seconds > 0, e.g. 30.0 or math.inf")
         if close_timeout == 0:
             raise ValueError(f"close_timeout={close_timeout!r} must be > 0 seconds, e.g. 30.0")
@@ -82,6 +93,7 @@ class BusOptions:
             warn_slow=warn_slow,
             close_timeout=float(close_timeout),
             wait_warning=float(wait_warning),
+            lane_threads=lane_threads,
         )
 
 

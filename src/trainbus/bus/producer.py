@@ -5,12 +5,14 @@ snapshot of the state, D5) and, for every callback that handles the event, in li
 
 - a plain ``@blocking`` handler runs right here, once its callback's earlier items are done
   (D9); an ``async def`` ``@blocking`` handler is queued and waited for;
-- any other handler's item is appended to its lane's ``inbox`` (a thread lane's
-  ``pending``; a loop lane's list of its own), after waiting for room if the lane holds
-  ``queue_size`` items (D12). Nothing is woken per item.
+- any other handler's item is counted on its lane (after waiting for room if the lane
+  holds ``queue_size`` items, D12) and queued: on a loop lane's ``inbox`` (a list of its
+  own); on a lane thread (``pool.py``) once per thread, not per callback, when every
+  handler of the event is only queued (the common case), else as a ``(lane, item)``
+  pair. Nothing is woken per item.
 
 Waking, by rule (never by time), at the end of a publish: with an event outside a batch's
-inside (``INSIDE_BATCH``), each sleeping thread lane with items. The loop, with one call
+inside (``INSIDE_BATCH``), each sleeping lane thread with items. The loop, with one call
 that hands it the loop lanes' inboxes (:meth:`Producer.hand_over`, ``bridge.LoopWaker``),
 if something was queued for it since its last wake-up: at an event outside the batch loop
 (``WAKES_LOOP``), at the batch's first publish that queues something for it (whatever its
@@ -37,16 +39,20 @@ from trainbus.core.events import Event
 
 if TYPE_CHECKING:
     from trainbus.bus.bridge import LoopWaker
-    from trainbus.bus.lanes import Counters, Gate, Lane, WaitKind
+    from trainbus.bus.lanes import Counters, Gate, Lane, LaneRunner, WaitKind
     from trainbus.bus.members import Member, Slot
     from trainbus.bus.options import BusOptions
+    from trainbus.bus.pool import LaneThread
     from trainbus.core.logger import Logger
     from trainbus.core.state import State
 
 __all__ = ["Plan", "Producer"]
 
 #: What publishing an event does with its handlers (see ``Producer.plan``).
-Plan = tuple[list["Lane"], list[tuple["Lane", "Slot"]], list[tuple["Lane", "Slot"]]]
+Plan = tuple[
+    list["Lane"], list["Lane"], list["LaneRunner"], list[tuple["Lane", "Slot"]],
+    list[tuple["Lane", "Slot"]],
+]
 
 _perf = time.perf_counter
 
@@ -94,6 +100,7 @@ class Producer:
         logger: Logger,
         members: Sequence[Member],
         lanes: Sequence[Lane],
+        threads: Sequence[LaneThread],
         options: BusOptions,
         gate: Gate,
         counters: Counters,
@@ -114,10 +121,12 @@ class Producer:
         self.destinations = [lane for lane in lanes if lane.log_slot is not None]
         self.lagged = [lane for lane in lanes if not lane.uniform]
         #: Per event, its handlers in offering order (loggers first at INIT, last
-        #: otherwise, as Composer does), in one of three lists by what publishing does
-        #: with them: ``queued`` lanes when it only queues each handler (no filter, not
-        #: ``@blocking``, no lag: the common case, an enq count and an append), ``here``
-        #: when it only runs each on this thread (plain ``@blocking``, no filter), else
+        #: otherwise, as Composer does), by what publishing does with them. When it only
+        #: queues each handler (no filter, not ``@blocking``, no lag: the common case):
+        #: ``queued`` loop lanes (an enq count and an append to the inbox), ``counted``
+        #: thread lanes (an enq count) and the lane ``threads`` that get the event's item
+        #: once each (their ``subs`` list its handlers there, in the same order). When it
+        #: only runs each on this thread (plain ``@blocking``, no filter): ``here``. Else
         #: ``others``, every handler with the full rules.
         self.plan: dict[Event, Plan] = {}
         for event in Event:
@@ -125,11 +134,22 @@ class Producer:
             if event is Event.INIT:
                 subs.sort(key=lambda pair: pair[0].log_slot is None)
             if all(_only_queued(lane, slot) for lane, slot in subs):
-                self.plan[event] = ([lane for lane, _ in subs], [], [])
+                lane_threads: list[LaneRunner] = []
+                for lane, slot in subs:
+                    thread = lane.thread
+                    if thread is not None:
+                        if thread not in lane_threads:
+                            lane_threads.append(thread)
+                        thread.subs.setdefault(event, []).append((lane, slot))
+                self.plan[event] = (
+                    [lane for lane, _ in subs if lane.thread is None],
+                    [lane for lane, _ in subs if lane.thread is not None],
+                    lane_threads, [], [],
+                )
             elif all(slot.here and slot.when is None for _, slot in subs):
-                self.plan[event] = ([], subs, [])
+                self.plan[event] = ([], [], [], subs, [])
             else:
-                self.plan[event] = ([], [], subs)
+                self.plan[event] = ([], [], [], [], subs)
         #: The thread that may publish now (the training thread, or a plain-code caller).
         self.ident: int | None = None
         self._view_key: tuple[Any, Any] = (None, None)
@@ -141,7 +161,7 @@ class Producer:
         #: ``wait_all`` must not wait for itself).
         self.running_here: Lane | None = None
         self.slow = SlowCallbacks()
-        self.thread_lanes = [lane for lane in lanes if lane.on_thread]
+        self.threads = threads
         self.loop_lanes = [lane for lane in lanes if not lane.on_thread]
         #: Whether items were queued on loop lanes since the loop was last woken.
         self._loop_owed = False
@@ -154,7 +174,7 @@ class Producer:
         #: The events that queue items on loop lanes (see ``WAKES_LOOP``).
         self.to_loop = frozenset(
             event
-            for event, (queued, _, others) in self.plan.items()
+            for event, (queued, _, _, _, others) in self.plan.items()
             if any(not lane.on_thread for lane in queued)
             or any(not lane.on_thread and not slot.here for lane, slot in others)
         )
@@ -181,14 +201,21 @@ class Producer:
         ended: int | None = None  # hand-overs when the batch's end was published
         for event in events:
             self.counters.published += 1
-            queued, here, others = self.plan[event]
-            if queued or here or others:
+            queued, counted, threads_of, here, others = self.plan[event]
+            if queued or counted or here or others:
                 item = self._item(event)
             for lane in queued:  # D3: an enq count and an append; woken below
                 if lane.enq - lane.done >= queue_size:  # D12: wait for room first
                     self.wait([(lane, lane.enq - queue_size + 1)], "backpressure", event)
                 lane.enq += 1  # before the item: its runner never counts past enq
                 lane.inbox.append(item)
+            if counted:
+                for lane in counted:  # D3: an enq count each...
+                    if lane.enq - lane.done >= queue_size:  # D12: wait for room first
+                        self.wait([(lane, lane.enq - queue_size + 1)], "backpressure", event)
+                    lane.enq += 1  # before the item: its runner never counts past enq
+                for thread in threads_of:  # ...and one append per lane thread
+                    thread.pending.append(item)
             if here:
                 self._run_here(here, item)
             for lane, slot in others:
@@ -203,7 +230,10 @@ class Producer:
                 lane.enq += 1  # before the item: its runner never counts past enq
                 if not lane.uniform:
                     lane.last_by_lag[slot.lag] = lane.enq
-                lane.inbox.append(item)
+                if lane.thread is not None:
+                    lane.thread.pending.append((lane, item))
+                else:
+                    lane.inbox.append(item)
                 if slot.is_blocking:  # an async @blocking handler: wait for it (D9)
                     self.wait([(lane, lane.enq)], "blocking", event)
             if event in self.to_loop:
@@ -251,10 +281,11 @@ class Producer:
         self.waker.deliver(waves)
 
     def wake_threads(self) -> None:
-        """Wake the sleeping thread lanes that have items (see ``INSIDE_BATCH``)."""
-        for lane in self.thread_lanes:
-            if lane.idle and lane.pending:
-                lane.wake_thread()
+        """Wake the sleeping lane threads that have items (see ``INSIDE_BATCH``): one
+        wake-up hands a thread everything queued for its callbacks since its last."""
+        for thread in self.threads:
+            if thread.idle and thread.pending:
+                thread.wake()
 
     def wait(
         self, targets: list[tuple[Lane, int]], kind: WaitKind, event: Event | None = None

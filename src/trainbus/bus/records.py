@@ -5,13 +5,15 @@ queues it on every destination's lane. At most ``queue_size`` records wait per d
 past that the logging party waits, in the way its thread allows:
 
 - the training thread waits at the gate, like a full event queue;
-- a lane's thread (a plain handler that logs) blocks until the destination has room;
+- a lane thread (a plain handler that logs) blocks until the destination has room;
 - a handler on the event loop cannot block the loop: its record is queued, and its lane
   waits for room after the handler returns (``runners._wait_for_room``). The overshoot is
   bounded by what one handler call logs.
 
-Nobody waits for room in its own lane, or where waiting would close a cycle of lanes
-waiting for each other's room: then the record is queued over the bound. Barriers never
+Nobody waits where waiting could never end: for room in its own lane or in a destination
+pinned to its own lane thread, or where waiting would close a cycle of runners (lane
+threads, loop lanes' tasks) waiting for each other's room: then the record is queued over
+the bound. Barriers never
 wait for records.
 """
 
@@ -21,12 +23,13 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from trainbus.bus.lanes import LogItem, would_deadlock
-from trainbus.bus.runners import CURRENT_LANE
+from trainbus.bus.lanes import Lane, LogItem, would_deadlock
+from trainbus.bus.runners import CURRENT_RUNNER
 
 if TYPE_CHECKING:
     from trainbus.bus.bridge import LoopWaker
-    from trainbus.bus.lanes import Gate, Lane
+    from trainbus.bus.lanes import Gate
+    from trainbus.bus.pool import LaneThread
     from trainbus.bus.producer import Producer
     from trainbus.core.logger import LogRecord
 
@@ -69,10 +72,8 @@ class Records:
             if lane.log_enq - lane.log_done >= bound and not (lane.failed or lane.abandoned):
                 self._wait_for_room(lane)
             depth = lane.count_record()
-            if lane.on_thread:
-                lane.pending.append(item)
-                if lane.idle:  # after the append: see Lane.idle
-                    lane.wake_thread()
+            if lane.thread is not None:
+                lane.thread.put(lane, item)
             elif publishing:
                 lane.inbox.append(item)
                 handed.append(lane)
@@ -94,12 +95,12 @@ class Records:
             if self._producer.running_here is not lane:  # not a @blocking handler's own
                 self._producer.wait([(lane, lane.log_enq - self.bound + 1)], "records")
             return
-        waiter = CURRENT_LANE.get()
+        waiter = CURRENT_RUNNER.get()  # this lane thread, or (on the loop) this loop lane
         if ident == self.loop_thread:
-            if waiter is not None and waiter is not lane:
+            if isinstance(waiter, Lane) and waiter is not lane:
                 waiter.owes = lane  # its task waits for room after this handler
             return
-        if waiter is lane or would_deadlock(waiter, lane):
+        if would_deadlock(waiter, lane):  # its own lane thread, or a cycle
             return
         if waiter is not None:
             waiter.waiting_on = lane
@@ -109,7 +110,7 @@ class Records:
             if waiter is not None:
                 waiter.waiting_on = None
 
-    def _give_up(self, waiter: Lane | None, lane: Lane) -> bool:
+    def _give_up(self, waiter: LaneThread | Lane | None, lane: Lane) -> bool:
         if self.gate.stopping or lane.failed or lane.abandoned:
             return True
         return would_deadlock(waiter, lane)

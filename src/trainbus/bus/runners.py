@@ -1,27 +1,33 @@
-"""Who runs a lane's items: the lane's own thread, or the lane's task on the event loop.
+"""Who runs a lane's items: a lane thread, or the lane's task on the event loop.
 
 Placement is declared (``members.py``) and fixed for the run:
 
-- :func:`run_thread_lane` is the body of a thread lane's thread. It takes items from the
-  lane's ``pending`` (sleeping in ``Lane.sleep_thread`` when there are none) and runs each:
-  plain handlers right here; ``async def`` ones on the loop, handed over through the
-  :class:`~trainbus.bus.bridge.Spawner` and waited for, so the callback's handlers stay in
-  order (D1) and plain ones always run on this one thread. Under the lane's lock only when
-  the training thread runs some of the callback's handlers too (``Member.shares_thread``).
+- :func:`run_lane_thread` is the body of a lane thread (``pool.LaneThread``), which serves
+  the callbacks pinned to it. It takes entries from its FIFO (sleeping in
+  ``LaneThread.sleep`` when there are none) and runs each: plain handlers right here;
+  ``async def`` ones on the loop, handed over through the
+  :class:`~trainbus.bus.bridge.Spawner` and waited for, so each callback's handlers stay
+  in order (D1) and its plain ones always run on this one thread. A callback's item runs
+  under its lane's lock only when the training thread runs some of the callback's
+  handlers too (``Member.shares_thread``).
 - :func:`run_loop_lane` is a loop lane's task, an ordinary anyio task in the session's
   task group: it awaits each item's handler in turn and sleeps on ``lane.wakeup`` when the
   lane is empty.
 
-Both end a finished item the same way: :func:`account` (statistics, the timeline and the
-count barriers wait for). A runner reads the clock once an item: an item's time runs from
-the end of the one before (or the runner's wake-up) to its own end. An event item of a
-stopping session is counted without being run (D10).
+The two take the same items and treat them alike: an event item of a stopping session
+is counted without being run (D10, :func:`_skipped`); a record goes to a destination that
+has not failed; a call item's ``on_done`` hears its error. Each ends a finished handler
+call with :func:`account` (statistics, the timeline and the count barriers wait for). A
+runner reads the clock once an item: an item's time runs from the end of the one before
+(or the runner's wake-up) to its own end. They differ in how a call is made: called
+here, or awaited.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
@@ -32,15 +38,17 @@ from trainbus.core.scalars import all_ready
 
 if TYPE_CHECKING:
     from trainbus.bus.bridge import LoopHandle, Spawner
-    from trainbus.bus.lanes import Counters, Lane
+    from trainbus.bus.lanes import Counters, Lane, WorkItem
     from trainbus.bus.members import Slot
+    from trainbus.bus.pool import LaneThread
 
-__all__ = ["CURRENT_LANE", "account", "run_loop_lane", "run_thread_lane"]
+__all__ = ["CURRENT_RUNNER", "account", "fail_lane_thread", "run_lane_thread", "run_loop_lane"]
 
 _perf = time.perf_counter
 
-#: The lane whose item runs in this thread or task (records logged there are its own).
-CURRENT_LANE: ContextVar[Lane | None] = ContextVar("trainbus_lane", default=None)
+#: Who runs in this thread or task: its lane thread, or the loop lane whose task it is
+#: (records logged there wait for room by that runner: ``records.py``).
+CURRENT_RUNNER: ContextVar[LaneThread | Lane | None] = ContextVar("trainbus_runner", default=None)
 
 #: Seconds between looks at stopping and cycles while a loop lane waits for room (D12).
 ROOM_RECHECK = 0.05
@@ -73,97 +81,147 @@ def account(lane: Lane, slot: Slot, batch: int, start: float, elapsed: float,
             lane.gate.reached(lane)
 
 
-# -- a thread lane -------------------------------------------------------------------------
+# -- a lane thread -------------------------------------------------------------------------
 
 
-def run_thread_lane(lane: Lane, spawner: Spawner, loop: LoopHandle, counters: Counters) -> None:
-    """The body of ``lane``'s thread: run its items until ``STOP``."""
-    CURRENT_LANE.set(lane)
-    pending, lock, gate = lane.pending, lane.lock, lane.gate
-    locking = lane.member.shares_thread  # the training thread runs some handlers too (D1)
+def _skipped(lane: Lane) -> bool:
+    """An event item of a stopping session is counted, not run (D10); true then."""
+    if lane.gate.stopping:
+        lane.count_done()
+        return True
+    return False
 
-    def on_scope(scope: anyio.CancelScope | None) -> None:
-        lane.scope = scope
 
-    t0 = _perf()  # when the lane's current item started: one clock read an item
+def run_lane_thread(
+    runner: LaneThread, spawner: Spawner, loop: LoopHandle, counters: Counters
+) -> None:
+    """The body of a lane thread: run its callbacks' items, in its FIFO's order, until
+    ``STOP`` (see ``pool.py`` for what the FIFO holds)."""
+    CURRENT_RUNNER.set(runner)
+    pending, subs, gate = runner.pending, runner.subs, runner.lanes[0].gate
+    t0 = _perf()  # when the current item started: one clock read an item
     while True:
         if not pending:
-            lane.sleep_thread()
+            runner.sleep()
             t0 = _perf()
             continue
-        item = pending.popleft()
-        if item is STOP:
-            return
-        if locking:
-            lock.acquire()
-        try:
-            if type(item) is EventItem:
-                if gate.stopping:
+        entry = pending.popleft()
+        if type(entry) is EventItem:  # the event of every callback here that only queues it
+            view, logger, batch = entry.view, entry.logger, entry.batch
+            for lane, slot in subs[entry.event]:
+                if gate.stopping:  # _skipped, written out: this runs once a handler call
                     lane.count_done()
                     continue
-                slot = lane.slots[item.event]
+                locking = lane.member.shares_thread
+                if locking:
+                    lane.lock.acquire()
                 lane.current = slot.qualname
                 try:
                     if slot.is_async:
-                        spawner.run(slot.fn, item.view, item.logger, on_scope=on_scope)
+                        spawner.run(slot.fn, view, logger, on_scope=_scope_of(lane))
                     else:
-                        slot.fn(item.view, item.logger)
+                        slot.fn(view, logger)
                 except BaseException as exc:
                     gate.fail(exc, slot.handler, slot.event, lane)
+                finally:
+                    if locking:
+                        lane.lock.release()
                 t1 = _perf()
                 lane.current = None
-                account(lane, slot, item.batch, t0, t1 - t0, counters)
+                account(lane, slot, batch, t0, t1 - t0, counters)
                 t0 = t1
-            elif isinstance(item, LogItem):
-                log_slot = lane.log_slot
-                assert log_slot is not None, "only destinations receive records"
-                if not lane.failed:  # a failed destination gets no more records (D10)
-                    lane.current = log_slot.qualname
-                    try:
-                        record = item.record.resolve()  # may wait for a device copy (D14)
-                        if log_slot.is_async:
-                            spawner.run(log_slot.fn, record)
-                        else:
-                            log_slot.fn(record)
-                    except BaseException as exc:
-                        gate.fail(exc, log_slot.handler, None, lane)
-                    t1 = _perf()
-                    account(lane, log_slot, lane.last_batch, t0, t1 - t0, counters, False)
-                    t0 = t1
-                    lane.current = None
-                lane.count_log_done()
-            else:
-                assert isinstance(item, CallItem)
-                lane.current = item.label or None
-                error: BaseException | None = None
-                try:
-                    if item.fn is None:
-                        pass
-                    elif item.is_async:
-                        spawner.run(item.fn, on_scope=on_scope)
-                    else:
-                        item.fn()
-                except BaseException as exc:
-                    error = exc
-                lane.current = None
-                loop.call_soon_if_running(item.on_done, error)
-                t0 = _perf()
+            continue
+        if entry is STOP:
+            return
+        lane, item = entry
+        locking = lane.member.shares_thread
+        if locking:
+            lane.lock.acquire()
+        try:
+            t0 = _run_item(lane, item, t0, spawner, loop, counters)
         finally:
             if locking:
-                lock.release()
+                lane.lock.release()
 
 
-def fail_thread_lane(lane: Lane, loop: LoopHandle, error: BaseException) -> None:
-    """After an error of the bus itself on ``lane``'s thread: count its items without
-    running them until ``STOP``, so that nobody waits for it for ever."""
-    pending = lane.pending
+def _scope_of(lane: Lane) -> Callable[[anyio.CancelScope | None], None]:
+    def on_scope(scope: anyio.CancelScope | None) -> None:
+        lane.scope = scope
+
+    return on_scope
+
+
+def _run_item(lane: Lane, item: WorkItem, t0: float, spawner: Spawner, loop: LoopHandle,
+              counters: Counters) -> float:
+    """Run one callback's item on its lane thread; return when the next item starts."""
+    if type(item) is EventItem:
+        if _skipped(lane):
+            return t0
+        slot = lane.slots[item.event]
+        lane.current = slot.qualname
+        try:
+            if slot.is_async:
+                spawner.run(slot.fn, item.view, item.logger, on_scope=_scope_of(lane))
+            else:
+                slot.fn(item.view, item.logger)
+        except BaseException as exc:
+            lane.gate.fail(exc, slot.handler, slot.event, lane)
+        t1 = _perf()
+        lane.current = None
+        account(lane, slot, item.batch, t0, t1 - t0, counters)
+        return t1
+    if isinstance(item, LogItem):
+        log_slot = lane.log_slot
+        assert log_slot is not None, "only destinations receive records"
+        if not lane.failed:  # a failed destination gets no more records (D10)
+            lane.current = log_slot.qualname
+            try:
+                record = item.record.resolve()  # may wait for a device copy (D14)
+                if log_slot.is_async:
+                    spawner.run(log_slot.fn, record)
+                else:
+                    log_slot.fn(record)
+            except BaseException as exc:
+                lane.gate.fail(exc, log_slot.handler, None, lane)
+            t1 = _perf()
+            account(lane, log_slot, lane.last_batch, t0, t1 - t0, counters, False)
+            t0 = t1
+            lane.current = None
+        lane.count_log_done()
+        return t0
+    assert isinstance(item, CallItem)
+    lane.current = item.label or None
+    error: BaseException | None = None
+    try:
+        if item.fn is None:
+            pass
+        elif item.is_async:
+            spawner.run(item.fn, on_scope=_scope_of(lane))
+        else:
+            item.fn()
+    except BaseException as exc:
+        error = exc
+    lane.current = None
+    loop.call_soon_if_running(item.on_done, error)
+    return _perf()
+
+
+def fail_lane_thread(runner: LaneThread, loop: LoopHandle, error: BaseException) -> None:
+    """After an error of the bus itself on a lane thread: count its items without running
+    them until ``STOP``, so that nobody waits for it for ever."""
+    pending = runner.pending
     while True:
         if not pending:
-            lane.sleep_thread()
+            runner.sleep()
             continue
-        item = pending.popleft()
-        if item is STOP:
+        entry = pending.popleft()
+        if entry is STOP:
             return
+        if type(entry) is EventItem:
+            for lane, _ in runner.subs[entry.event]:
+                lane.count_done()
+            continue
+        lane, item = entry
         if isinstance(item, EventItem):
             lane.count_done()
         elif isinstance(item, LogItem):
@@ -184,7 +242,7 @@ async def run_loop_lane(
     the handler running now (D11, an abandoned close); the task then goes on with a fresh
     scope (a stopping session skips the remaining event items; close calls still run).
     """
-    CURRENT_LANE.set(lane)
+    CURRENT_RUNNER.set(lane)
     try:
         while True:
             with anyio.CancelScope() as scope:
@@ -223,8 +281,7 @@ async def _drain_loop_lane(
         if item is STOP:
             return True
         if type(item) is EventItem:
-            if gate.stopping:
-                lane.count_done()
+            if _skipped(lane):
                 continue
             slot = lane.slots[item.event]
             lane.current = slot.qualname

@@ -1,8 +1,9 @@
 """A session: one run of the bus on one event loop, from its start to its close.
 
 One ``fit()`` (or one engine call from plain code) is one session. Everything per-run is
-created here when it starts: the gate, a lane per callback, a thread per thread lane, a
-task per loop lane, the producer's state. What outlives a session (the slots' statistics,
+created here when it starts: the gate, a lane per callback, the lane threads that run the
+plain callbacks (``pool.py``: a bounded pool, plus one per callback that asks for its
+own), a task per loop lane, the producer's state. What outlives a session (the slots' statistics,
 the counters) lives in the engine's members.
 
 Every task of the session runs in a task group under a shielded scope: a task started
@@ -25,9 +26,10 @@ import anyio
 
 from trainbus.bus.bridge import LoopHandle, LoopWaker, Spawner
 from trainbus.bus.lanes import STOP, CallItem, Gate, Lane, Stopped
+from trainbus.bus.pool import LaneThread, LaneThreadError, place, start_thread
 from trainbus.bus.producer import Producer
 from trainbus.bus.records import Records
-from trainbus.bus.runners import fail_thread_lane, run_loop_lane, run_thread_lane
+from trainbus.bus.runners import fail_lane_thread, run_lane_thread, run_loop_lane
 from trainbus.bus.slow import long_wait_message, warn_at
 from trainbus.bus.watchdog import LoopWatch
 from trainbus.core.exceptions import CallbackTimeoutWarning, SlowCallbackWarning
@@ -70,6 +72,8 @@ class Session:
         gate.wait_warning = options.wait_warning
         gate.on_long_wait = self._warn_long_wait
         self.lanes = [Lane(member, gate) for member in members]
+        #: The lane threads, each with the callbacks pinned to it (``pool.place``).
+        self.threads = place(self.lanes, options.lane_threads)
         self.watch = LoopWatch(self.loop, self.lanes)  # deadlines a held loop cannot keep
         self.waker = LoopWaker(self.loop, self.lanes, counters)
         self.spawner = Spawner(self.loop)
@@ -78,6 +82,7 @@ class Session:
             logger=logger,
             members=members,
             lanes=self.lanes,
+            threads=self.threads,
             options=options,
             gate=gate,
             counters=counters,
@@ -105,28 +110,36 @@ class Session:
 
         On exit the lanes finish what is queued (event handlers are skipped once the
         session stopped; log records are delivered), within ``close_timeout``; then their
-        threads and tasks end. Nothing started here outlives the block except the thread
-        of a lane abandoned while stuck in a plain handler.
+        threads and tasks end. Nothing started here outlives the block except a lane
+        thread abandoned while stuck in a plain handler.
+
+        Raises:
+            LaneThreadError: The operating system refused to start a lane thread (the
+                ones already started are stopped first).
         """
+        threads_done: list[tuple[LaneThread, anyio.Event]] = []
+        loop_done: list[tuple[Lane, anyio.Event]] = []
+        try:  # before the task group, so that a refusal is raised as it is, not grouped
+            for thread in self.threads:
+                done = anyio.Event()
+                thread.thread = start_thread(
+                    self._thread_main, (thread, done), thread.name, len(self.threads) + 1
+                )
+                threads_done.append((thread, done))
+        except LaneThreadError:
+            with anyio.CancelScope(shield=True):
+                for thread, done in threads_done:
+                    thread.stop()
+                    await done.wait()
+            raise
         internal = anyio.CancelScope(shield=True)
         async with anyio.create_task_group() as outer:
             with anyio.CancelScope(shield=True):
                 tg = await outer.start(_run_internal, internal)
-            threads_done: dict[int, anyio.Event] = {}
-            loop_done: dict[int, anyio.Event] = {}
             for lane in self.lanes:
-                done = anyio.Event()
-                if lane.on_thread:
-                    threads_done[lane.index] = done
-                    lane.thread = threading.Thread(
-                        target=self._thread_main,
-                        args=(lane, done),
-                        name=f"trainbus-lane-{lane.name}",
-                        daemon=True,
-                    )
-                    lane.thread.start()
-                else:
-                    loop_done[lane.index] = done
+                if lane.thread is None:
+                    done = anyio.Event()
+                    loop_done.append((lane, done))
                     tg.start_soon(
                         run_loop_lane, lane, self.counters, self.options.queue_size, self.loop,
                         done, name=f"trainbus-lane-{lane.name}",
@@ -143,31 +156,37 @@ class Session:
                     await self.drain()
                     self.logger._connect(None)
                     background.cancel()
-                    for lane in self.lanes:
+                    for thread in self.threads:
+                        thread.stop()
+                    for lane, _ in loop_done:
                         self._put(lane, STOP)
-                    for index, event in (*threads_done.items(), *loop_done.items()):
-                        if not self.lanes[index].abandoned:
+                    for lane, event in loop_done:
+                        if not lane.abandoned:
                             await event.wait()
-                    for lane in self.lanes:
-                        if lane.thread is not None and not lane.abandoned:
-                            lane.thread.join()
+                    for thread, event in threads_done:
+                        if not any(lane.abandoned for lane in thread.lanes):
+                            await event.wait()
+                            assert thread.thread is not None
+                            thread.thread.join()
                     internal.cancel()
 
     def _put(self, lane: Lane, item: Any) -> None:
-        """Queue an item on ``lane`` from the loop (close calls, drain marks, ``STOP``)."""
+        """Queue an item on ``lane`` from the loop (close calls, drain marks; a loop
+        lane's ``STOP``)."""
+        if lane.thread is not None:
+            lane.thread.put(lane, item)
+            return
         lane.pending.append(item)
-        if lane.on_thread:
-            lane.wake_thread()
-        elif lane.wakeup is not None:
+        if lane.wakeup is not None:
             lane.wakeup.set()
 
-    def _thread_main(self, lane: Lane, finished: anyio.Event) -> None:
+    def _thread_main(self, thread: LaneThread, finished: anyio.Event) -> None:
         try:
             try:
-                run_thread_lane(lane, self.spawner, self.loop, self.counters)
+                run_lane_thread(thread, self.spawner, self.loop, self.counters)
             except BaseException as exc:  # a bug of ours: fail the run rather than hang it
                 self.gate.fail(exc, None, None)
-                fail_thread_lane(lane, self.loop, exc)
+                fail_lane_thread(thread, self.loop, exc)
         finally:
             self.loop.call_soon_if_running(finished.set)
 
@@ -228,8 +247,7 @@ class Session:
                 producer.ident = None
                 loop.call_soon_if_running(finished.set)
 
-        thread = threading.Thread(target=main, name="trainbus-train", daemon=True)
-        thread.start()
+        thread = start_thread(main, (), "trainbus-train", len(self.threads) + 1)
         try:
             await finished.wait()
         except BaseException:

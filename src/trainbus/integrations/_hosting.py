@@ -30,6 +30,7 @@ class BusKeywords(TypedDict, total=False):
     warn_slow: bool
     close_timeout: float | None
     wait_warning: float | None
+    lane_threads: int | None
 
 
 def start_hosted(bus: Bus, *, call: str, alternative: str) -> bool:

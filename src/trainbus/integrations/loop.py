@@ -96,6 +96,8 @@ class Bus:
             abandoned (the engine's default when ``None``).
         wait_warning: Seconds a barrier may wait for a callback before a warning names it
             (the engine's default when ``None``).
+        lane_threads: Threads in the pool that runs plain callbacks (the engine's
+            default, 8, when ``None``); ``own_thread = True`` callbacks get their own.
 
     Raises:
         TypeError, ValueError: A callback or an option is invalid (the message names it).
@@ -125,6 +127,7 @@ class Bus:
         warn_slow: bool = True,
         close_timeout: float | None = None,
         wait_warning: float | None = None,
+        lane_threads: int | None = None,
     ) -> None:
         callback_list = [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
         logger_list = [loggers] if isinstance(loggers, Callback) else list(loggers)
@@ -156,6 +159,8 @@ class Bus:
             options["close_timeout"] = close_timeout
         if wait_warning is not None:
             options["wait_warning"] = wait_warning
+        if lane_threads is not None:
+            options["lane_threads"] = lane_threads
         self.engine = Engine(
             self.state,
             self.logger,

@@ -1,4 +1,4 @@
-"""Training on several processes with ``torch.distributed`` (launched by ``torchrun``).
+"""Training on several processes with ``torch.distributed`` (``torchrun``, Ray Train, ...).
 
 The Trainer calls into this module at a few points and nowhere else:
 
@@ -6,7 +6,10 @@ The Trainer calls into this module at a few points and nowhere else:
   ``MASTER_ADDR`` and ``MASTER_PORT`` in the environment, ``WORLD_SIZE`` > 1) it initialises
   the default process group when the user has not (``gloo`` on the CPU,
   ``cpu:gloo,cuda:nccl`` on CUDA, with a timeout), and picks ``cuda:LOCAL_RANK`` for a
-  CUDA device given without an index; with a gloo group it registers the exit handler of
+  CUDA device given without an index; under a launcher that creates the group itself before
+  the user's code runs (Ray Train: a :class:`Launcher` that ``trainbus.integrations.ray``
+  registers with :func:`register_launcher`) it joins that group and asks the launcher for
+  the local rank and the device; with a gloo group it registers the exit handler of
   :mod:`trainbus.runtime.gloo_exit` (a torch bug could otherwise abort the process as it exits);
 - :func:`unwrap` and :func:`wrap_model`: the user's module stays ``state.model``; the
   ``DistributedDataParallel`` wrapper the loop trains through is ``state.ddp_model``
@@ -40,7 +43,7 @@ import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -55,12 +58,14 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_DIST_TIMEOUT",
     "DistInfo",
+    "Launcher",
     "abort_on_failure",
     "check_checkpointing",
     "is_sharded",
     "launched_by_torchrun",
     "rank_zero_only",
     "reduce_eval",
+    "register_launcher",
     "runs_here",
     "setup",
     "shard_loader",
@@ -115,16 +120,66 @@ class DistInfo:
         rank: The global rank (0 .. world_size - 1).
         world_size: The number of processes.
         local_rank: The rank on this machine (``LOCAL_RANK``; the CUDA device index).
+        launcher: The :attr:`Launcher.name` that started the process group
+            (``"torchrun"``, ``"ray"``), or ``""`` (one process, or a group the user
+            initialised).
     """
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    launcher: str = ""
 
     @property
     def distributed(self) -> bool:
         """Whether more than one process trains."""
         return self.world_size > 1
+
+
+class Launcher(Protocol):
+    """What started this process and its process group, when it is not ``torchrun``.
+
+    A cluster engine that creates the default process group before the user's training
+    function runs (Ray Train's ``TorchTrainer`` does) registers one with
+    :func:`register_launcher`; the Trainer's :func:`setup` then takes this rank's place on
+    the machine and its device from it, and ranks and world size from the group. The
+    Trainer never imports the engine: ``trainbus.integrations.ray`` registers its launcher
+    when it is imported.
+
+    Attributes:
+        name: A short name for :attr:`DistInfo.launcher` and messages, e.g. ``"ray"``.
+    """
+
+    name: str
+
+    def started_here(self) -> bool:
+        """Whether this process is one of the launcher's workers (cheap; asked once)."""
+        ...
+
+    def local_rank(self) -> int:
+        """This process's rank on its machine."""
+        ...
+
+    def device(self, device: torch.device) -> torch.device:
+        """The device to train on for the user's ``device`` (CUDA without an index: this
+        worker's GPU); a CPU device comes back unchanged."""
+        ...
+
+
+_LAUNCHERS: list[Launcher] = []
+
+
+def register_launcher(launcher: Launcher) -> None:
+    """Make ``launcher`` known to :func:`setup` (once per launcher; later calls are no-ops).
+
+    Launchers are asked before ``torchrun``'s environment, the last registered first.
+    """
+    if not any(known is launcher for known in _LAUNCHERS):
+        _LAUNCHERS.insert(0, launcher)
+
+
+def _launcher() -> Launcher | None:
+    return next((known for known in _LAUNCHERS if known.started_here()), None)
 
 
 def launched_by_torchrun() -> bool:
@@ -155,13 +210,23 @@ def setup(device: torch.device, timeout: float) -> tuple[DistInfo, torch.device]
     """Join (or initialise) the default process group; this rank's info and device.
 
     Returns ``DistInfo()`` (rank 0 of 1) and ``device`` unchanged outside ``torchrun``
-    when the user has not initialised a process group either.
+    when the user has not initialised a process group either. A registered
+    :class:`Launcher` that started this process (Ray Train) is asked for the local rank
+    and the device; ranks and world size always come from the group.
     """
     seconds = _check_timeout(timeout)
     if not dist.is_available():
         return DistInfo(), device
+    launcher = _launcher()
+    name = launcher.name if launcher is not None else ""
+    if launcher is None and launched_by_torchrun():
+        name = "torchrun"
     if not dist.is_initialized():
-        if not launched_by_torchrun() or _env_int("WORLD_SIZE") < 2:
+        # A registered launcher creates its group before the user's code: without one,
+        # its worker trains alone (Ray Train with num_workers=1 creates none).
+        if launcher is not None:
+            return DistInfo(launcher=name), launcher.device(device)
+        if name != "torchrun" or _env_int("WORLD_SIZE") < 2:
             return DistInfo(), device
         local = _env_int("LOCAL_RANK")
         if device.type == "cuda" and device.index is None:
@@ -172,10 +237,13 @@ def setup(device: torch.device, timeout: float) -> tuple[DistInfo, torch.device]
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=seconds))
     if "gloo" in str(dist.get_backend()):  # avoids a torch bug at exit (trainbus.runtime.gloo_exit)
         _gloo_exit.register()
+    if launcher is not None:
+        local_rank, device = launcher.local_rank(), launcher.device(device)
+    else:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
     info = DistInfo(
-        rank=dist.get_rank(),
-        world_size=dist.get_world_size(),
-        local_rank=int(os.environ.get("LOCAL_RANK", "0") or 0),
+        rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank,
+        launcher=name,
     )
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", info.local_rank)

@@ -13,6 +13,7 @@ import torch
 
 from trainbus.bus import (
     DEFAULT_CLOSE_TIMEOUT,
+    DEFAULT_LANE_THREADS,
     DEFAULT_WAIT_WARNING,
     BusOptions,
     LoopHandle,
@@ -129,6 +130,10 @@ class Trainer:
         wait_warning: Seconds the training thread may wait at a barrier (or a close for a
             callback) before a :class:`~trainbus.CallbackTimeoutWarning` names the callback
             and the handler it waits for; ``math.inf`` never warns.
+        lane_threads: Threads in the pool that runs plain callbacks' handlers (default
+            8): each plain callback is pinned to one of them for the whole run, and
+            several share one; a callback that sets ``own_thread = True`` gets a thread
+            of its own besides. See ``docs/concurrency.md``.
         load_path: A checkpoint file, or a ``CheckpointSaver`` folder (its newest
             complete checkpoint; an empty folder starts fresh), or ``"s3://bucket/prefix"``
             written by a ``CheckpointUploader``, to resume from. See ``docs/checkpoints.md``.
@@ -178,6 +183,7 @@ class Trainer:
         warn_slow_callbacks: bool = True,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
         wait_warning: float = DEFAULT_WAIT_WARNING,
+        lane_threads: int = DEFAULT_LANE_THREADS,
         load_path: str | os.PathLike[str] | None = None,
         dist_timeout: float = DEFAULT_DIST_TIMEOUT,
         preemption: Preemption | bool | None = None,
@@ -219,6 +225,7 @@ class Trainer:
             warn_slow=warn_slow_callbacks,
             close_timeout=close_timeout,
             wait_warning=wait_warning,
+            lane_threads=lane_threads,
         )
         resolved_device = _resolve_device(device)
         callbacks = _as_list(callbacks, "callbacks")
@@ -298,6 +305,7 @@ class Trainer:
             warn_slow=bus_options.warn_slow,
             close_timeout=bus_options.close_timeout,
             wait_warning=bus_options.wait_warning,
+            lane_threads=bus_options.lane_threads,
         )
         self._config = LoopConfig(
             loss_fn=loss_fn,

@@ -1,0 +1,125 @@
+"""What ``RayReporter`` costs a batch that is not a report event (issue 44).
+
+    python benchmarks/investigations/ray_bridge_cost.py [--batches 20 60]
+
+Runs one process under ``valgrind --tool=callgrind --instr-atstart=no`` that fits the
+suite's tiny workload (32-64-4, batch 16, on the CPU) with a ``CheckpointSaver`` and a no-op
+destination, with and without a ``RayReporter`` beside them, each for B1 and B2 batches with
+instrumentation on only around the fit, and prints the difference per batch (all threads:
+the training thread's ``@blocking`` interval check and the reporter's lane, which keeps the
+latest ``loss/train``). The saver saves every 1,000 epochs, so no batch is a report event:
+what is left is the bridge's cost per batch. Fixed costs (fit start, the one report at
+``FIT_END``, close) cancel in B2 - B1.
+
+Ray itself is not running here: the reporter's one call into Ray (``_report``, on its own
+thread, at report events only) is replaced by a no-op, and the check that the process is a
+Ray Train worker is skipped. At a report event the training thread copies the metrics and
+queues them; the call (a barrier across the ranks, then the upload) is on the reporter's
+thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = r"""
+import json, os, subprocess, sys, tempfile
+import torch
+import trainbus
+from trainbus.callbacks import CheckpointSaver
+import trainbus.integrations.ray as bridge
+
+bridge._in_ray_worker = lambda: True  # no Ray here: see the module docstring
+
+
+class Offline(bridge.RayReporter):
+    def _report(self, metrics, folder):
+        pass
+
+
+class Quiet(trainbus.LoggerDestination):
+    def log_metrics(self, metrics, step):
+        pass
+
+
+def ctl(*args):
+    subprocess.run(["callgrind_control", *args, str(os.getpid())], check=True,
+                   capture_output=True)
+
+
+def fit(batches, reporter, folder):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    data = [(torch.randn(16, 32), torch.randint(0, 4, (16,))) for _ in range(batches)]
+    saver = CheckpointSaver(folder, save_interval="1000ep")
+    loggers = [Quiet(), Offline()] if reporter else [Quiet()]
+    trainer = trainbus.Trainer(model, data, "1ep", loss_fn=torch.nn.functional.cross_entropy,
+                               callbacks=[saver], loggers=loggers, device="cpu")
+    return trainer
+
+
+b1, b2 = json.loads(sys.argv[1])
+for reporter in (False, True):
+    with tempfile.TemporaryDirectory() as folder:
+        fit(10, reporter, folder).fit_sync()  # warm-up
+        for batches in (b1, b2):
+            trainer = fit(batches, reporter, folder + f"/{batches}")
+            ctl("-i", "on")
+            trainer.fit_sync()
+            ctl("-i", "off")
+            ctl("-d")
+"""
+
+
+def totals(path: Path) -> tuple[int, bool]:
+    """A dump's instruction total, and whether it is the training thread's (it ran addmm)."""
+    text = path.read_text(errors="replace")
+    match = re.search(r"^totals: (\d+)", text, re.M)
+    return (int(match.group(1)) if match else 0), "addmm" in text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", nargs=2, type=int, default=[20, 60])
+    args = parser.parse_args()
+    b1, b2 = args.batches
+    path = f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "cg.out"
+        subprocess.run(
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+             f"--callgrind-out-file={out}", sys.executable, "-c", CHILD, json.dumps([b1, b2])],
+            check=True, env=dict(os.environ, PYTHONPATH=path), capture_output=True,
+        )
+        dumps: dict[int, list[tuple[int, bool]]] = {}
+        for dump in Path(tmp).glob("cg.out.*"):
+            number = int(dump.name.split(".")[-1].split("-")[0])
+            dumps.setdefault(number, []).append(totals(dump))
+
+    def figures(number: int) -> tuple[int, int]:
+        threads = dumps.get(number, [])
+        trained = [total for total, addmm in threads if addmm]
+        return (max(trained) if trained else 0), sum(total for total, _ in threads)
+
+    if sorted(dumps) != [1, 2, 3, 4]:
+        raise RuntimeError(f"expected dumps 1-4, got {sorted(dumps)}")
+    (t1, a1), (t2, a2), (t3, a3), (t4, a4) = (figures(n) for n in (1, 2, 3, 4))
+    n = b2 - b1
+    print(f"instructions per batch ({b1} -> {b2} batches): training thread / all threads")
+    print(f"  saver + a no-op destination:      {(t2 - t1) / n:11,.0f} / {(a2 - a1) / n:11,.0f}")
+    print(f"  the same + RayReporter:           {(t4 - t3) / n:11,.0f} / {(a4 - a3) / n:11,.0f}")
+    print(f"  RayReporter, a batch that is not a report event: "
+          f"{(t4 - t3 - t2 + t1) / n:+,.0f} / {(a4 - a3 - a2 + a1) / n:+,.0f}")
+
+
+if __name__ == "__main__":
+    main()

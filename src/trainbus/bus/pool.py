@@ -1,0 +1,184 @@
+"""The lane threads: a bounded pool of threads, each pinned to the callbacks it serves.
+
+A callback with plain handlers (``members.py``: ``Member.on_thread``) runs them on one
+:class:`LaneThread` for the whole session. Which one is a rule of the callback list, never
+of time (:func:`place`): the pooled callbacks, in list order, go round the pool's
+``lane_threads`` threads (callback k on thread k mod size); a callback that declares
+``own_thread = True`` gets a thread of its own. So a fit has at most ``lane_threads`` pool
+threads, plus one per ``own_thread`` callback, whatever the number of callbacks.
+
+A lane thread's work is one FIFO, ``pending``, in the order it was queued (so each of its
+callbacks' items keep their order, D1, and callbacks of one event run in list order):
+
+- an :class:`~trainbus.bus.lanes.EventItem` alone means "every callback of this thread
+  whose handler of that event is only queued" (``Producer.plan``): the training thread
+  appends it once per thread, not once per callback, and the thread runs those handlers
+  in list order (``subs``);
+- a ``(lane, item)`` pair is one callback's item: a filtered, lagging or ``@blocking``
+  handler's event, a record, a close call, a drain mark;
+- ``STOP`` ends the thread.
+
+An event that no callback of a thread handles puts nothing there and wakes nothing.
+
+Why eight threads by default (``options.DEFAULT_LANE_THREADS``): eight plain callbacks that
+block at once all run at once (D2's test meets eight at a barrier), and past a few threads
+more only add wake-ups (``benchmarks/investigations/lane_pool.py`` measures the pool's
+size against 100 and 1,000 no-op plain callbacks and four 5 ms sleepers).
+The thread sleeps on ``sleeper`` when ``pending`` is empty; the producer wakes it by its
+rule (``producer.INSIDE_BATCH``): one wake-up hands it everything queued since.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainbus.bus.lanes import STOP
+
+if TYPE_CHECKING:
+    from trainbus.bus.lanes import Lane, WorkItem
+    from trainbus.bus.members import Slot
+    from trainbus.core.events import Event
+
+__all__ = ["LaneThread", "LaneThreadError", "place", "start_thread"]
+
+class LaneThreadError(RuntimeError):
+    """The operating system refused to start a thread the bus needs for a fit."""
+
+
+class LaneThread:
+    """One thread of the pool (or a callback's own) and the callbacks pinned to it.
+
+    Attributes:
+        lanes: Its callbacks' lanes, in list order.
+        subs: Per event, the ``(lane, slot)`` pairs it runs for a bare ``EventItem``
+            (set by ``Producer``, from its plan).
+        pending: Its FIFO (see the module docstring): the training thread appends bare
+            items, any thread appends pairs; only this thread takes from it.
+        idle: Whether it sleeps (or is about to): set before its second look at
+            ``pending``, so an append either is seen or sees it sleep.
+        waiting_on: The destination whose room one of its handlers waits for (records).
+        name: The thread's name: ``trainbus-lane-<Callback>`` for one callback,
+            ``trainbus-lane-<First>+<n>`` for a pool thread serving n more.
+    """
+
+    __slots__ = ("idle", "lanes", "name", "pending", "sleeper", "subs", "thread", "waiting_on")
+
+    def __init__(self, lanes: Sequence[Lane]) -> None:
+        self.lanes = list(lanes)
+        first = self.lanes[0].name
+        more = len(self.lanes) - 1
+        self.name = f"trainbus-lane-{first}" + (f"+{more}" if more else "")
+        self.subs: dict[Event, list[tuple[Lane, Slot]]] = {}
+        self.pending: deque[Any] = deque()
+        self.idle = False
+        self.sleeper = threading.Lock()
+        self.sleeper.acquire()
+        self.waiting_on: Lane | None = None
+        self.thread: threading.Thread | None = None
+        for lane in self.lanes:
+            lane.runner = lane.thread = self
+
+    def put(self, lane: Lane, item: WorkItem) -> None:
+        """Queue one callback's item and wake the thread if it sleeps (any thread)."""
+        self.pending.append((lane, item))
+        if self.idle:  # after the append: see ``idle``
+            self.wake()
+
+    def stop(self) -> None:
+        """Queue ``STOP``: the thread ends once it has run what was queued before."""
+        self.pending.append(STOP)
+        self.wake()
+
+    def sleep(self) -> None:
+        """This thread: sleep until :meth:`wake`, unless something was queued."""
+        self.idle = True  # before the second look: an append either is seen or sees idle
+        if not self.pending:
+            self.sleeper.acquire()
+        self.idle = False
+
+    def wake(self) -> None:
+        """Wake the thread, which sleeps or is about to (any thread).
+
+        A thread woken and not yet running is woken again at each later publish that wakes
+        threads (``BATCH_END`` then ``BATCH_CHECKPOINT``, say): the look at ``locked()``
+        spares the ``RuntimeError`` of a second release, which costs the caller more than
+        the wake-up itself and depends on how soon the woken thread runs."""
+        sleeper = self.sleeper
+        if sleeper.locked():
+            try:
+                sleeper.release()
+            except RuntimeError:  # released meanwhile by another thread
+                pass
+
+    def busy_with(self) -> str | None:
+        """The handler one of its callbacks runs now (``"Class.method"``), if any."""
+        for lane in self.lanes:
+            if lane.current is not None:
+                return lane.current
+        return None
+
+
+def place(lanes: Sequence[Lane], size: int) -> list[LaneThread]:
+    """The lane threads of a session: the thread lanes round a pool of ``size`` threads,
+    in list order, and one thread for each lane whose callback asks for its own."""
+    pooled = [lane for lane in lanes if lane.on_thread and not lane.member.own_thread]
+    groups: list[list[Lane]] = [[] for _ in range(min(size, len(pooled)))]
+    for k, lane in enumerate(pooled):
+        groups[k % size].append(lane)
+    threads = [LaneThread(group) for group in groups]
+    threads += [LaneThread([lane]) for lane in lanes if lane.on_thread and lane.member.own_thread]
+    return threads
+
+
+def start_thread(target: Callable[..., None], args: tuple[Any, ...], name: str,
+                 needed: int) -> threading.Thread:
+    """Start a daemon thread for the bus, or raise :class:`LaneThreadError` naming the
+    limit the operating system enforces (``needed``: the threads this fit starts).
+
+    Raises:
+        LaneThreadError: The thread could not be started.
+    """
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    try:
+        thread.start()
+    except RuntimeError as exc:  # "can't start new thread": the OS refused (EAGAIN)
+        raise LaneThreadError(
+            f"the operating system refused to start thread {name!r} ({exc}); this fit "
+            f"needs {needed} threads of the bus with {threading.active_count()} threads "
+            f"already running in this process, and the limits here are {_limits()}. "
+            "Lower Trainer(lane_threads=...) (the pool of threads plain callbacks share; "
+            "callbacks that set own_thread = True add one each), or raise the limit"
+        ) from exc
+    return thread
+
+
+def _limits() -> str:
+    """The process's thread limits, as far as they can be read."""
+    found = []
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+        found.append(f"ulimit -u (RLIMIT_NPROC) {'unlimited' if soft < 0 else soft}")
+    except (ImportError, OSError, ValueError, AttributeError):
+        pass
+    for path in ("/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"):
+        try:
+            found.append(f"the container's pids limit ({path}) {Path(path).read_text().strip()}")
+            break
+        except OSError:
+            continue
+    try:
+        found.append(
+            f"kernel.threads-max {Path('/proc/sys/kernel/threads-max').read_text().strip()}"
+        )
+    except OSError:
+        pass
+    if os.name == "nt" or not found:
+        found.append("the system's (unknown here)")
+    return ", ".join(found)
