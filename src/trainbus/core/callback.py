@@ -57,8 +57,9 @@ def blocking(fn: F) -> F:
 class Callback(Serializable):
     """Base class for callbacks: override the methods of the events you handle.
 
-    Every method may be a plain ``def`` or an ``async def``. Plain methods run on a
-    thread of their own (never on the event loop), coroutines run on the event loop;
+    Every method may be a plain ``def`` or an ``async def``. Plain methods run on the
+    callback's lane thread (one of a bounded pool, never the event loop), coroutines run on
+    the event loop;
     either way a callback's handlers run one at a time, in event order, concurrently
     with other callbacks and with training. See ``docs/concurrency.md``.
 
@@ -83,10 +84,15 @@ class Callback(Serializable):
             (``@trainbus.trailing(k)`` for all of them at once); ``None`` (the default)
             follows ``Trainer(max_lag=...)``. Declare it only when the handlers read just
             their event's snapshot, never the live model or optimizer.
+        own_thread: Whether the plain handlers get a lane thread of their own instead of
+            one of the pool's (``Trainer(lane_threads=...)``), which they would share with
+            other callbacks: for a callback whose plain handlers block for long (a
+            synchronous upload, a sleep), so that it delays no other callback.
     """
 
     rank_zero_only: bool = False
     trailing: int | None = None
+    own_thread: bool = False
 
     def run_event(self, event: Event, state: State, logger: Logger) -> Any:
         """Handle ``event``; by default, call the method named ``event.value``."""
