@@ -10,5 +10,5 @@ which the runner calls in a fresh process (``ctx.child``).
 MODULES = (
     "call_blocking", "call_plain", "call_async", "batch_overhead", "growth", "run_event",
     "sleepers", "upload", "trailing_upload", "loop_wakeups", "many_callbacks",
-    "thousand_callbacks", "first_example", "lateness", "memory", "checkpoint",
+    "thousand_callbacks", "first_example", "lateness", "memory", "checkpoint", "stop_agreement",
 )

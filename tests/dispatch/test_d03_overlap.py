@@ -12,7 +12,7 @@ import torch
 
 from tests.dispatch._probes import WATCHDOG, batch_of, fit, until
 from tests.helpers import TinyModel, make_trainer
-from trainbus import Callback, blocking, trailing
+from trainbus import Callback, LoggerDestination, blocking, trailing
 
 pytestmark = pytest.mark.anyio
 
@@ -282,9 +282,19 @@ async def test_a_batch_wakes_the_loop_twice_with_the_default_barrier(batches: in
         async def batch_end(self, state: Any, logger: Any) -> None: ...
         async def batch_checkpoint(self, state: Any, logger: Any) -> None: ...
 
+    class Sink(LoggerDestination):  # the trainer logs loss/train before each BATCH_END
+        def __init__(self) -> None:
+            self.steps: list[int | None] = []
+
+        async def log_metrics(self, metrics: Any, step: int | None = None) -> None:
+            self.steps.append(step)
+
     wakeups = []
     for n in (batches, 2 * batches):
-        trainer = make_trainer(n, callbacks=[Everywhere(), Everywhere()])
+        sink = Sink()
+        trainer = make_trainer(n, callbacks=[Everywhere(), Everywhere()], loggers=[sink])
         await fit(trainer)
         wakeups.append(trainer.engine.statistics().loop_wakeups)
+        assert sink.steps == list(range(1, n + 1))
+    # the records ride those two (they were a third wake-up a batch before)
     assert wakeups[1] - wakeups[0] == 2 * batches

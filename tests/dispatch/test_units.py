@@ -207,7 +207,7 @@ async def test_a_loop_lane_suspends_once_per_wake_up_however_they_interleave() -
         await yield_now()
 
     loop.new_event, loop.yield_now = counted_event, counted_yield
-    waker = LoopWaker(loop, [lane], counters)
+    waker = LoopWaker(loop, counters)
 
     async def settled(done: int) -> None:  # the lane ran `done` items and sleeps
         while not (lane.done == done and lane.idle):
@@ -233,7 +233,7 @@ async def test_a_loop_lane_suspends_once_per_wake_up_however_they_interleave() -
         await settled(4)
         apart = seen[start:]
         lane.pending.append(STOP)
-        waker.wake()
+        waker.wake([lane])
         await finished.wait()
     assert together == ["yield", "sleep"]
     assert apart == ["sleep", "sleep"]

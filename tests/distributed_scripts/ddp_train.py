@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,8 @@ class Recorder(Callback):
         self.seen.append([])
 
     def batch_end(self, state: State, logger: trainbus.Logger) -> None:
+        if not self.seen:  # resumed inside an epoch: no EPOCH_START
+            self.seen.append([])
         self.seen[-1].extend(int(i) for i in state.batch[2])
 
     def close(self, state: State, logger: trainbus.Logger) -> None:
@@ -76,6 +79,8 @@ class Recorder(Callback):
             "device": str(state.device), "seen": self.seen, "params": params, "eval": evals,
             "ddp": type(state.ddp_model).__name__, "batch": int(state.timer.batch),
             "sigterm": state.stop_requested,
+            "preemption": None if state.preemption is None else state.preemption.reason,
+            "closed_at": time.time(),
         }))  # fmt: skip
 
 
@@ -98,6 +103,26 @@ class Boom(Callback):
             raise RuntimeError("boom on rank 1 at batch 2")
 
 
+class StopOnRank1(Callback):
+    """A stopper on a rank-local value: fires on rank 1 only, at batch 3."""
+
+    def batch_end(self, state: State, logger: trainbus.Logger) -> None:
+        if state.rank == 1 and int(state.timer.batch) == 3:
+            state.stop_training()
+
+
+class Cue(Callback):
+    """Writes OUT/cue-rank<r> (the pid) at batch 2; slows batches so the signal lands."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def batch_end(self, state: State, logger: trainbus.Logger) -> None:
+        time.sleep(0.1)
+        if int(state.timer.batch) == 2 and state.preemption is None:
+            (self.out / f"cue-rank{state.rank}").write_text(str(os.getpid()))
+
+
 def data() -> TensorDataset:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(8, 4, generator=g)
@@ -108,7 +133,10 @@ def data() -> TensorDataset:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
-    parser.add_argument("--mode", choices=["train", "resume", "fail"], default="train")
+    parser.add_argument(
+        "--mode", choices=["train", "resume", "fail", "stop", "preempt", "full3", "resume3"],
+        default="train",
+    )
     parser.add_argument("--load", default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", default=None)
@@ -141,6 +169,13 @@ def main() -> None:
         loggers.append(JSONLinesLogger(out / f"metrics-rank{rank}.jsonl"))
     if args.mode == "fail":
         callbacks.append(Boom())
+    if args.mode == "stop":
+        callbacks += [StopOnRank1(), CheckpointSaver(out / "ckpt", "ba{batch}.pt", "1ba")]
+    if args.mode == "preempt":
+        callbacks += [Cue(out), CheckpointSaver(out / "ckpt", "ba{batch}.pt", "100ba")]
+    duration = {"fail": "1000ep", "stop": "1000ep"}.get(args.mode, "2ep")
+    if args.mode in ("preempt", "full3", "resume3"):
+        duration = "3ep"
     if args.wandb is not None:
         loggers.append(WandBLogger("ddp", dir=args.wandb, mode="offline"))
     if args.tensorboard is not None:
@@ -149,7 +184,7 @@ def main() -> None:
     trainer = Trainer(
         trained,
         DataLoader(dataset, batch_size=1, shuffle=True),
-        "1000ep" if args.mode == "fail" else "2ep",
+        duration,
         eval_dataloader=DataLoader(dataset, batch_size=2),
         optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
         callbacks=callbacks,
@@ -158,8 +193,13 @@ def main() -> None:
         seed=7,
         load_path=args.load,
         dist_timeout=30.0,
+        warn_slow_callbacks=args.mode != "preempt",
     )
-    trainer.fit_sync()
+    try:
+        trainer.fit_sync()
+    except SystemExit as exc:  # TrainingPreempted: its status, before the process ends
+        (out / f"exit-rank{rank}").write_text(str(exc.code))
+        raise
 
 
 if __name__ == "__main__":

@@ -32,12 +32,14 @@ def child_env() -> dict[str, str]:
 class Child:
     """``python <args>`` with its output collected line by line."""
 
-    def __init__(self, args: Sequence[str], cwd: Path) -> None:
+    def __init__(
+        self, args: Sequence[str], cwd: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.interrupted: float | None = None
         self.proc = subprocess.Popen(
             [sys.executable, *args],
             cwd=cwd,
-            env=child_env(),
+            env={**child_env(), **(env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -117,3 +117,32 @@ def _check_resume(tmp_path: Path, reference: dict[str, torch.Tensor]) -> None:
         assert torch.equal(got[name], tensor), name
     lines = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if r["name"] == "loss/train"] == list(range(1, 21))
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=False,
+    reason="issue 40, open: fit_sync() returns within 7 s (the watchdog's bound), but the "
+    "interpreter's exit after it took 5-10 s more here, with the stuck handler's daemon "
+    "thread alive; see /work/notes/i40.md",
+)
+def test_torchruns_shutdown_timeout_in_the_environment_bounds_the_stop(tmp_path: Path) -> None:
+    """``TORCH_ELASTIC_SHUTDOWN_TIMEOUT=8`` and ``Preemption()`` (no ``grace=``), a handler
+    stuck for 90 s: the process checkpoints and exits 143 within the 8 s torchrun gives."""
+    child = Child(
+        [str(SCRIPT), str(tmp_path), "--stuck", "plain", "--grace", "0"], cwd=tmp_path,
+        env={"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "8"},
+    )  # fmt: skip
+    child.wait_for("out", lambda line: line == "stuck")
+    sent = time.monotonic()
+    child.proc.send_signal(signal.SIGTERM)
+    try:
+        status = child.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        status = None
+    elapsed = time.monotonic() - sent
+    child.kill()
+    child.close()
+    assert status == 143, child
+    assert elapsed < 8, f"the stop took {elapsed:.1f} s, over torchrun's 8 s"
+    assert (tmp_path / "ckpt" / "ba5.pt").is_file()

@@ -15,13 +15,11 @@ from typing import Any
 import pytest
 import torch
 
-ray = pytest.importorskip("ray")
+from tests.integrations import ray_workers
+from tests.integrations.ray_workers import BATCHES, EPOCHS, train_loop
 
-from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig  # noqa: E402
-from ray.train.torch import TorchTrainer  # noqa: E402
-
-from tests.integrations import ray_workers  # noqa: E402
-from tests.integrations.ray_workers import BATCHES, EPOCHS, train_loop  # noqa: E402
+# Ray is imported by the tests, not at collection: importing it takes tens of seconds on a busy
+# machine, and the default suite (which leaves these slow tests out) still collects this file.
 
 pytestmark = [
     pytest.mark.slow,
@@ -37,6 +35,7 @@ LAST = BATCHES * EPOCHS
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    ray = pytest.importorskip("ray")
     root = tmp_path_factory.mktemp("ray")
     ray.cloudpickle.register_pickle_by_value(ray_workers)
     for attempt in range(3):  # Ray gives its raylet 30 s to start: too little on a busy machine
@@ -60,6 +59,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def fit(root: Path, name: str, config: dict[str, Any], max_failures: int = 0) -> Any:
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
     trainer = TorchTrainer(
         train_loop,
         train_loop_config=config,

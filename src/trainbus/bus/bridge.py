@@ -102,8 +102,8 @@ class LoopHandle:
 class FutureEvent:
     """A loop lane's sleep on asyncio: one future, set once (loop thread).
 
-    A loop lane suspends once for each wake-up of the loop that brought it work, twice a
-    batch with the default barrier (``producer.WAKES_LOOP``), so its sleep is on the hot
+    A loop lane suspends once for each wake-up of the loop that brought it work, at most
+    twice a batch (``producer.WAKES_LOOP``), so its sleep is on the hot
     path. ``anyio.Event`` wraps an ``asyncio.Event`` (two Python layers, a backend lookup
     at creation, a coroutine to await); a bare future is what ``asyncio.Event`` awaits
     underneath. Cancellation works as for any awaited future (the lane's cancel scope
@@ -155,31 +155,31 @@ class LoopWaker:
     """Hands work to the loop lanes and wakes the sleeping ones, from any thread: one call
     into the loop per :meth:`deliver` or :meth:`wake`, whatever the lanes are doing. On the
     loop, that call (:meth:`_on_loop`) appends each delivered list of items to its lane's
-    ``pending``, then ``WAKE_END``, and sets the wake-up of every loop lane that sleeps
-    with items queued; a lane that is busy takes its new items when it is done. Create it
-    on the loop.
+    ``pending``, then ``WAKE_END``, and sets the wake-up of each of those lanes that
+    sleeps; a lane that is busy takes its new items when it is done. It touches only the
+    lanes handed to it (the lanes with work), not every loop lane.
 
     The caller's cost is the same whether the loop sleeps or not (no look at the lanes
     from the calling thread): a count that does not move with the machine's load.
     """
 
-    def __init__(self, loop: LoopHandle, lanes: list[Lane], counters: Counters) -> None:
+    def __init__(self, loop: LoopHandle, counters: Counters) -> None:
         self._call_soon = loop.call_soon
         self._counters = counters
-        self._lanes = [lane for lane in lanes if not lane.on_thread]
 
     def deliver(self, waves: list[tuple[Lane, MutableSequence[WorkItem]]]) -> None:
-        """Hand each ``(lane, items)`` to the loop and wake its sleeping lanes that have
-        items (the publishing thread; ``Producer.hand_over``)."""
+        """Hand each ``(lane, items)`` to the loop and wake those lanes that sleep (the
+        publishing thread; ``Producer.hand_over``)."""
         try:
             self._call_soon(self._on_loop, waves)
         except Exception:  # the loop has ended (an abandoned thread came back late)
             return
 
-    def wake(self) -> None:
-        """Ask the loop to wake its sleeping lanes that have items (any thread)."""
+    def wake(self, lanes: Sequence[Lane]) -> None:
+        """Ask the loop to wake those of ``lanes`` that sleep with items (any thread; the
+        items are in their ``pending`` already)."""
         try:
-            self._call_soon(self._on_loop, ())
+            self._call_soon(self._on_woken, lanes)
         except Exception:  # the loop has ended (an abandoned thread came back late)
             return
 
@@ -189,8 +189,13 @@ class LoopWaker:
             pending = lane.pending
             pending.extend(items)
             pending.append(WAKE_END)
-        for lane in self._lanes:
             # On the loop a lane's task is either asleep (idle) or running: never between.
+            if lane.idle and lane.wakeup is not None:
+                lane.wakeup.set()
+
+    def _on_woken(self, lanes: Sequence[Lane]) -> None:
+        self._counters.loop_wakeups += 1
+        for lane in lanes:
             if lane.idle and lane.pending and lane.wakeup is not None:
                 lane.wakeup.set()
 

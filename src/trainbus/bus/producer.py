@@ -263,22 +263,27 @@ class Producer:
         if threads:
             self.wake_threads()
 
-    def hand_over(self, lanes: Sequence[Lane] | None = None) -> None:
-        """Hand the loop lanes' inboxes (or ``lanes``' only) to the loop, in one call into
-        it that also wakes its sleeping lanes with work (publishing thread)."""
+    def owe_loop(self) -> None:
+        """Note that a loop lane's inbox holds a record (publishing thread): it rides the
+        loop's next wake-up, as an event's item would."""
+        self._loop_owed = True
+
+    def hand_over(self) -> None:
+        """Hand the loop lanes' inboxes to the loop, in one call into it that also wakes
+        its sleeping lanes with work (publishing thread)."""
         if not self.loop_lanes:
             return
         waves = []
-        for lane in self.loop_lanes if lanes is None else lanes:
+        for lane in self.loop_lanes:
             inbox = lane.inbox
             if inbox:
                 lane.inbox = []
                 waves.append((lane, inbox))
-        if lanes is None:
-            self._loop_owed = False
-            self.hand_overs += 1
-            self._woke_inside = True
-        self.waker.deliver(waves)
+        self._loop_owed = False
+        self.hand_overs += 1
+        self._woke_inside = True
+        if waves:  # an inbox filtered to nothing (a handler not due) needs no wake-up
+            self.waker.deliver(waves)
 
     def wake_threads(self) -> None:
         """Wake the sleeping lane threads that have items (see ``INSIDE_BATCH``): one

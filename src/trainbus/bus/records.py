@@ -57,17 +57,21 @@ class Records:
 
     def submit(self, record: LogRecord) -> None:
         """Queue ``record`` on every destination's lane, within each one's bound, and wake
-        the destinations that sleep (a record is delivered without waiting for a batch's
-        end: one call into the loop for all the loop lanes).
+        the destinations that sleep (from another thread than the publishing one, a record
+        is delivered without waiting for a batch's end: one call into the loop for all the
+        loop lanes).
 
         On the publishing thread a record for a loop lane goes into the lane's inbox, after
-        the events published before it (D1), and that inbox is handed over at once."""
+        the events published before it (D1), and rides the loop's next wake-up (the
+        batch's end, its next batch's first, an event outside a batch, or a wait of the
+        training thread; ``producer.WAKES_LOOP``): no wake-up of its own. Logged by a
+        ``@blocking`` handler (which may wait for its delivery), it is handed over at once."""
         item = LogItem(record)
         bound = self.bound
-        loop = False
+        woken: list[Lane] = []
+        owed = False
         producer = self._producer
         publishing = producer.is_producer()
-        handed: list[Lane] = []
         for lane in self.destinations:
             if lane.log_enq - lane.log_done >= bound and not (lane.failed or lane.abandoned):
                 self._wait_for_room(lane)
@@ -76,18 +80,21 @@ class Records:
                 lane.thread.put(lane, item)
             elif publishing:
                 lane.inbox.append(item)
-                handed.append(lane)
+                owed = True
             else:
                 lane.pending.append(item)
                 if lane.idle:
-                    loop = True
+                    woken.append(lane)
             member = lane.member
             if depth > member.peak_records:
                 member.peak_records = depth
-        if handed:
-            producer.hand_over(handed)
-        elif loop:
-            self.waker.wake()
+        if owed:
+            if producer.running_here is not None:  # a @blocking handler may wait for it
+                producer.hand_over()
+            else:
+                producer.owe_loop()
+        if woken:
+            self.waker.wake(woken)
 
     def _wait_for_room(self, lane: Lane) -> None:
         ident = threading.get_ident()

@@ -75,7 +75,7 @@ class Session:
         #: The lane threads, each with the callbacks pinned to it (``pool.place``).
         self.threads = place(self.lanes, options.lane_threads)
         self.watch = LoopWatch(self.loop, self.lanes)  # deadlines a held loop cannot keep
-        self.waker = LoopWaker(self.loop, self.lanes, counters)
+        self.waker = LoopWaker(self.loop, counters)
         self.spawner = Spawner(self.loop)
         self.producer = Producer(
             state=state,

@@ -111,6 +111,9 @@ class LoopWatch:
             yield
         finally:
             timer.cancel()
+            # No thread outlives its block: a cancelled timer ends at once; one whose check
+            # has begun ends within CONFIRM_S (its wait for the loop).
+            timer.join(CONFIRM_S + 1.0)
 
 
 def _runs_user_code(tid: int) -> bool:

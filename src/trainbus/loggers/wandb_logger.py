@@ -317,7 +317,15 @@ class WandBLogger(LoggerDestination):
         run.log({name: _wandb_value(v) for name, v in record.metrics.items()}, step=record.step)
 
     def state_dict(self) -> dict[str, Any]:
-        """The W&B run's id (and project, entity): a resumed run logs into that run."""
+        """The W&B run's id (and project, entity): a resumed run logs into that run.
+
+        Called by :class:`~trainbus.callbacks.CheckpointSaver` on the training thread; while
+        the run is still being opened it waits for ``wandb.init`` and for the records kept
+        meanwhile to be handed to W&B, so a checkpoint never precedes records it counts as
+        logged (only a checkpoint during ``wandb.init`` waits)."""
+        opener = self._opener
+        if opener is not None and opener is not threading.current_thread():
+            opener.join()
         return {"run_id": self.run_id, "project": self.project, "entity": self.entity}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -24,6 +24,11 @@ The Trainer calls into this module at a few points and nowhere else:
 - :func:`abort_on_failure` (``fit()``, training thread): a rank whose training raises
   aborts an NCCL process group, so its peers' pending collectives fail at once (with
   gloo they fail when the failing process exits, or after the timeout);
+- :class:`StopAgreement` (constructor, then the loop at each batch boundary): a stop asked
+  on any one rank (a stopper, a preemption notice, a failed handler) ends every rank after
+  the same batch. Each boundary starts a non-blocking ``all_reduce`` (MAX) of this rank's
+  flags on a gloo group of its own and waits for the one started at the boundary before,
+  long finished by then: every rank stops one batch after the first asked, together;
 - :func:`sigterm_stops` (``fit()``, main thread): ``torchrun`` sends ``SIGTERM`` to every
   other worker once one has failed; during a distributed ``fit()`` that signal stops
   training at the next batch and lets every callback close before ``fit()`` raises
@@ -59,6 +64,7 @@ __all__ = [
     "DEFAULT_DIST_TIMEOUT",
     "DistInfo",
     "Launcher",
+    "StopAgreement",
     "abort_on_failure",
     "check_checkpointing",
     "is_sharded",
@@ -458,3 +464,53 @@ def sigterm_stops(state: State, enabled: bool) -> Iterator[list[int]]:
         yield received
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+#: The flags each rank contributes at a batch boundary (reduced with MAX).
+STOP, PREEMPTED, FAILED, SIGNUM = range(4)
+
+
+class StopAgreement:
+    """Every rank stops after the same batch, whichever rank asked (training thread).
+
+    At each batch boundary :meth:`step` waits for the ``all_reduce`` started at the
+    boundary before (it ran beside the batch in between, so the wait is normally over at
+    once) and, unless that one says stop, starts this boundary's with this rank's flags
+    (``[stop, preempted, failed, signum]``). The reduction runs on a gloo group of its own
+    (a CPU tensor: no device sync, and DDP's gradient buckets keep their group), created in
+    the constructor on every rank.
+
+    Example:
+        >>> agreement = StopAgreement.create(info)   # every rank, same point
+        >>> agreed = agreement.step([1, 0, 0, 0], last=False)   # None: go on
+    """
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self._pending: tuple[Any, torch.Tensor] | None = None
+
+    @classmethod
+    def create(cls, info: DistInfo) -> StopAgreement | None:
+        """An agreement for a distributed run (a collective: every rank calls it), else None."""
+        if not info.distributed or not (dist.is_available() and dist.is_initialized()):
+            return None
+        return cls(dist.new_group(backend="gloo"))
+
+    def step(self, flags: list[int], *, last: bool) -> list[int] | None:
+        """The agreed flags if every rank stops at this boundary, else ``None``.
+
+        ``last``: the run ends here anyway (``max_duration``, the same on every rank):
+        nothing new is started.
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            work, tensor = pending
+            work.wait()
+            agreed = [int(v) for v in tensor.tolist()]
+            if agreed[STOP]:
+                return agreed
+        if not last:
+            tensor = torch.tensor(flags, dtype=torch.int64)
+            work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+            self._pending = (work, tensor)
+        return None

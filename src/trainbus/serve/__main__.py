@@ -16,6 +16,8 @@ import asyncio
 import secrets
 from collections.abc import Sequence
 
+import anyio
+
 from trainbus.callbacks._guard import is_loopback
 from trainbus.serve._app import create_app
 from trainbus.serve._server import TrainbusServer, create_server
@@ -84,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     server = create_server(app, host=args.host, port=args.port, log_level=args.log_level)
     try:
-        asyncio.run(_serve(server))
+        anyio.run(_serve, server, backend="asyncio")  # uvicorn serves on asyncio
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
         pass
 

@@ -107,11 +107,17 @@ class TrainingLoop:
         logger: Logger,
         config: LoopConfig,
         publish: Callable[..., None],
+        rank_stops: Callable[[bool, bool], bool] | None = None,
     ) -> None:
         self.state = state
         self.logger = logger
         self.config = config
         self.publish = publish
+        #: Distributed: ``rank_stops(failed, last)`` at each batch boundary says whether
+        #: every rank stops here (``training/rank_stops.py``); a failed publish is held.
+        self.rank_stops = rank_stops
+        self._stopped = False  # every rank agreed to stop
+        self._held: Exception | None = None  # a failed publish, raised once all stopped
         self.model = state.model
         self.calls = BatchCalls(state.model, config.loss_fn)
         # Training goes through the DDP wrapper (state.ddp_model is state.model without one).
@@ -188,12 +194,42 @@ class TrainingLoop:
             sched.step()
         return micro_losses[0] if len(micro_losses) == 1 else torch.stack(micro_losses).sum()
 
+    def bind(self, publish: Callable[..., None]) -> None:
+        """Publish through ``publish`` (this cycle's). In a distributed run a publish that
+        fails (a handler's error, a cancellation: the bus stopped) is held: this rank goes on
+        computing, without events, until every rank agreed to stop (peers would otherwise
+        wait for its gradients), then :meth:`run` raises it."""
+        if self.rank_stops is None:
+            self.publish = publish
+            return
+
+        def holding(*events: Event) -> None:
+            if self._held is not None:
+                return
+            try:
+                publish(*events)
+            except Exception as exc:
+                self._held = exc
+
+        self.publish = holding
+
+    def _reached(self) -> bool:
+        end = self.state.max_duration
+        return bool(self.state.timestamp.get(end.unit).value >= end.value)
+
     def _done(self) -> bool:
-        state = self.state
-        if state.stop_requested:
-            return True
-        end = state.max_duration
-        return bool(state.timestamp.get(end.unit).value >= end.value)
+        if self.rank_stops is not None:
+            return self._stopped or self._reached()
+        return self.state.stop_requested or self._reached()
+
+    def _boundary(self) -> bool:
+        """After a batch: whether training stops here (every rank agrees, distributed)."""
+        if self.rank_stops is None:
+            return self._done()
+        reached = self._reached()
+        if not self._stopped:
+            self._stopped = self.rank_stops(self._held is not None, reached)
+        return self._stopped or reached
 
     def _eval_due(self, unit: TimeUnit) -> bool:
         interval = self.config.eval_interval
@@ -221,6 +257,8 @@ class TrainingLoop:
                 self.evaluate()
             publish(E.EPOCH_CHECKPOINT)
         publish(E.FIT_END)
+        if self._held is not None:
+            raise self._held
 
     def _run_epoch(self, skip: int) -> bool:
         """One epoch (or its rest); returns whether it ran to the end of the data."""
@@ -256,7 +294,7 @@ class TrainingLoop:
                 publish(E.BATCH_CHECKPOINT)
             else:
                 publish(E.BATCH_END, E.BATCH_CHECKPOINT)
-            if self._done():
+            if self._boundary():
                 # The data ran out with this batch: the epoch is complete (EPOCH_END
                 # fires), as when max_duration in batches is a whole number of epochs.
                 return seen == num_batches

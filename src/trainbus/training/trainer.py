@@ -32,6 +32,7 @@ from trainbus.core.time import Time
 from trainbus.loggers._exactly_once import plan_exactly_once
 from trainbus.runtime.distributed import (
     DEFAULT_DIST_TIMEOUT,
+    StopAgreement,
     abort_on_failure,
     check_checkpointing,
     is_sharded,
@@ -66,6 +67,7 @@ from trainbus.training.checks import (
 )
 from trainbus.training.fit_call import FitCall
 from trainbus.training.loop import LoopConfig, TrainingLoop
+from trainbus.training.rank_stops import RankStops
 
 __all__ = ["Trainer"]
 
@@ -288,6 +290,10 @@ class Trainer:
         self.state.rank, self.state.world_size = dist_info.rank, dist_info.world_size
         self.state.local_rank = dist_info.local_rank
         self._distributed = dist_info.distributed
+        agreement = StopAgreement.create(dist_info)  # a collective: every rank, here
+        self._rank_stops = (
+            None if agreement is None else RankStops(agreement, self.state, self._notices)
+        )
         if _PRECISIONS[precision] is torch.float16:  # bf16 has fp32's range: no scaler
             self.state.scaler = torch.amp.GradScaler(resolved_device.type)
         self.logger = Logger(self.state)
@@ -376,14 +382,17 @@ class Trainer:
             state.preemption = None
             self._notice_acted = False
         state.begin_fit()
-        loop = TrainingLoop(state, self.logger, self._config, self.engine.run_event)
+        rank_stops = self._rank_stops
+        if rank_stops is not None:
+            rank_stops.reset()
+        loop = TrainingLoop(state, self.logger, self._config, self.engine.run_event, rank_stops)
         # The saver waits for every handler and record before it captures (CheckpointSaver).
         attach_handler_drain(state, functools.partial(self.engine.wait_all, records=True))
         deliver_init = not self._init_delivered
         self._init_delivered = True
 
         def produce() -> None:
-            loop.publish = self.engine.publisher()  # this cycle's, bound
+            loop.bind(self.engine.publisher())  # this cycle's
             try:
                 loop.run(deliver_init=deliver_init)
             except BaseException:
@@ -406,6 +415,12 @@ class Trainer:
             finally:
                 self._notice_acted = state.preemption is not None
         self._finished = _reached(state)  # a later fit() without duration= would do nothing
+        if rank_stops is not None and rank_stops.peer_failed:
+            raise RuntimeError(
+                f"fit() stopped on rank {state.rank} after batch {rank_stops.stopped_at}: "
+                "another rank's callback failed, and every rank stopped at the same batch "
+                "(see that rank's error)"
+            )
         if terminated:  # torchrun stops the other workers when one fails; all closed
             raise RuntimeError(
                 f"fit() stopped on rank {state.rank}: the process received SIGTERM (torchrun "

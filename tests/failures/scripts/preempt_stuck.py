@@ -96,7 +96,7 @@ def main(argv: list[str]) -> None:
         "--stuck", choices=["plain", "async", "async-sleep", "stubborn"], default=None
     )
     parser.add_argument("--runner", choices=["fit_sync", "asyncio", "trio"], default="fit_sync")
-    parser.add_argument("--grace", type=float, default=15.0)
+    parser.add_argument("--grace", type=float, default=15.0)  # 0: from the environment
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
@@ -114,7 +114,7 @@ def main(argv: list[str]) -> None:
         model, DataLoader(data, batch_size=4, shuffle=True), "1ep",
         optimizers=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
         callbacks=callbacks, loggers=[JSONLinesLogger(args.workdir / "m.jsonl")],
-        preemption=Preemption(grace=args.grace), close_timeout=6, seed=0,
+        preemption=Preemption(grace=args.grace or None), close_timeout=6, seed=0,
         load_path=args.workdir / "ckpt", warn_slow_callbacks=False, device="cpu",
     )  # fmt: skip
     if args.runner == "fit_sync":
