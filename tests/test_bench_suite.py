@@ -44,7 +44,9 @@ def test_quick_suite_writes_every_row_with_a_verdict(tmp_path: Path) -> None:
     figures = [row["figure"] for row in results["rows"]]
     for spec_row in SPEC_ROWS:
         assert any(f.startswith(spec_row) for f in figures), spec_row
-    assert {row["verdict"] for row in results["rows"]} <= VERDICTS
+    for row in results["rows"]:  # a SPEC row has a target; the suite's own rows may not
+        spec = any(row["figure"].startswith(spec_row) for spec_row in SPEC_ROWS)
+        assert row["verdict"] in (VERDICTS if spec else VERDICTS | {"no target"}), row
     readme = (tmp_path / "README.md").read_text()
     for row in results["rows"]:
         assert row["figure"] in readme

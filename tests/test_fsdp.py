@@ -105,7 +105,7 @@ def test_the_saver_destroys_its_process_group_at_close_and_the_exit_handler_is_o
     trained: Path,
 ) -> None:
     for r in _ranks(trained):  # the run launched exited 0 (it gathers right before its exit)
-        assert r["groups_after_fit"] == 1  # the default group; DCP's own one is gone
+        assert r["groups_after_fit"] == 1  # the default group; DCP's and the agreement's gone
         assert r["exit_handler"]  # gloo: trainbus.runtime.gloo_exit's atexit handler is installed
 
 

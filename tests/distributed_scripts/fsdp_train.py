@@ -148,7 +148,7 @@ def main() -> None:
         dist_timeout=60.0,
     )
     trainer.fit_sync()
-    groups = len(dist.distributed_c10d._world.pg_map)  # the saver's DCP group: destroyed at close
+    groups = len(dist.distributed_c10d._world.pg_map)  # DCP's and the stop agreement's: gone
     full = StateDictOptions(full_state_dict=True)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=full)  # every rank: all of it
     (out / f"rank{rank}.json").write_text(json.dumps({

@@ -24,7 +24,7 @@ The Trainer calls into this module at a few points and nowhere else:
 - :func:`abort_on_failure` (``fit()``, training thread): a rank whose training raises
   aborts an NCCL process group, so its peers' pending collectives fail at once (with
   gloo they fail when the failing process exits, or after the timeout);
-- :class:`StopAgreement` (constructor, then the loop at each batch boundary): a stop asked
+- :class:`StopAgreement` (each ``fit()``'s training thread, from its start to its end): a stop asked
   on any one rank (a stopper, a preemption notice, a failed handler) ends every rank after
   the same batch. Each boundary starts a non-blocking ``all_reduce`` (MAX) of this rank's
   flags on a gloo group of its own and waits for the one started at the boundary before,
@@ -477,8 +477,8 @@ class StopAgreement:
     boundary before (it ran beside the batch in between, so the wait is normally over at
     once) and, unless that one says stop, starts this boundary's with this rank's flags
     (``[stop, preempted, failed, signum]``). The reduction runs on a gloo group of its own
-    (a CPU tensor: no device sync, and DDP's gradient buckets keep their group), created in
-    the constructor on every rank.
+    (a CPU tensor: no device sync, and DDP's gradient buckets keep their group), created at
+    the start of each ``fit()`` on every rank and destroyed at its end (:meth:`close`).
 
     Example:
         >>> agreement = StopAgreement.create(info)   # every rank, same point
@@ -495,6 +495,26 @@ class StopAgreement:
         if not info.distributed or not (dist.is_available() and dist.is_initialized()):
             return None
         return cls(dist.new_group(backend="gloo"))
+
+    def close(self, *, ended: bool) -> None:
+        """Destroy the group at the fit's end (training thread); its gloo threads end.
+
+        ``ended``: the loop ran to its end, as on every rank; the reduction still pending
+        (an epoch-counted run's last batch boundary starts one) is waited for first, and
+        every peer completes it. After a raise a pending reduction is left alone, with the
+        group: destroying a gloo group waits for its pending work, that is for peers this
+        rank may never meet again; the process's exit frees it.
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            if not ended:
+                self._pending = pending
+                return
+            pending[0].wait()
+        group, self.group = self.group, None
+        if group is not None:
+            with contextlib.suppress(ValueError):  # already destroyed (with every group)
+                dist.destroy_process_group(group)
 
     def step(self, flags: list[int], *, last: bool) -> list[int] | None:
         """The agreed flags if every rank stops at this boundary, else ``None``.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainbus.runtime.distributed import FAILED, PREEMPTED, SIGNUM, StopAgreement
+from trainbus.runtime.distributed import FAILED, PREEMPTED, SIGNUM, DistInfo, StopAgreement
 
 if TYPE_CHECKING:
     from trainbus.core.state import State
@@ -30,17 +30,27 @@ class RankStops:
         stopped_at: The batch every rank stopped after, or ``None``.
     """
 
-    def __init__(self, agreement: StopAgreement, state: State, notices: Preemption) -> None:
-        self.agreement = agreement
+    def __init__(self, info: DistInfo, state: State, notices: Preemption) -> None:
+        self.info = info
         self.state = state
         self.notices = notices
+        self.agreement: StopAgreement | None = None
         self.peer_failed = False
         self.stopped_at: int | None = None
 
-    def reset(self) -> None:
-        """A new ``fit()``: forget the last one's outcome."""
+    def open(self) -> None:
+        """A new ``fit()`` (training thread, every rank: a collective): forget the last
+        one's outcome and start this one's agreement."""
         self.peer_failed = False
         self.stopped_at = None
+        self.agreement = StopAgreement.create(self.info)
+
+    def close(self, *, ended: bool) -> None:
+        """The ``fit()`` ended (training thread; ``ended``: without a raise): the
+        agreement's group goes (:meth:`StopAgreement.close`)."""
+        agreement, self.agreement = self.agreement, None
+        if agreement is not None:
+            agreement.close(ended=ended)
 
     def __call__(self, failed: bool, last: bool) -> bool:
         state = self.state
@@ -51,7 +61,10 @@ class RankStops:
             int(failed),
             (notice.signum or 0) if notice is not None else 0,
         ]
-        agreed = self.agreement.step(flags, last=last)
+        agreement = self.agreement
+        if agreement is None:  # no process group (the loop runs between open and close)
+            return False
+        agreed = agreement.step(flags, last=last)
         if agreed is None:
             return False
         state.stop_training()

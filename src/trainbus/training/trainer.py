@@ -32,7 +32,6 @@ from trainbus.core.time import Time
 from trainbus.loggers._exactly_once import plan_exactly_once
 from trainbus.runtime.distributed import (
     DEFAULT_DIST_TIMEOUT,
-    StopAgreement,
     abort_on_failure,
     check_checkpointing,
     is_sharded,
@@ -290,9 +289,8 @@ class Trainer:
         self.state.rank, self.state.world_size = dist_info.rank, dist_info.world_size
         self.state.local_rank = dist_info.local_rank
         self._distributed = dist_info.distributed
-        agreement = StopAgreement.create(dist_info)  # a collective: every rank, here
-        self._rank_stops = (
-            None if agreement is None else RankStops(agreement, self.state, self._notices)
+        self._rank_stops = (  # its agreement: each fit()'s, made on its training thread
+            RankStops(dist_info, self.state, self._notices) if dist_info.distributed else None
         )
         if _PRECISIONS[precision] is torch.float16:  # bf16 has fp32's range: no scaler
             self.state.scaler = torch.amp.GradScaler(resolved_device.type)
@@ -383,8 +381,6 @@ class Trainer:
             self._notice_acted = False
         state.begin_fit()
         rank_stops = self._rank_stops
-        if rank_stops is not None:
-            rank_stops.reset()
         loop = TrainingLoop(state, self.logger, self._config, self.engine.run_event, rank_stops)
         # The saver waits for every handler and record before it captures (CheckpointSaver).
         attach_handler_drain(state, functools.partial(self.engine.wait_all, records=True))
@@ -393,12 +389,18 @@ class Trainer:
 
         def produce() -> None:
             loop.bind(self.engine.publisher())  # this cycle's
+            if rank_stops is not None:
+                rank_stops.open()  # a collective: every rank's training thread, here
             try:
                 loop.run(deliver_init=deliver_init)
             except BaseException:
+                if rank_stops is not None:
+                    rank_stops.close(ended=False)
                 if self._distributed:  # peers waiting in a collective fail now, not later
                     abort_on_failure()
                 raise
+            if rank_stops is not None:
+                rank_stops.close(ended=True)
 
         notices = self._notices
         with (
