@@ -147,14 +147,13 @@ class Session:
             tg.start_soon(self.spawner.serve, tg)
             background = anyio.CancelScope()
             tg.start_soon(self._run_backgrounds, background)
-            for record in self.logger._connect(self.records.submit):
-                self.records.submit(record)
+            self.logger._connect(self.records.submit)
             try:
                 yield self
             finally:
                 with anyio.CancelScope(shield=True):
                     await self.drain()
-                    self.logger._connect(None)
+                    await self.disconnect_logger()
                     background.cancel()
                     for thread in self.threads:
                         thread.stop()
@@ -359,6 +358,17 @@ class Session:
                 if not lane.abandoned:
                     tg.start_soon(self._bounded_call, lane, None, False, "")
 
+    async def disconnect_logger(self) -> None:
+        """Stop taking records: from now on they wait in the logger's backlog for the next
+        session (``docs/loggers.md``, "Logging from anywhere"). A call that is inside the
+        intake now (a thread waiting for a destination's room) finishes there first, so
+        every record taken reaches its destinations before their ``close``; that wait is
+        bounded by ``close_timeout``."""
+        self.logger._disconnect()
+        hub = self.logger._hub
+        if hub.busy:
+            await anyio.to_thread.run_sync(hub.wait_idle, self.options.close_timeout)
+
     async def close_callbacks(self) -> list[BaseException]:
         """Run every ``close`` (destinations last), then every ``post_close``.
 
@@ -381,6 +391,8 @@ class Session:
                 errors.append(exc)
 
         for destinations in (False, True):  # callbacks first, then destinations
+            if destinations:  # what is logged from now on waits for the next fit
+                await self.disconnect_logger()
             async with anyio.create_task_group() as tg:
                 for lane in self.lanes:
                     close = lane.member.table.close

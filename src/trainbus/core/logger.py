@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -104,13 +105,30 @@ class LogRecord:
 
 
 class _Hub:
-    """What all loggers bound from one trainer share: the bus's sink, or a backlog."""
+    """What all loggers bound from one trainer share: the bus's sink, or a backlog.
 
-    __slots__ = ("backlog", "sink")
+    Any thread or task may log (``docs/loggers.md``, "Logging from anywhere"): ``lock``
+    makes the choice between the sink and the backlog atomic with ``_connect`` and
+    ``_disconnect``, and ``busy`` counts the calls inside the sink now, so that a
+    disconnect can wait for them (the sink itself runs outside the lock: it may wait for
+    a destination's room, D12).
+    """
+
+    __slots__ = ("backlog", "busy", "idle", "lock", "sink")
 
     def __init__(self) -> None:
         self.sink: Callable[[LogRecord], None] | None = None
         self.backlog: list[LogRecord] = []
+        self.lock = threading.Lock()
+        self.idle = threading.Condition(self.lock)
+        self.busy = 0
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no call is inside the sink (or ``timeout`` seconds, ``math.inf``
+        for no limit); true if none is."""
+        with self.lock:
+            limit = None if math.isinf(timeout) else timeout
+            return self.idle.wait_for(lambda: self.busy == 0, limit)
 
 
 DataArg = Mapping[str, Any] | Callable[[], Mapping[str, Any]]
@@ -192,19 +210,38 @@ class Logger:
 
     def _emit(self, record: LogRecord) -> None:
         hub = self._hub
-        if hub.sink is None:
-            hub.backlog.append(record)
-        else:
-            hub.sink(record)
+        with hub.lock:
+            sink = hub.sink
+            if sink is None:
+                hub.backlog.append(record)
+                return
+            hub.busy += 1
+        try:
+            sink(record)
+        finally:
+            with hub.lock:
+                hub.busy -= 1
+                if not hub.busy:
+                    hub.idle.notify_all()
 
-    def _connect(self, sink: Callable[[LogRecord], None] | None) -> list[LogRecord]:
-        """Connect (or, with ``None``, disconnect) the bus.
+    def _connect(self, sink: Callable[[LogRecord], None]) -> None:
+        """Connect the bus and hand it the records logged while none was connected (the
+        backlog), oldest first, before any record logged from now on: under the lock, so
+        a caller's records keep their order across the connect. ``sink`` must not block
+        here (the bus calls this on the loop, where records never wait for room)."""
+        hub = self._hub
+        with hub.lock:
+            backlog, hub.backlog = hub.backlog, []
+            for record in backlog:
+                sink(record)
+            hub.sink = sink
 
-        Returns the records logged while no bus was connected, for the bus to deliver.
-        """
-        self._hub.sink = sink
-        backlog, self._hub.backlog = self._hub.backlog, []
-        return backlog
+    def _disconnect(self) -> None:
+        """Disconnect the bus: records logged from now on wait in the backlog, for the
+        next :meth:`_connect` (the next ``fit()``). Calls already inside the sink finish
+        there (:meth:`_Hub.wait_idle`)."""
+        with self._hub.lock:
+            self._hub.sink = None
 
     def log_metrics(
         self,
