@@ -20,6 +20,7 @@ from trainbus.bus import BusStatistics as BusStatistics
 from trainbus.bus import CallbackStatistics as CallbackStatistics
 from trainbus.bus import TraceRecorder as TraceRecorder
 from trainbus.bus.engine import Engine as Engine
+from trainbus.core.backpressure import Backpressure as Backpressure
 from trainbus.core.callback import Callback as Callback
 from trainbus.core.callback import blocking as blocking
 from trainbus.core.destination import LoggerDestination as LoggerDestination
@@ -33,6 +34,7 @@ from trainbus.core.exceptions import EngineThreadError as EngineThreadError
 from trainbus.core.exceptions import FitInProgressError as FitInProgressError
 from trainbus.core.exceptions import FitNotAwaitedWarning as FitNotAwaitedWarning
 from trainbus.core.exceptions import HandlerInterrupted as HandlerInterrupted
+from trainbus.core.exceptions import RecordsDroppedWarning as RecordsDroppedWarning
 from trainbus.core.exceptions import SlowCallbackWarning as SlowCallbackWarning
 from trainbus.core.exceptions import TrainbusError as TrainbusError
 from trainbus.core.exceptions import TrainbusWarning as TrainbusWarning
@@ -59,6 +61,7 @@ from trainbus.training.trainer import Trainer as Trainer
 __version__ = "0.1.0.dev0"
 
 __all__ = (
+    "Backpressure",
     "Bus",
     "BusStatistics",
     "Callback",
@@ -80,6 +83,7 @@ __all__ = (
     "LoggerDestination",
     "Preemption",
     "PreemptionNotice",
+    "RecordsDroppedWarning",
     "Serializable",
     "SlowCallbackWarning",
     "State",

@@ -219,7 +219,7 @@ async def test_a_loop_lane_suspends_once_per_wake_up_however_they_interleave() -
 
     finished = anyio.Event()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(run_loop_lane, lane, counters, 128, loop, finished)
+        tg.start_soon(run_loop_lane, lane, counters, loop, finished)
         await settled(0)
         start = len(seen)
         wake_up()

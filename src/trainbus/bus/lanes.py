@@ -33,6 +33,8 @@ from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
+from trainbus.bus.mailbox import Mailbox
+
 if TYPE_CHECKING:
     import anyio
 
@@ -107,11 +109,12 @@ class EventItem:
 
 
 class LogItem:
-    """One logged record, queued on every destination."""
+    """One logged record, queued on every destination; without a record, the marker of a
+    lossy destination's mailbox (its runner takes the records there, ``mailbox.py``)."""
 
     __slots__ = ("record",)
 
-    def __init__(self, record: LogRecord) -> None:
+    def __init__(self, record: LogRecord | None) -> None:
         self.record: Final = record
 
 
@@ -181,7 +184,9 @@ class Lane:
         "lock",
         "log_done",
         "log_enq",
+        "log_limit",
         "log_slot",
+        "mailbox",
         "member",
         "name",
         "on_thread",
@@ -201,7 +206,7 @@ class Lane:
         "wakeup",
     )
 
-    def __init__(self, member: Member, gate: Gate) -> None:
+    def __init__(self, member: Member, gate: Gate, queue_size: int = 128) -> None:
         self.member = member
         self.gate = gate
         self.name = member.name
@@ -236,6 +241,13 @@ class Lane:
         # ``log_done`` only on the runner.
         self.log_enq = 0
         self.log_done = 0
+        policy = member.backpressure
+        #: For a destination: records logged and not yet delivered at which it is behind
+        #: (its ``backpressure`` limit, else ``queue_size``; D12, ``docs/loggers.md``).
+        self.log_limit = queue_size if policy is None or policy.limit is None else policy.limit
+        #: For a destination with a lossy policy: where its records wait (``mailbox.py``);
+        #: its FIFO then gets markers only. ``None`` for every other lane.
+        self.mailbox = Mailbox(self, policy) if policy is not None and policy.lossy else None
         self.wait_done: int | None = None
         self.wait_log: int | None = None
         #: Threads other than the training thread wait here for room among records (D12).
@@ -297,9 +309,9 @@ class Lane:
         if target is not None and self.done >= target:
             self.gate.reached(self)
 
-    def count_log_done(self) -> None:
-        """Count one delivered (or skipped) record; tell whoever waits for room."""
-        self.log_done += 1
+    def count_log_done(self, n: int = 1) -> None:
+        """Count ``n`` delivered (or skipped) records; tell whoever waits for room."""
+        self.log_done += n
         target = self.wait_log
         if target is not None and self.log_done >= target:
             self.gate.reached(self)

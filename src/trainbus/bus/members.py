@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from trainbus.core.backpressure import backpressure_of
 from trainbus.core.trailing import lag_of
 
 if TYPE_CHECKING:
@@ -83,10 +84,15 @@ class Member:
         lags: The distinct lags (batches) of its slots.
         peak: The most event handler calls ever queued at once for it.
         peak_records: For a destination, the most records ever queued at once for it.
+        backpressure: For a destination, its declared policy (``core/backpressure.py``);
+            ``None`` for other callbacks.
+        records_dropped, records_coalesced, values_dropped: For a lossy destination, what
+            its policy dropped or merged over the engine's life (``bus/mailbox.py``).
         wait_caused: Seconds the training thread waited with it the last callback waited for.
     """
 
     __slots__ = (
+        "backpressure",
         "index",
         "lags",
         "log_slot",
@@ -95,9 +101,12 @@ class Member:
         "own_thread",
         "peak",
         "peak_records",
+        "records_coalesced",
+        "records_dropped",
         "shares_thread",
         "slots",
         "table",
+        "values_dropped",
         "wait_caused",
     )
 
@@ -111,6 +120,11 @@ class Member:
             event: Slot(h, event, lag_of(h, default_lag)) for event, h in table.handlers.items()
         }
         self.log_slot = Slot(log_handler, None) if log_handler is not None else None
+        self.backpressure = (
+            backpressure_of(table.callback, f"callbacks[{index}]")
+            if log_handler is not None
+            else None
+        )
         plain_log = log_handler is not None and not log_handler.is_async
         # A destination whose @blocking handler runs on the training thread gets a thread
         # too: its records then run under the lane's lock, never beside that handler (D1).
@@ -125,6 +139,7 @@ class Member:
         self.lags = frozenset(slot.lag for slot in self.slots.values()) or frozenset({0})
         self.peak = 0
         self.peak_records = 0
+        self.records_dropped = self.records_coalesced = self.values_dropped = 0
         self.wait_caused = 0.0
 
     def all_slots(self) -> list[Slot]:

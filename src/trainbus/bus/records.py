@@ -1,8 +1,9 @@
 """Logged records: queued on every destination, within each one's bound (D12).
 
 ``logger.log_metrics(...)`` (any thread) hands its record to :meth:`Records.submit`, which
-queues it on every destination's lane. At most ``queue_size`` records wait per destination;
-past that the logging party waits, in the way its thread allows:
+queues it on every destination's lane. At most ``log_limit`` records wait per destination
+(its ``backpressure`` limit, else ``queue_size``); past that the logging party waits, in
+the way its thread allows:
 
 - the training thread waits at the gate, like a full event queue;
 - a lane thread (a plain handler that logs) blocks until the destination has room;
@@ -13,8 +14,12 @@ past that the logging party waits, in the way its thread allows:
 Nobody waits where waiting could never end: for room in its own lane or in a destination
 pinned to its own lane thread, or where waiting would close a cycle of runners (lane
 threads, loop lanes' tasks) waiting for each other's room: then the record is queued over
-the bound. Barriers never
-wait for records.
+the bound. Barriers never wait for records.
+
+A destination with a lossy policy (``drop_oldest``, ``latest``, ``coalesce``) gets its records
+in its mailbox instead (``mailbox.py``), which drops or merges rather than waiting (only
+``coalesce`` waits, as above, for a record it cannot merge); its lane gets a marker when the
+mailbox was empty.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from trainbus.bus.lanes import Lane, LogItem, would_deadlock
+from trainbus.bus.mailbox import FULL, WAKE
 from trainbus.bus.runners import CURRENT_RUNNER
 
 if TYPE_CHECKING:
@@ -42,14 +48,12 @@ class Records:
     def __init__(
         self,
         lanes: Sequence[Lane],
-        bound: int,
         gate: Gate,
         waker: LoopWaker,
         loop_thread: int,
         producer: Producer,
     ) -> None:
         self.destinations = [lane for lane in lanes if lane.log_slot is not None]
-        self.bound = bound
         self.gate = gate
         self.waker = waker
         self.loop_thread = loop_thread
@@ -67,24 +71,44 @@ class Records:
         training thread; ``producer.WAKES_LOOP``): no wake-up of its own. Logged by a
         ``@blocking`` handler (which may wait for its delivery), it is handed over at once."""
         item = LogItem(record)
-        bound = self.bound
         woken: list[Lane] = []
         owed = False
         producer = self._producer
         publishing = producer.is_producer()
         for lane in self.destinations:
-            if lane.log_enq - lane.log_done >= bound and not (lane.failed or lane.abandoned):
-                self._wait_for_room(lane)
-            depth = lane.count_record()
-            if lane.thread is not None:
-                lane.thread.put(lane, item)
-            elif publishing:
-                lane.inbox.append(item)
-                owed = True
+            box = lane.mailbox
+            if box is not None:  # a lossy destination: its records wait in its mailbox
+                answer = box.offer(record)
+                if answer == FULL:  # coalesce, and nothing to merge with: wait, as block
+                    self._wait_for_room(lane)
+                    answer = box.offer(record, force=True)
+                depth = box.depth
+                if answer == WAKE:  # the mailbox was empty: its runner gets a marker
+                    marker = LogItem(None)
+                    if lane.thread is not None:
+                        lane.thread.put(lane, marker)
+                    elif publishing:
+                        lane.inbox.append(marker)
+                        owed = True
+                    else:
+                        lane.pending.append(marker)
+                        if lane.idle:
+                            woken.append(lane)
             else:
-                lane.pending.append(item)
-                if lane.idle:
-                    woken.append(lane)
+                if lane.log_enq - lane.log_done >= lane.log_limit and not (
+                    lane.failed or lane.abandoned
+                ):
+                    self._wait_for_room(lane)
+                depth = lane.count_record()
+                if lane.thread is not None:
+                    lane.thread.put(lane, item)
+                elif publishing:
+                    lane.inbox.append(item)
+                    owed = True
+                else:
+                    lane.pending.append(item)
+                    if lane.idle:
+                        woken.append(lane)
             member = lane.member
             if depth > member.peak_records:
                 member.peak_records = depth
@@ -100,7 +124,7 @@ class Records:
         ident = threading.get_ident()
         if ident == self._producer.ident:
             if self._producer.running_here is not lane:  # not a @blocking handler's own
-                self._producer.wait([(lane, lane.log_enq - self.bound + 1)], "records")
+                self._producer.wait([(lane, lane.log_enq - lane.log_limit + 1)], "records")
             return
         waiter = CURRENT_RUNNER.get()  # this lane thread, or (on the loop) this loop lane
         if ident == self.loop_thread:
@@ -112,7 +136,7 @@ class Records:
         if waiter is not None:
             waiter.waiting_on = lane
         try:
-            lane.wait_for_room(self.bound, lambda: self._give_up(waiter, lane))
+            lane.wait_for_room(lane.log_limit, lambda: self._give_up(waiter, lane))
         finally:
             if waiter is not None:
                 waiter.waiting_on = None

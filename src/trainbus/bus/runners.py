@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from trainbus.bus.lanes import Counters, Lane, WorkItem
     from trainbus.bus.members import Slot
     from trainbus.bus.pool import LaneThread
+    from trainbus.core.logger import LogRecord
 
 __all__ = ["CURRENT_RUNNER", "account", "fail_lane_thread", "run_lane_thread", "run_loop_lane"]
 
@@ -171,24 +172,21 @@ def _run_item(lane: Lane, item: WorkItem, t0: float, spawner: Spawner, loop: Loo
         account(lane, slot, item.batch, t0, t1 - t0, counters)
         return t1
     if isinstance(item, LogItem):
-        log_slot = lane.log_slot
-        assert log_slot is not None, "only destinations receive records"
-        if not lane.failed:  # a failed destination gets no more records (D10)
-            lane.current = log_slot.qualname
-            try:
-                record = item.record.resolve()  # may wait for a device copy (D14)
-                if log_slot.is_async:
-                    spawner.run(log_slot.fn, record)
-                else:
-                    log_slot.fn(record)
-            except BaseException as exc:
-                lane.gate.fail(exc, log_slot.handler, None, lane)
-            t1 = _perf()
-            account(lane, log_slot, lane.last_batch, t0, t1 - t0, counters, False)
-            t0 = t1
-            lane.current = None
-        lane.count_log_done()
-        return t0
+        record = item.record
+        if record is not None:
+            t0 = _deliver_here(lane, record, t0, spawner, counters)
+            lane.count_log_done()
+            return t0
+        box = lane.mailbox  # a marker: the lossy destination's records, until none is left
+        assert box is not None, "a marker is queued only for a mailbox"
+        while True:
+            record, skipped = box.take()
+            if skipped:
+                lane.count_log_done(skipped)
+            if record is None:
+                return t0
+            t0 = _deliver_here(lane, record, t0, spawner, counters)
+            lane.count_log_done()
     assert isinstance(item, CallItem)
     lane.current = item.label or None
     error: BaseException | None = None
@@ -204,6 +202,39 @@ def _run_item(lane: Lane, item: WorkItem, t0: float, spawner: Spawner, loop: Loo
     lane.current = None
     loop.call_soon_if_running(item.on_done, error)
     return _perf()
+
+
+def _deliver_here(lane: Lane, record: LogRecord, t0: float, spawner: Spawner,
+                  counters: Counters) -> float:
+    """Deliver one record to ``lane``'s destination on its lane thread (not counted here);
+    return when the next item starts."""
+    log_slot = lane.log_slot
+    assert log_slot is not None, "only destinations receive records"
+    if lane.failed:  # a failed destination gets no more records (D10)
+        return t0
+    lane.current = log_slot.qualname
+    try:
+        record = record.resolve()  # may wait for a device copy (D14)
+        if log_slot.is_async:
+            spawner.run(log_slot.fn, record)
+        else:
+            log_slot.fn(record)
+    except BaseException as exc:
+        lane.gate.fail(exc, log_slot.handler, None, lane)
+    t1 = _perf()
+    account(lane, log_slot, lane.last_batch, t0, t1 - t0, counters, False)
+    lane.current = None
+    return t1
+
+
+def _drop_mailbox(lane: Lane) -> None:
+    """Count a mailbox's records done without delivering them (a failed lane thread)."""
+    box = lane.mailbox
+    while box is not None:
+        record, skipped = box.take()
+        lane.count_log_done(skipped + (record is not None))
+        if record is None:
+            return
 
 
 def fail_lane_thread(runner: LaneThread, loop: LoopHandle, error: BaseException) -> None:
@@ -225,7 +256,10 @@ def fail_lane_thread(runner: LaneThread, loop: LoopHandle, error: BaseException)
         if isinstance(item, EventItem):
             lane.count_done()
         elif isinstance(item, LogItem):
-            lane.count_log_done()
+            if item.record is None:
+                _drop_mailbox(lane)
+            else:
+                lane.count_log_done()
         elif isinstance(item, CallItem):
             loop.call_soon_if_running(item.on_done, error)
 
@@ -234,7 +268,7 @@ def fail_lane_thread(runner: LaneThread, loop: LoopHandle, error: BaseException)
 
 
 async def run_loop_lane(
-    lane: Lane, counters: Counters, record_bound: int, loop: LoopHandle, finished: anyio.Event
+    lane: Lane, counters: Counters, loop: LoopHandle, finished: anyio.Event
 ) -> None:
     """``lane``'s task on the loop: run its items until ``STOP``, then set ``finished``.
 
@@ -247,14 +281,14 @@ async def run_loop_lane(
         while True:
             with anyio.CancelScope() as scope:
                 lane.scope = scope
-                if await _drain_loop_lane(lane, counters, record_bound, loop):
+                if await _drain_loop_lane(lane, counters, loop):
                     return
     finally:
         finished.set()
 
 
 async def _drain_loop_lane(
-    lane: Lane, counters: Counters, record_bound: int, loop: LoopHandle
+    lane: Lane, counters: Counters, loop: LoopHandle
 ) -> bool:
     """Run ``lane``'s items, sleeping when there are none; true at ``STOP``.
 
@@ -298,24 +332,37 @@ async def _drain_loop_lane(
             account(lane, slot, item.batch, t0, t1 - t0, counters)
             t0 = t1
         elif isinstance(item, LogItem):
-            with anyio.CancelScope(shield=True):  # a record in flight is delivered in full
-                await _deliver(lane, item, counters)
-            lane.count_log_done()
+            record = item.record
+            if record is not None:
+                with anyio.CancelScope(shield=True):  # a record in flight is delivered in full
+                    await _deliver(lane, record, counters)
+                lane.count_log_done()
+            else:  # a marker: the lossy destination's records, until none is left
+                box = lane.mailbox
+                assert box is not None, "a marker is queued only for a mailbox"
+                while True:
+                    record, skipped = box.take()
+                    if skipped:
+                        lane.count_log_done(skipped)
+                    if record is None:
+                        break
+                    with anyio.CancelScope(shield=True):
+                        await _deliver(lane, record, counters)
+                    lane.count_log_done()
             t0 = _perf()
         else:
             assert isinstance(item, CallItem)
             await _call(lane, item)
             t0 = _perf()
         if lane.owes is not None:
-            await _wait_for_room(lane, record_bound, loop)
+            await _wait_for_room(lane, loop)
 
 
-async def _deliver(lane: Lane, item: LogItem, counters: Counters) -> None:
+async def _deliver(lane: Lane, record: LogRecord, counters: Counters) -> None:
     slot = lane.log_slot
     assert slot is not None, "only destinations receive records"
     if lane.failed:  # a failed destination gets no more records (D10)
         return
-    record = item.record
     lane.current = slot.qualname
     t0 = _perf()
     try:
@@ -350,7 +397,7 @@ async def _call(lane: Lane, item: CallItem) -> None:
     item.on_done(error)
 
 
-async def _wait_for_room(lane: Lane, bound: int, loop: LoopHandle) -> None:
+async def _wait_for_room(lane: Lane, loop: LoopHandle) -> None:
     """Pause ``lane`` until the destination its handler logged past the bound has room
     (D12), or the session stops, or waiting could never end. The destination wakes the
     pause as it takes records (``room_wakers``); a look every ``ROOM_RECHECK`` seconds
@@ -361,6 +408,7 @@ async def _wait_for_room(lane: Lane, bound: int, loop: LoopHandle) -> None:
     gate = lane.gate
     lane.waiting_on = dest
     try:
+        bound = dest.log_limit
         while (
             dest.log_enq - dest.log_done >= bound
             and not (gate.stopping or dest.failed or dest.abandoned)

@@ -32,7 +32,11 @@ from trainbus.bus.records import Records
 from trainbus.bus.runners import fail_lane_thread, run_lane_thread, run_loop_lane
 from trainbus.bus.slow import long_wait_message, warn_at
 from trainbus.bus.watchdog import LoopWatch
-from trainbus.core.exceptions import CallbackTimeoutWarning, SlowCallbackWarning
+from trainbus.core.exceptions import (
+    CallbackTimeoutWarning,
+    RecordsDroppedWarning,
+    SlowCallbackWarning,
+)
 
 if TYPE_CHECKING:
     from trainbus.bus.lanes import Counters, WaitKind
@@ -71,7 +75,7 @@ class Session:
         self.gate = gate = Gate(counters)
         gate.wait_warning = options.wait_warning
         gate.on_long_wait = self._warn_long_wait
-        self.lanes = [Lane(member, gate) for member in members]
+        self.lanes = [Lane(member, gate, options.queue_size) for member in members]
         #: The lane threads, each with the callbacks pinned to it (``pool.place``).
         self.threads = place(self.lanes, options.lane_threads)
         self.watch = LoopWatch(self.loop, self.lanes)  # deadlines a held loop cannot keep
@@ -91,7 +95,6 @@ class Session:
         )
         self.records = Records(
             self.lanes,
-            options.queue_size,
             gate,
             self.waker,
             self.loop.thread_id,
@@ -141,7 +144,7 @@ class Session:
                     done = anyio.Event()
                     loop_done.append((lane, done))
                     tg.start_soon(
-                        run_loop_lane, lane, self.counters, self.options.queue_size, self.loop,
+                        run_loop_lane, lane, self.counters, self.loop,
                         done, name=f"trainbus-lane-{lane.name}",
                     )
             tg.start_soon(self.spawner.serve, tg)
@@ -399,6 +402,7 @@ class Session:
                     is_dest = lane.log_slot is not None
                     if close is not None and is_dest is destinations and not lane.abandoned:
                         tg.start_soon(call, lane, close, self.state, self.logger)
+        self._report_drops()
         async with anyio.create_task_group() as tg:
             for lane in self.lanes:
                 post = lane.member.table.post_close
@@ -407,6 +411,15 @@ class Session:
         return errors
 
     # -- warnings on the loop --------------------------------------------------------------
+
+    def _report_drops(self) -> None:
+        """One :class:`RecordsDroppedWarning` per lossy destination that lost something in
+        this session (after the destinations' close: nothing more reaches them)."""
+        for lane in self.lanes:
+            box = lane.mailbox
+            message = box.report(lane.index) if box is not None else None
+            if message is not None:
+                self._emit(message, RecordsDroppedWarning, lane.member.table.callback)
 
     def _emit(self, message: str, category: type[Warning], where: object = None) -> None:
         """Warn on the loop thread, at ``where``'s code; an error-warning fails the run."""

@@ -30,9 +30,15 @@ class CallbackStatistics:
         peak_pending: The most event handler calls ever queued at once.
         on_thread: Whether the callback has a thread of its own (it has plain handlers
             that are not ``@blocking``).
-        pending_records: For a destination, log records queued or being delivered now.
+        pending_records: For a destination, log records queued or being delivered now
+            (with a lossy ``backpressure``: waiting in its mailbox or being delivered).
         peak_pending_records: For a destination, the most records ever queued at once
-            (bounded by ``queue_size``, D12).
+            (bounded by ``queue_size``, or its ``backpressure`` limit, D12).
+        records_dropped: For a destination with a lossy ``backpressure``, whole records
+            its policy dropped (``docs/loggers.md``, "Falling behind").
+        records_coalesced: Records its ``coalesce`` policy merged into an earlier one.
+        values_dropped: Values lost: those of dropped records, and those overwritten by
+            the same name (``latest``, ``coalesce``).
         lag_batches: How many batches it trails the training thread by now (0 when it
             has nothing pending).
         barrier_wait_caused: Seconds the training thread waited at barriers, for queues
@@ -53,6 +59,9 @@ class CallbackStatistics:
     peak_pending_records: int = 0
     lag_batches: int = 0
     barrier_wait_caused: float = 0.0
+    records_dropped: int = 0
+    records_coalesced: int = 0
+    values_dropped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +116,10 @@ def collect_statistics(
         lane = lanes[member.index] if lanes else None
         slots = member.all_slots()
         pending = lane.enq - lane.done if lane is not None else 0
+        records = 0
+        if lane is not None:
+            box = lane.mailbox
+            records = box.depth if box is not None else lane.log_enq - lane.log_done
         lag = now_batch - lane.last_batch if pending and lane is not None else 0
         slowest = max(slots, key=lambda s: s.max_time, default=None)
         per_callback.append(
@@ -120,10 +133,13 @@ def collect_statistics(
                 pending=pending,
                 peak_pending=member.peak,
                 on_thread=member.on_thread,
-                pending_records=lane.log_enq - lane.log_done if lane is not None else 0,
+                pending_records=records,
                 peak_pending_records=member.peak_records,
                 lag_batches=max(lag, 0),
                 barrier_wait_caused=member.wait_caused,
+                records_dropped=member.records_dropped,
+                records_coalesced=member.records_coalesced,
+                values_dropped=member.values_dropped,
             )
         )
         depth += pending

@@ -11,6 +11,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trainbus.core.backpressure import Backpressure
 from trainbus.core.callback import Callback, Handler, HandlerTable, _check_signature
 from trainbus.core.handler_names import warn_uncalled_destination_methods
 from trainbus.core.logger import LogLevel, LogRecord
@@ -37,6 +38,12 @@ class LoggerDestination(Callback):
 
     #: Marks a destination for :attr:`Logger.destinations <trainbus.Logger.destinations>`.
     _receives_records: ClassVar[bool] = True
+    #: What happens when it falls behind (``docs/loggers.md``, "Falling behind"); ``None``
+    #: is :meth:`Backpressure.block() <trainbus.Backpressure.block>`. Set on the class or
+    #: on the instance before the trainer is built.
+    backpressure: Backpressure | None = None
+    #: Why a destination takes only ``block`` (it promises every point); else ``None``.
+    _refuses_lossy: ClassVar[str | None] = None
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> Any:
         """Receive metrics logged at ``step``."""

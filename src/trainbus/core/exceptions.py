@@ -15,6 +15,7 @@ Hierarchy::
     ├── MetricsUploadWarning                              points refused or not delivered
     ├── CallbackTimeoutWarning                            a callback missed close_timeout
     ├── UnknownHandlerWarning                             a handler-like method no event calls
+    ├── RecordsDroppedWarning                             a lossy destination dropped records
     └── FitNotAwaitedWarning (TrainbusWarning, RuntimeWarning)  trainer.fit() never awaited
 
 Each class shows as the public module users import it from (``trainbus.X``, or
@@ -33,6 +34,7 @@ __all__ = [
     "FitInProgressError",
     "FitNotAwaitedWarning",
     "MetricsUploadWarning",
+    "RecordsDroppedWarning",
     "SlowCallbackWarning",
     "StreamOverflowError",
     "TrackingServerError",
@@ -86,6 +88,10 @@ class UnknownHandlerWarning(TrainbusWarning):
     """A callback method looks like a handler (``on_batch_end``) but no event calls it."""
 
 
+class RecordsDroppedWarning(TrainbusWarning):
+    """A destination's lossy ``backpressure`` dropped or merged records during a fit."""
+
+
 class FitNotAwaitedWarning(TrainbusWarning, RuntimeWarning):
     """``trainer.fit()`` was called but never awaited, so nothing was trained."""
 
@@ -119,6 +125,7 @@ for _cls in (
     SlowCallbackWarning,
     CallbackTimeoutWarning,
     UnknownHandlerWarning,
+    RecordsDroppedWarning,
     FitNotAwaitedWarning,
     CheckpointLoadError,
     CheckpointSaveError,

@@ -62,6 +62,9 @@ __all__ = ["BatchingDestination"]
 class BatchingDestination(LoggerDestination):
     """Base of the destinations that deliver batches over HTTP (see the module docstring).
 
+    They take only ``Backpressure.block(...)`` (``docs/loggers.md``, "Falling behind"):
+    they promise every point, and their ``log_record`` only buffers.
+
     Args:
         target: What ``close``'s warnings name as the destination (a URL).
         batch_size: Items per request at most.
@@ -75,6 +78,11 @@ class BatchingDestination(LoggerDestination):
         backoff: Seconds before the first retry; doubles per retry of a batch.
         max_backoff: Seconds; the cap of the doubling.
     """
+
+    _refuses_lossy = (
+        "it promises every point exactly once (retries, spool, journal), which a policy "
+        "that drops would break; its log_record only buffers, so it rarely falls behind"
+    )
 
     def __init__(
         self,
