@@ -8,6 +8,7 @@ policy and the limit, never from time.
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Any
 
 import anyio
@@ -196,3 +197,59 @@ def test_bad_policies_name_the_fix(build: Any, match: str) -> None:
 def test_repr_reads_as_the_call_that_builds_it() -> None:
     assert repr(Backpressure()) == "Backpressure.block()"
     assert repr(Backpressure.latest(64)) == "Backpressure.latest(limit=64)"
+
+
+class Keep(LoggerDestination):
+    """Keeps ``(name, step)`` of every value it receives."""
+
+    def __init__(self, policy: Backpressure) -> None:
+        self.backpressure = policy
+        self.got: list[tuple[str, int]] = []
+
+    def log_record(self, record: Any) -> None:
+        self.got.extend((name, record.step) for name in record.metrics)
+
+
+class KeepAsync(Keep):
+    async def log_record(self, record: Any) -> None:  # type: ignore[override]
+        self.got.extend((name, record.step) for name in record.metrics)
+        await anyio.sleep(0)
+
+
+@pytest.mark.parametrize("make", [Keep, KeepAsync], ids=["plain", "async"])
+@pytest.mark.parametrize("policy", ["drop_oldest", "latest"])
+def test_threads_logging_into_a_lossy_destination_lose_only_what_is_counted(
+    make: type[Keep], policy: str
+) -> None:
+    threads, points = 8, 2_000
+    dest = make(getattr(Backpressure, policy)(limit=4))
+
+    class FromThreads(Callback):
+        @blocking
+        def batch_end(self, state: Any, logger: Any) -> None:
+            def log(i: int) -> None:
+                for k in range(points):
+                    logger.log_metrics({f"t{i}": float(k)}, step=k)
+
+            workers = [threading.Thread(target=log, args=(i,)) for i in range(threads)]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+
+    trainer = make_trainer(1, callbacks=[FromThreads()], loggers=[dest])
+    with warnings.catch_warnings(record=True) as caught:  # how far it falls behind varies
+        warnings.simplefilter("always")
+        trainer.fit_sync()
+    stats = trainer.engine.statistics().callbacks[-1]
+    dropped = [w for w in caught if issubclass(w.category, RecordsDroppedWarning)]
+    assert len(dropped) == (1 if stats.records_dropped else 0)
+    assert not [w for w in caught if w not in dropped]
+    ours = [(name, step) for name, step in dest.got if name.startswith("t")]
+    # one value per record, the trainer's loss/train record too
+    assert len(dest.got) + stats.records_dropped == threads * points + 1
+    assert stats.values_dropped == stats.records_dropped
+    for i in range(threads):
+        steps = [step for name, step in ours if name == f"t{i}"]
+        assert steps == sorted(set(steps)), "a caller's records out of order or twice"
+    assert stats.pending_records == 0

@@ -204,3 +204,34 @@ def test_step_outside_a_handler_is_the_batch_count_read_at_the_call(tmp_path: Pa
     assert memory.get_timeseries("outside")["step"] == steps == [1, 2, 3]
     assert memory.get_timeseries("before")["step"] == [0]
     assert "after" not in memory.data
+
+
+async def test_a_thread_logging_across_a_fits_start_keeps_its_order(
+    anyio_backend: str, tmp_path: Path
+) -> None:
+    # Records logged before the fit wait in the backlog; the backlog is handed over before
+    # any record logged after the bus took over, so the caller's order holds across it.
+    path = tmp_path / "m.jsonl"
+    hold = HoldTraining()
+    trainer = make_trainer(2, callbacks=[hold], loggers=[JSONLinesLogger(path)],
+                           warn_slow_callbacks=False, wait_warning=math.inf)
+    logger = trainer.logger
+    started = threading.Event()
+
+    def across() -> None:
+        for k in range(POINTS):
+            logger.log_metrics({"across": k}, step=k)
+            if k == 100:
+                started.set()  # the fit starts while this thread goes on logging
+        hold.logged.set()
+
+    thread = threading.Thread(target=across)
+    thread.start()
+    try:
+        await anyio.to_thread.run_sync(started.wait, WATCHDOG)
+        await trainer.fit()
+    finally:
+        hold.logged.set()
+        thread.join()
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["step"] for r in rows if r["name"] == "across"] == list(range(POINTS))

@@ -4,8 +4,9 @@ Only this package knows there are threads and event loops. One event's path, in 
 the modules it passes: ``producer`` (publish, on the training thread) -> ``lanes`` (the
 callback's queue) -> ``bridge`` (waking the loop) -> ``runners`` (the handler runs) ->
 ``lanes`` (counted done; the gate the training thread waits at). ``members`` says where
-each handler runs, ``pool`` which lane thread runs a plain callback, ``session`` runs one
-cycle and closes it, ``engine`` is the entry point. ``docs/concurrency.md`` describes the
+each handler runs, ``pool`` which lane thread runs a plain callback, ``records`` queues
+logged records on the destinations (``mailbox`` for those with a lossy ``backpressure``),
+``session`` runs one cycle and closes it, ``engine`` is the entry point. ``docs/concurrency.md`` describes the
 model (guarantees D1-D14).
 """
 
