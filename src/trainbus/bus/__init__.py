@@ -6,8 +6,8 @@ callback's queue) -> ``bridge`` (waking the loop) -> ``runners`` (the handler ru
 ``lanes`` (counted done; the gate the training thread waits at). ``members`` says where
 each handler runs, ``pool`` which lane thread runs a plain callback, ``records`` queues
 logged records on the destinations (``mailbox`` for those with a lossy ``backpressure``),
-``session`` runs one cycle and closes it, ``engine`` is the entry point. ``docs/concurrency.md`` describes the
-model (guarantees D1-D14).
+``session`` runs one cycle and closes it, ``engine`` is the entry point.
+``docs/concurrency.md`` describes the model (guarantees D1-D14).
 """
 
 from __future__ import annotations
