@@ -253,3 +253,33 @@ def test_threads_logging_into_a_lossy_destination_lose_only_what_is_counted(
         steps = [step for name, step in ours if name == f"t{i}"]
         assert steps == sorted(set(steps)), "a caller's records out of order or twice"
     assert stats.pending_records == 0
+
+
+@pytest.mark.anyio
+async def test_records_logged_without_pause_do_not_starve_the_destinations_events(
+    anyio_backend: str,
+) -> None:
+    # The destination logs a record into itself for each one it receives: its mailbox is
+    # never empty when its runner looks. A marker delivers at most `limit` records, then
+    # goes to the back of the lane's queue, so its batch_end (and the BATCH_END barrier)
+    # still comes; without that, the first barrier waited for ever.
+    seen: list[int] = []
+    echo = threading.Event()
+    echo.set()
+
+    class Echo(Keep):
+        def log_record(self, record: Any) -> None:
+            super().log_record(record)
+            if echo.is_set():
+                trainer.logger.log_metrics({"echo": 1.0}, step=record.step + 1)
+
+        def batch_end(self, state: Any, logger: Any) -> None:
+            seen.append(int(state.timer.batch))
+
+    dest = Echo(Backpressure.drop_oldest(limit=4))
+    trainer = make_trainer(5, loggers=[dest], warn_slow_callbacks=False, close_timeout=5.0)
+    with anyio.fail_after(WATCHDOG), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecordsDroppedWarning)
+        await trainer.fit()
+    echo.clear()
+    assert seen == [1, 2, 3, 4, 5]

@@ -16,7 +16,11 @@ Placement is declared (``members.py``) and fixed for the run:
 
 The two take the same items and treat them alike: an event item of a stopping session
 is counted without being run (D10, :func:`_skipped`); a record goes to a destination that
-has not failed; a call item's ``on_done`` hears its error. Each ends a finished handler
+has not failed; a call item's ``on_done`` hears its error. A lossy destination's marker
+(``mailbox.py``) delivers the records waiting in its mailbox, at most ``limit`` of them
+(then the marker goes to the back of the lane's queue, so that records logged without
+pause from other threads never starve the lane's events); the records it dropped or
+merged are counted done as they are taken. Each ends a finished handler
 call with :func:`account` (statistics, the timeline and the count barriers wait for). A
 runner reads the clock once an item: an item's time runs from the end of the one before
 (or the runner's wake-up) to its own end. They differ in how a call is made: called
@@ -177,9 +181,9 @@ def _run_item(lane: Lane, item: WorkItem, t0: float, spawner: Spawner, loop: Loo
             t0 = _deliver_here(lane, record, t0, spawner, counters)
             lane.count_log_done()
             return t0
-        box = lane.mailbox  # a marker: the lossy destination's records, until none is left
+        box = lane.mailbox  # a marker: the lossy destination's records (module docstring)
         assert box is not None, "a marker is queued only for a mailbox"
-        while True:
+        for _ in range(box.limit):
             record, skipped = box.take()
             if skipped:
                 lane.count_log_done(skipped)
@@ -187,6 +191,10 @@ def _run_item(lane: Lane, item: WorkItem, t0: float, spawner: Spawner, loop: Loo
                 return t0
             t0 = _deliver_here(lane, record, t0, spawner, counters)
             lane.count_log_done()
+        runner = lane.thread
+        assert runner is not None
+        runner.put(lane, item)  # more came meanwhile: the lane's later items go first
+        return t0
     assert isinstance(item, CallItem)
     lane.current = item.label or None
     error: BaseException | None = None
@@ -337,10 +345,10 @@ async def _drain_loop_lane(
                 with anyio.CancelScope(shield=True):  # a record in flight is delivered in full
                     await _deliver(lane, record, counters)
                 lane.count_log_done()
-            else:  # a marker: the lossy destination's records, until none is left
+            else:  # a marker: the lossy destination's records (module docstring)
                 box = lane.mailbox
                 assert box is not None, "a marker is queued only for a mailbox"
-                while True:
+                for _ in range(box.limit):
                     record, skipped = box.take()
                     if skipped:
                         lane.count_log_done(skipped)
@@ -349,6 +357,8 @@ async def _drain_loop_lane(
                     with anyio.CancelScope(shield=True):
                         await _deliver(lane, record, counters)
                     lane.count_log_done()
+                else:  # more came meanwhile: the lane's later items go first
+                    pending.append(item)
             t0 = _perf()
         else:
             assert isinstance(item, CallItem)
