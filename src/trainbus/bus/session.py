@@ -369,11 +369,19 @@ class Session:
         session (``docs/loggers.md``, "Logging from anywhere"). A call that is inside the
         intake now (a thread waiting for a destination's room) finishes there first, so
         every record taken reaches its destinations before their ``close``; that wait is
-        bounded by ``close_timeout``."""
+        bounded as a close is (``close_timeout``; a second Ctrl-C or a preemption's plan
+        cuts it short), and a record still inside then may reach a destination late."""
         self.logger._disconnect()
         hub = self.logger._hub
-        if hub.busy:
-            await anyio.to_thread.run_sync(hub.wait_idle, self.options.close_timeout)
+        if not hub.busy:
+            return
+        timeout = self.timeout()
+        with anyio.move_on_after(timeout) as scope:
+            self._bounded.add(scope)
+            try:  # the worker thread ends by itself within ``timeout`` when cut short
+                await anyio.to_thread.run_sync(hub.wait_idle, timeout, abandon_on_cancel=True)
+            finally:
+                self._bounded.discard(scope)
 
     async def close_callbacks(self) -> list[BaseException]:
         """Run every ``close`` (destinations last), then every ``post_close``.
