@@ -17,7 +17,7 @@ Placement is declared (``members.py``) and fixed for the run:
 The two take the same items and treat them alike: an event item of a stopping session
 is counted without being run (D10, :func:`_skipped`); a record goes to a destination that
 has not failed; a call item's ``on_done`` hears its error. A lossy destination's marker
-(``mailbox.py``) delivers the records waiting in its mailbox, at most ``limit`` of them
+(``mailbox.py``) delivers the records waiting in its mailbox, at most ``limit + 1`` takes
 (then the marker goes to the back of the lane's queue, so that records logged without
 pause from other threads never starve the lane's events); the records it dropped or
 merged are counted done as they are taken. Each ends a finished handler
@@ -183,7 +183,7 @@ def _run_item(lane: Lane, item: WorkItem, t0: float, spawner: Spawner, loop: Loo
             return t0
         box = lane.mailbox  # a marker: the lossy destination's records (module docstring)
         assert box is not None, "a marker is queued only for a mailbox"
-        for _ in range(box.limit):
+        for _ in range(box.limit + 1):  # a full mailbox, then its end
             record, skipped = box.take()
             if skipped:
                 lane.count_log_done(skipped)
@@ -348,7 +348,7 @@ async def _drain_loop_lane(
             else:  # a marker: the lossy destination's records (module docstring)
                 box = lane.mailbox
                 assert box is not None, "a marker is queued only for a mailbox"
-                for _ in range(box.limit):
+                for _ in range(box.limit + 1):  # a full mailbox, then its end
                     record, skipped = box.take()
                     if skipped:
                         lane.count_log_done(skipped)
