@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from typing import Any
 
 import anyio
 import pytest
+import torch
 
 from tests.helpers import make_trainer
 from tests.loggers.test_http_uploader import MetricsServer, servers  # noqa: F401
@@ -235,3 +237,30 @@ async def test_a_thread_logging_across_a_fits_start_keeps_its_order(
         thread.join()
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["step"] for r in rows if r["name"] == "across"] == list(range(POINTS))
+
+
+class LogsInTheWorker(torch.utils.data.Dataset[Any]):
+    """A dataset whose items log from the DataLoader worker process that loads them."""
+
+    def __init__(self, logger: Any) -> None:
+        self.logger = logger
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        self.logger.log_metrics({"loaded": float(i)})
+        return torch.zeros(4), 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="DataLoader workers are forked on POSIX")
+def test_logging_in_a_forked_dataloader_worker_is_an_error_that_names_the_fix() -> None:
+    # The worker's logger is a copy: on main its records vanished without a word.
+    trainer = make_trainer(2)
+    dataset = LogsInTheWorker(trainer.logger)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=2, num_workers=1, multiprocessing_context="fork"
+    )
+    with pytest.raises(RuntimeError, match=r"forked child process .* log them from a handler"):
+        next(iter(loader))
+    trainer.logger.log_metrics({"here": 1.0})  # the training process itself is fine

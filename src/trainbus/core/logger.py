@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -104,6 +105,28 @@ class LogRecord:
         return self
 
 
+#: Set in a forked child process (a DataLoader worker): there, the loggers built before the
+#: fork are copies whose records could reach no destination (``Logger._emit``).
+_forked = False
+
+
+def _mark_forked() -> None:
+    global _forked
+    _forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_mark_forked)
+
+_IN_CHILD = (
+    "logger.log_metrics was called in a forked child process (pid {pid}: a DataLoader worker, "
+    "or a multiprocessing worker), where the trainer's destinations do not exist: the record "
+    "would be lost. Log from the training process instead: return the values with the batch "
+    "(or through a multiprocessing.Queue) and log them from a handler or a thread there "
+    "(docs/loggers.md, 'Logging from anywhere')"
+)
+
+
 class _Hub:
     """What all loggers bound from one trainer share: the bus's sink, or a backlog.
 
@@ -114,9 +137,10 @@ class _Hub:
     a destination's room, D12).
     """
 
-    __slots__ = ("backlog", "busy", "idle", "lock", "sink")
+    __slots__ = ("backlog", "busy", "idle", "lock", "pid", "sink")
 
     def __init__(self) -> None:
+        self.pid = os.getpid()  # the process whose bus the records can reach
         self.sink: Callable[[LogRecord], None] | None = None
         self.backlog: list[LogRecord] = []
         self.lock = threading.Lock()
@@ -210,6 +234,8 @@ class Logger:
 
     def _emit(self, record: LogRecord) -> None:
         hub = self._hub
+        if _forked and hub.pid != os.getpid():  # a copy of the trainer's, in a forked child
+            raise RuntimeError(_IN_CHILD.format(pid=os.getpid()))
         with hub.lock:
             sink = hub.sink
             if sink is None:
