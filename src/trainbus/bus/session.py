@@ -373,7 +373,7 @@ class Session:
         cuts it short), and a record still inside then may reach a destination late."""
         self.logger._disconnect()
         hub = self.logger._hub
-        if not hub.busy:
+        if not hub.inside:
             return
         timeout = self.timeout()
         with anyio.move_on_after(timeout) as scope:

@@ -13,6 +13,7 @@ import operator
 import os
 import threading
 import time
+from _thread import get_ident
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -130,29 +131,41 @@ _IN_CHILD = (
 class _Hub:
     """What all loggers bound from one trainer share: the bus's sink, or a backlog.
 
-    Any thread or task may log (``docs/loggers.md``, "Logging from anywhere"): ``lock``
-    makes the choice between the sink and the backlog atomic with ``_connect`` and
-    ``_disconnect``, and ``busy`` counts the calls inside the sink now, so that a
-    disconnect can wait for them (the sink itself runs outside the lock: it may wait for
-    a destination's room, D12).
+    Any thread or task may log (``docs/loggers.md``, "Logging from anywhere"). A caller
+    first enters ``inside`` (its thread's id), *then* reads ``sink``; a disconnect first
+    clears ``sink``, *then* waits until ``inside`` is empty (:meth:`wait_idle`). So every
+    call that saw the sink is waited for, and every later one sees none: no record reaches
+    the bus after its disconnect. Those steps are single dict and attribute operations,
+    atomic in CPython, so the path of a call with the bus connected takes no lock (a lock
+    pair costs a record more than the rest of its path). Choosing the backlog, and
+    connecting, run under ``lock``: a caller's records keep their order across a connect.
     """
 
-    __slots__ = ("backlog", "busy", "idle", "lock", "pid", "sink")
+    __slots__ = ("backlog", "inside", "left", "lock", "pid", "sink")
 
     def __init__(self) -> None:
         self.pid = os.getpid()  # the process whose bus the records can reach
         self.sink: Callable[[LogRecord], None] | None = None
         self.backlog: list[LogRecord] = []
         self.lock = threading.Lock()
-        self.idle = threading.Condition(self.lock)
-        self.busy = 0
+        #: The threads inside the sink now (each at most once: the sink does not log).
+        self.inside: dict[int, bool] = {}
+        #: Set by a caller leaving the sink after a disconnect.
+        self.left = threading.Event()
 
     def wait_idle(self, timeout: float) -> bool:
-        """Block until no call is inside the sink (or ``timeout`` seconds, ``math.inf``
-        for no limit); true if none is."""
-        with self.lock:
-            limit = None if math.isinf(timeout) else timeout
-            return self.idle.wait_for(lambda: self.busy == 0, limit)
+        """Block until no call is inside the sink (or ``timeout`` seconds); true if none
+        is. Call it after clearing ``sink``."""
+        deadline = time.monotonic() + timeout
+        while self.inside:
+            self.left.clear()
+            if not self.inside:  # left between the two looks: its set() came before clear()
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self.left.wait(remaining)
+        return True
 
 
 DataArg = Mapping[str, Any] | Callable[[], Mapping[str, Any]]
@@ -236,19 +249,23 @@ class Logger:
         hub = self._hub
         if _forked and hub.pid != os.getpid():  # a copy of the trainer's, in a forked child
             raise RuntimeError(_IN_CHILD.format(pid=os.getpid()))
-        with hub.lock:
+        inside, me = hub.inside, get_ident()
+        inside[me] = True  # before the look at the sink (see _Hub)
+        try:
+            sink = hub.sink
+            if sink is not None:
+                sink(record)
+                return
+        finally:
+            del inside[me]
+            if hub.sink is None:  # a disconnect may wait for this call
+                hub.left.set()
+        with hub.lock:  # no bus: the backlog, unless one connected meanwhile
             sink = hub.sink
             if sink is None:
                 hub.backlog.append(record)
                 return
-            hub.busy += 1
-        try:
-            sink(record)
-        finally:
-            with hub.lock:
-                hub.busy -= 1
-                if not hub.busy:
-                    hub.idle.notify_all()
+        self._emit(record)
 
     def _connect(self, sink: Callable[[LogRecord], None]) -> None:
         """Connect the bus and hand it the records logged while none was connected (the
@@ -265,7 +282,7 @@ class Logger:
     def _disconnect(self) -> None:
         """Disconnect the bus: records logged from now on wait in the backlog, for the
         next :meth:`_connect` (the next ``fit()``). Calls already inside the sink finish
-        there (:meth:`_Hub.wait_idle`)."""
+        there (wait for them with :meth:`_Hub.wait_idle`)."""
         with self._hub.lock:
             self._hub.sink = None
 
