@@ -64,7 +64,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +78,7 @@ if TYPE_CHECKING:
     from trainbus.core.state import State
 
 __all__ = [
+    "AnnouncesPreemption",
     "DEFAULT_GRACE",
     "GRACE_ENV",
     "HandlerAbandoned",
@@ -167,6 +168,26 @@ def default_grace(environ: Mapping[str, str] | None = None) -> tuple[float, str]
 
 def _savers(callbacks: Iterable[Any]) -> list[SavesOnRequest]:
     return [cb for cb in callbacks if isinstance(cb, SavesOnRequest)]
+
+
+@runtime_checkable
+class AnnouncesPreemption(Protocol):
+    """A callback that learns of a preemption outside trainbus (``RayReporter``: Ray's drain).
+
+    The training loop asks it at each batch boundary, on the training thread, while the run
+    has no notice (:meth:`Preemption.poll`); what it returns becomes the notice, as if
+    ``trainer.preempt(reason, deadline=deadline)`` had been called there. It is asked at
+    every batch: it must be cheap (an attribute read) and must not block.
+    """
+
+    def pending_preemption(self) -> tuple[str, float | None] | None:
+        """``(reason, deadline)`` once a preemption was announced (``deadline``: a
+        :func:`time.monotonic` value, or ``None`` for the grace period), else ``None``."""
+
+
+def announcers(callbacks: Iterable[Any]) -> list[AnnouncesPreemption]:
+    """The callbacks the training loop asks for a preemption at each batch boundary."""
+    return [cb for cb in callbacks if isinstance(cb, AnnouncesPreemption)]
 
 
 @dataclass
@@ -278,6 +299,21 @@ class Preemption:
         else:
             state.stop_training()
         return True
+
+    def poll(self, state: State, sources: Sequence[AnnouncesPreemption]) -> None:
+        """Give the notice the first of ``sources`` announces (the training loop, training
+        thread, at each batch boundary while ``state.preemption`` is ``None``).
+
+        Given at a boundary, the notice stops a single process there; in a distributed run
+        its flag goes into that boundary's stop agreement and every rank stops one batch
+        later (``training/rank_stops.py``).
+        """
+        for source in sources:
+            pending = source.pending_preemption()
+            if pending is not None:
+                reason, deadline = pending
+                self.give(state, self.notice(reason, deadline=deadline))
+                return
 
     def _act(self, fit: _Fit, notice: PreemptionNotice) -> None:
         state = fit.state
