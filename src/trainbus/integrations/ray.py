@@ -224,7 +224,7 @@ def _wait_for_ray(info: ray.train.PreemptionInfo) -> None:
         from ray.train.v2._internal.execution.context import get_train_context
 
         failure_config = get_train_context().train_run_context.run_config.failure_config
-        grace = float(failure_config.preemption_grace_s)
+        grace = float(getattr(failure_config, "preemption_grace_s", 0.0))
     except (ImportError, AttributeError, RuntimeError):
         grace = 0.0
     if info.deadline_ms is None:
