@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -44,17 +46,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
-    root = tmp_path_factory.mktemp("ray-drain")
     ray.cloudpickle.register_pickle_by_value(ray_workers)
-    # Ray Train's watcher polls the drain state every 5 s by default: 0.5 s here (the
-    # controller and the workers inherit the variable from this process).
-    saved = os.environ.get("RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S")
-    os.environ["RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"] = "0.5"
+    # The cluster's files (and the address file Cluster writes) in a short folder of its
+    # own (Ray's sockets live under it: Unix socket paths are short); Ray Train's watcher
+    # polls the drain state every 5 s by default: 0.5 s here (the controller and the
+    # workers inherit both variables from this process).
+    root = Path(tempfile.mkdtemp(prefix="tb-ray-", dir="/tmp"))
+    (root / "ray").mkdir()
+    variables = {"RAY_TMPDIR": str(root), "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5"}
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
     common = {"object_store_memory": 80 * 1024**2, "include_dashboard": False}
-    made = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "_temp_dir": str(root / "t"), **common},
-    )
+    made = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, **common})
     try:
         made.add_node(num_cpus=2, **common)
         made.add_node(num_cpus=2, **common)
@@ -64,10 +67,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     finally:
         ray.shutdown()
         made.shutdown()
-        if saved is None:
-            os.environ.pop("RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", None)
-        else:
-            os.environ["RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_drain_notice_stops_every_rank_with_a_checkpoint_reported_and_ray_restarts_from_it(
