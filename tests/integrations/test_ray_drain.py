@@ -130,3 +130,44 @@ def test_a_drain_notice_stops_every_rank_with_a_checkpoint_reported_and_ray_rest
     assert max(logged.values()) == 1
     assert {step for name, step in logged if name == "loss/train"} == set(range(1, LAST + 1))
     assert time.time() * 1000 > drain["deadline_ms"]  # the restart came after the deadline
+
+
+# -- without a cluster: Ray's own objects, no Ray process ---------------------------------------
+
+
+@pytest.mark.parametrize("seconds", [30.0, None])
+def test_rays_preemption_info_converts_to_a_notice_with_a_monotonic_deadline(
+    seconds: float | None,
+) -> None:
+    from ray.train import PreemptionInfo
+
+    from trainbus.integrations.ray import drain_notice
+
+    deadline_ms = None if seconds is None else int(time.time() * 1000 + seconds * 1000)
+    info = PreemptionInfo(
+        deadline_ms=deadline_ms, preempted_node_to_ranks={"ffee0011aabb": [3, 2], "00aa": [1]}
+    )
+    before = time.monotonic()
+    reason, deadline = drain_notice(info)
+    after = time.monotonic()
+    assert reason == "Ray drains node 00aa, ffee0011 (preempted ranks [1, 2, 3])"
+    if seconds is None:
+        assert deadline is None  # the preemption's grace period applies
+    else:
+        assert deadline is not None and deadline_ms is not None
+        # monotonic + (t - time.time()): within the clock reads' gap and the ms rounding.
+        assert before - 0.01 <= deadline - seconds <= after + 0.01
+
+
+def test_the_bridges_fit_sync_raises_a_preemption_ray_is_not_draining_for(tmp_path: Path) -> None:
+    from tests.helpers import make_trainer
+    from trainbus import TrainingPreempted
+    from trainbus.integrations.ray import RayReporter, fit_sync
+
+    trainer = make_trainer(4)
+    trainer.preempt("maintenance")  # no Ray here: nothing to wait for
+    with pytest.raises(TrainingPreempted):
+        fit_sync(trainer)
+    assert trainer.preempted and int(trainer.state.timestamp.batch) < 4
+    with pytest.raises(TypeError, match="drain_notice='yes' must be True or False"):
+        RayReporter(drain_notice="yes")  # type: ignore[arg-type]
