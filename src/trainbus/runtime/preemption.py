@@ -3,8 +3,11 @@
 Clusters announce the end of a job, then kill it some seconds later: torchrun forwards
 ``SIGTERM`` and sends ``SIGKILL`` after its shutdown timeout, SLURM sends the signal named
 by ``sbatch --signal=USR1@90``, Kubernetes ``SIGTERM`` then ``SIGKILL`` after
-``terminationGracePeriodSeconds``; a service, a spot-notice poller or Ray's drain callback
-calls ``trainer.preempt(reason)``. Every source gives the same notice (:meth:`Preemption.give`):
+``terminationGracePeriodSeconds``; a service or a spot-notice poller calls
+``trainer.preempt(reason)``; a callback that learns of one from its cluster (``RayReporter``:
+Ray's drain notice) announces it (:class:`AnnouncesPreemption`), and the training loop gives
+it at the next batch boundary (:meth:`Preemption.poll`). Every source gives the same notice
+(:meth:`Preemption.give`):
 
 1. ``state.preemption`` becomes a :class:`~trainbus.core.notice.PreemptionNotice`
    (``reason``, ``deadline``, ``time_left()``), visible to every handler at once, and each
