@@ -6,6 +6,7 @@ the process itself; ``tests/test_crash_consistency.py`` sends it from outside to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -199,6 +200,60 @@ def test_an_announced_preemption_is_given_at_the_next_boundary_with_its_deadline
 def test_a_run_without_an_announcer_polls_nothing() -> None:
     trainer = make_trainer(2, callbacks=[SigtermAt(99)])
     assert trainer._poll_notices is None  # the loop's boundary: one `is None` check
+
+
+class PreemptAt(Callback):
+    """Gives ``trainer.preempt(reason)`` at one batch's end (a plain handler: any thread)."""
+
+    def __init__(self, batch: int, reason: str) -> None:
+        self.batch, self.reason = batch, reason
+        self.trainer: Any = None
+
+    def batch_end(self, state: Any, logger: Any) -> None:
+        if int(state.timer.batch) == self.batch:
+            self.trainer.preempt(self.reason)
+
+
+@pytest.mark.parametrize("reachable", [False, True])
+def test_a_preempted_fit_ends_with_one_line_naming_its_checkpoint_and_what_was_left(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], reachable: bool
+) -> None:
+    """Issue 40: what cannot finish stays in the spool or journal, and the stderr line names
+    it. The uploader's server refuses every connection (or accepts every batch)."""
+    from tests.loggers.test_http_uploader import MetricsServer
+    from trainbus.loggers import HTTPMetricsUploader, MetricsUploadWarning
+
+    server = MetricsServer(listen=reachable)
+    try:
+        spool = tmp_path / "spool"
+        uploader = HTTPMetricsUploader(
+            server.url, batch_size=2, spool_dir=spool, close_timeout=0.5, backoff=0.05
+        )
+        saver = CheckpointSaver(tmp_path / "ckpt", "ba{batch}.pt", save_interval="100ba")
+        cue = PreemptAt(3, "maintenance")
+        trainer = make_trainer(
+            20, callbacks=[saver, cue], loggers=[uploader, JSONLinesLogger(tmp_path / "m.jsonl")]
+        )
+        cue.trainer = trainer
+        warned = contextlib.nullcontext() if reachable else pytest.warns(MetricsUploadWarning)
+        with pytest.raises(TrainingPreempted), warned:
+            trainer.fit_sync()
+    finally:
+        server.close()
+    stats = uploader.statistics()
+    [line] = [ln for ln in capfd.readouterr().err.splitlines() if "stopped after batch" in ln]
+    written = str(saver.saved_checkpoints[-1][1][0])
+    head = f"trainbus: maintenance: stopped after batch 3; checkpoint {written!r}"
+    if reachable:
+        assert stats.pending_points == 0 and sum(server.points().values()) == 3
+        assert line == f"{head}; HTTPMetricsUploader: all delivered"
+    else:
+        assert stats.pending_points == 3  # loss/train at batches 1-3, in 2 batches of 2 and 1
+        assert line == (
+            f"{head}; left undelivered: HTTPMetricsUploader: 3 points in 2 batches, "
+            f"in spool_dir={str(spool)!r} for the next run"
+        )
+        assert len(list(spool.glob("*.json*"))) >= 1  # what the line says is on disk
 
 
 def test_an_async_callback_gets_the_notice_while_the_training_thread_is_inside_a_batch(

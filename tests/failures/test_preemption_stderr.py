@@ -62,4 +62,4 @@ def test_sigterm_with_a_stuck_plain_handler_prints_what_it_did_and_no_traceback(
     err = "\n".join(child.err)
     assert "Traceback" not in err and "NoEventLoopError" not in err, err
     assert "trainbus: SIGTERM: checkpoint written to" in err
-    assert "within 2 s of SIGTERM's forced stop and was abandoned" in err
+    assert "within 2.0 s of SIGTERM's forced stop and was abandoned" in err

@@ -120,12 +120,6 @@ def _check_resume(tmp_path: Path, reference: dict[str, torch.Tensor]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 40, open: fit_sync() returns within 7 s (the watchdog's bound), but the "
-    "interpreter's exit after it took 5-10 s more here, with the stuck handler's daemon "
-    "thread alive; see /work/notes/i40.md",
-)
 def test_torchruns_shutdown_timeout_in_the_environment_bounds_the_stop(tmp_path: Path) -> None:
     """``TORCH_ELASTIC_SHUTDOWN_TIMEOUT=8`` and ``Preemption()`` (no ``grace=``), a handler
     stuck for 90 s: the process checkpoints and exits 143 within the 8 s torchrun gives."""

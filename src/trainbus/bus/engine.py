@@ -35,7 +35,7 @@ from trainbus.bus.options import (
     DEFAULT_WAIT_WARNING,
     BusOptions,
 )
-from trainbus.bus.session import Session
+from trainbus.bus.session import ABANDON_TIMEOUT, Session
 from trainbus.bus.statistics import BusStatistics, collect_statistics
 from trainbus.bus.trace import TraceRecorder
 from trainbus.core.callback import resolve_callback
@@ -414,10 +414,10 @@ class Engine:
         if session is not None:
             session.loop.call_soon_if_running(session.notify_preemption)
 
-    def _abandon(self, why: str = "the second Ctrl-C") -> None:
+    def _abandon(self, why: str = "the second Ctrl-C", timeout: float = ABANDON_TIMEOUT) -> None:
         session = self._session
         if session is not None:
-            session.loop.call_soon(session.abandon, why)
+            session.loop.call_soon(session.abandon, why, timeout)
 
 
 class _Standing:

@@ -100,6 +100,7 @@ class Session:
         #: Scopes of the waits that close_timeout bounds; a second Ctrl-C shortens them.
         self._bounded: set[anyio.CancelScope] = set()
         self._abandoning = ""  # why every bounded wait was cut short, once it was
+        self._abandon_timeout = ABANDON_TIMEOUT  # and how long each got then
         self._noticed = anyio.Event()  # state.preemption is set: start preemption_notice
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -276,17 +277,19 @@ class Session:
             if lane.scope is not None:
                 lane.scope.cancel()
 
-    def abandon(self, why: str = "the second Ctrl-C") -> None:
+    def abandon(self, why: str = "the second Ctrl-C", timeout: float = ABANDON_TIMEOUT) -> None:
         """A second Ctrl-C (or the preemption watchdog): stop, and give every bounded wait
-        at most ``ABANDON_TIMEOUT`` more seconds, the waits running now and those still to
-        come (loop thread). What has not finished by then is abandoned; what finishes, a
+        at most ``timeout`` more seconds (``ABANDON_TIMEOUT``; the watchdog passes less
+        when its deadline is near), the waits running now and those still to come (loop
+        thread). What has not finished by then is abandoned; what finishes, a
         destination's ``close`` writing its file, say, is kept. Nothing is cut at once: at
         this moment a stuck handler and one about to return look alike."""
         self.stop()
         self._abandoning = why
+        self._abandon_timeout = timeout
         # A call_soon callback runs outside any task: anyio.current_time() would raise
         # NoEventLoopError there (issue 45: a traceback after a SIGTERM stop that worked).
-        deadline = self.loop.current_time() + ABANDON_TIMEOUT
+        deadline = self.loop.current_time() + timeout
         for scope in self._bounded:
             scope.deadline = min(scope.deadline, deadline)
 
@@ -306,7 +309,7 @@ class Session:
         """The deadline for ``lane``'s close: ``close_timeout``, or longer when the callback
         has its own ``close_timeout`` (an uploader retrying that long) plus a margin."""
         if self._abandoning:
-            return ABANDON_TIMEOUT
+            return self._abandon_timeout
         timeout = self.options.close_timeout
         own = getattr(lane.member.table.callback, "close_timeout", None) if lane else None
         if isinstance(own, int | float) and not isinstance(own, bool):
@@ -407,7 +410,7 @@ class Session:
         self, who: str, what: str, where: object = None, lane: Lane | None = None
     ) -> None:
         when = (
-            f"within {ABANDON_TIMEOUT:g} s of {self._abandoning}"
+            f"within {self._abandon_timeout:.1f} s of {self._abandoning}"
             if self._abandoning
             else f"within {self.timeout(lane):g} s (close_timeout)"
         )

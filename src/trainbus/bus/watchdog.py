@@ -5,8 +5,9 @@ The bus's deadlines (a close's ``close_timeout``, a barrier's ``wait_warning``) 
 by the event loop, so an ``async def`` handler that never awaits (``while True: pass``,
 a long computation) silences every one of them: the loop never gets control back to
 cancel it or to warn. :class:`LoopWatch` keeps them from another thread instead: when a
-deadline passes (the training thread's wait at a barrier passes ``wait_warning``; a
-timer thread armed for each close), it looks at the loop's thread. If that thread runs
+deadline passes (the training thread's wait at a barrier passes ``wait_warning``; a close's
+deadline, kept by one watch thread for all the closes of a session), it looks at the loop's
+thread. If that thread runs
 user code and does not run a call handed to it within :data:`CONFIRM_S`, a handler holds
 it: the handler and its event are named on stderr, once, and
 
@@ -26,8 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
@@ -58,6 +61,11 @@ class LoopWatch:
         self.interrupt = OWN_LOOP.get()  # read on the loop, where the session is built
         self._reported: set[str] = set()
         self._lock = threading.Lock()
+        #: The deadlines armed now (``armed``): token -> (when to look, what it is).
+        self._armed: dict[int, tuple[float, str]] = {}
+        self._tokens = itertools.count()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None  # runs while something is armed
 
     def check(self, deadline: str) -> None:
         """The ``deadline`` passed: name a handler that holds the loop, interrupt it if ours.
@@ -99,21 +107,53 @@ class LoopWatch:
 
     @contextlib.contextmanager
     def armed(self, seconds: float, deadline: str) -> Iterator[None]:
-        """Check ``CLOSE_MARGIN_S`` after ``seconds`` unless the block ended first."""
+        """Check ``CLOSE_MARGIN_S`` after ``seconds`` unless the block ended first.
+
+        One watch thread keeps every armed deadline of the session (a session closing 100
+        callbacks arms 300: each lane's drain, ``close`` and ``post_close``); it starts
+        with the first and ends once none is armed, so no thread outlives the blocks.
+        """
         if seconds == float("inf"):
             yield
             return
-        timer = threading.Timer(seconds + CLOSE_MARGIN_S, self.check, (deadline,))
-        timer.daemon = True
-        timer.name = "trainbus-loop-watch"
-        timer.start()
+        token = next(self._tokens)
+        with self._changed:
+            self._armed[token] = (time.monotonic() + seconds + CLOSE_MARGIN_S, deadline)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._watch, name="trainbus-loop-watch", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify()
         try:
             yield
         finally:
-            timer.cancel()
-            # No thread outlives its block: a cancelled timer ends at once; one whose check
-            # has begun ends within CONFIRM_S (its wait for the loop).
-            timer.join(CONFIRM_S + 1.0)
+            with self._changed:
+                self._armed.pop(token, None)  # gone already if its deadline was checked
+                thread = None if self._armed else self._thread
+                self._changed.notify()
+            if thread is not None:
+                # The last block: its thread ends at once, or within CONFIRM_S when a
+                # check has begun (its wait for the loop).
+                thread.join(CONFIRM_S + 1.0)
+
+    def _watch(self) -> None:
+        """The watch thread: check each armed deadline when it passes, until none is armed."""
+        changed = self._changed
+        with changed:
+            while self._armed:
+                token, (due, deadline) = min(self._armed.items(), key=lambda kv: kv[1][0])
+                left = due - time.monotonic()
+                if left > 0:
+                    changed.wait(left)
+                    continue
+                del self._armed[token]  # looked at once; its block's end finds it gone
+                changed.release()
+                try:
+                    self.check(deadline)
+                finally:
+                    changed.acquire()
+            self._thread = None
 
 
 def _runs_user_code(tid: int) -> bool:

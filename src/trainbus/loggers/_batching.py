@@ -279,6 +279,29 @@ class BatchingDestination(LoggerDestination):
             last_error=self._retry.last_error,
         )
 
+    def undelivered(self) -> str | None:
+        """What this destination holds undelivered, in a few words (``None``: nothing),
+        e.g. ``"12 points in 3 batches, in spool_dir='/s' for the next run"``.
+
+        After ``close`` this is what the resumed run inherits (or what is lost); the
+        preemption's closing line on stderr quotes it. Safe from any thread.
+        """
+        outbox = list(self._outbox)
+        points = sum(len(b.points) for b in outbox) + len(self._buffer)
+        if not points:
+            return None
+        spool = self.spool_dir
+        lost = sum(len(b.points) for b in outbox if not b.spooled) + len(self._buffer)
+        if getattr(self._spool, "journaled", False):  # a journal holds every point
+            lost = 0
+        where = f"in {len(outbox)} batches" if outbox else "not yet batched"
+        if spool is None or lost == points:
+            return f"{points} points {where}, in memory only (lost at exit)"
+        kept = f"in spool_dir={str(spool)!r} for the next run"
+        if lost:
+            return f"{points} points {where}, {points - lost} {kept}, {lost} in memory only"
+        return f"{points} points {where}, {kept}"
+
     @property
     def retries(self) -> int:
         """Attempts after a failed one (all requests together)."""

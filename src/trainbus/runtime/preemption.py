@@ -62,6 +62,7 @@ there past the cluster's ``SIGKILL``. So the notice also starts a watchdog threa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -74,6 +75,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from trainbus.bus.session import ABANDON_TIMEOUT
 from trainbus.core.notice import NoticeSource, PreemptionNotice
 
 if TYPE_CHECKING:
@@ -94,6 +96,11 @@ __all__ = [
 
 #: Seconds before the deadline at which a run that has not stopped is ended.
 EXIT_MARGIN = 1.0
+#: Seconds the watchdog's plan leaves at the end of the grace period for the process's own
+#: exit once ``fit_sync()`` raised: the caller's ``finally`` blocks, then Python tearing torch
+#: down (0.2-0.4 s on a quiet 2-core machine, 2-4 s with it loaded 4x; nothing bounds it
+#: but the launcher's ``SIGKILL``). At most half the time left at the notice.
+EXIT_RESERVE = 2.0
 #: The grace period when neither the argument nor the environment gives one.
 DEFAULT_GRACE = 30.0
 #: Our variable for the grace period (SLURM, Kubernetes: the delay is set outside).
@@ -128,6 +135,50 @@ class SavesOnRequest(Protocol):
 
     def save_now(self, state: State, timeout: float) -> Path | None:
         """Capture and write the requested checkpoint from the calling thread."""
+
+
+@runtime_checkable
+class KeepsCheckpoints(Protocol):
+    """A saver's list of the checkpoints it wrote (``CheckpointSaver.saved_checkpoints``)."""
+
+    @property
+    def saved_checkpoints(self) -> list[tuple[Any, list[Path]]]:
+        """``(timestamp, [paths])`` of each checkpoint complete on disk, oldest first."""
+
+
+@runtime_checkable
+class ReportsUndelivered(Protocol):
+    """A destination that can say what it still holds (``BatchingDestination.undelivered``)."""
+
+    def undelivered(self) -> str | None:
+        """What is undelivered, in a few words, or ``None``."""
+
+
+def stop_summary(notice: PreemptionNotice, state: State) -> str:
+    """The line a preempted ``fit()`` ends with on stderr: where it stopped, its checkpoint,
+    and what each destination left for the resumed run (after every callback closed)."""
+    batch = int(state.timestamp.batch)
+    written = [
+        paths[0]
+        for cb in state.callbacks
+        if isinstance(cb, KeepsCheckpoints)
+        for _, paths in cb.saved_checkpoints[-1:]
+        if paths
+    ]
+    checkpoint = (
+        "checkpoint " + ", ".join(repr(str(p)) for p in written) if written
+        else "no checkpoint written (no CheckpointSaver)" if not _savers(state.callbacks)
+        else "no checkpoint written"
+    )
+    reporters = [cb for cb in state.callbacks if isinstance(cb, ReportsUndelivered)]
+    left = [(type(cb).__name__, cb.undelivered()) for cb in reporters]
+    parts = [f"{name}: {what}" for name, what in left if what is not None]
+    tail = (
+        "; left undelivered: " + "; ".join(parts) if parts
+        else f"; {', '.join(name for name, _ in left)}: all delivered" if left
+        else ""
+    )  # fmt: skip
+    return f"trainbus: {notice.reason}: stopped after batch {batch}; {checkpoint}{tail}"
 
 
 def _env_seconds(environ: Mapping[str, str], name: str) -> float | None:
@@ -327,7 +378,7 @@ class Preemption:
         state.stop_training()
         if fit.engine is not None:
             fit.engine._notify_preemption()
-            left = notice.time_left()
+            left = plan_time(notice.time_left())
             patience = min(fit.patience, left / 2) if fit.patience > 0 else left / 2
             self._watchdog = _Watchdog(self, notice, state, fit.engine, patience)
             self._watchdog.start()
@@ -386,6 +437,9 @@ class Preemption:
             watchdog = self._watchdog
             if watchdog is not None:
                 watchdog.finish()  # first: it sends no signal after this
+            notice = state.preemption
+            if notice is not None:
+                _say(stop_summary(notice, state))
             for s, old in previous.items():
                 signal.signal(s, old)
             self._watchdog = None
@@ -455,7 +509,7 @@ class _Watchdog(threading.Thread):
             self._last.cancel()
 
     def _say(self, text: str) -> None:
-        print(f"trainbus: {text}", file=sys.stderr, flush=True)
+        _say(f"trainbus: {text}")
 
     def run(self) -> None:
         name = self.notice.reason
@@ -468,7 +522,7 @@ class _Watchdog(threading.Thread):
             return
         waiting = self.engine._describe_waiting() or "a handler"
         self._say(
-            f"{name}: the run did not reach its checkpoint within {self.patience:g}s; "
+            f"{name}: the run did not reach its checkpoint within {self.patience:.1f} s; "
             f"abandoning the stuck handler(s) {waiting}, writing the checkpoint now and "
             "closing the other callbacks"
         )
@@ -480,8 +534,9 @@ class _Watchdog(threading.Thread):
             else:
                 if path is not None:
                     self._say(f"{name}: checkpoint written to {str(path)!r}")
-        self.engine._abandon(f"{name}'s forced stop")
-        if self.done.wait(min(2.0, max(0.0, self.deadline - time.monotonic()) / 2)):
+        left = plan_time(self.notice.time_left())  # the abandoned get at most half of it
+        self.engine._abandon(f"{name}'s forced stop", min(ABANDON_TIMEOUT, max(0.1, left / 2)))
+        if self.done.wait(min(ABANDON_TIMEOUT, max(0.0, left) / 2)):
             return
         fit = self.owner._fit
         signum = self.notice.signum
@@ -512,6 +567,17 @@ class _Watchdog(threading.Thread):
             f"exiting with status {self.owner.exit_code} now"
         )
         os._exit(self.owner.exit_code)
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(Exception):  # a closed stderr does not fail the stop
+        print(line, file=sys.stderr, flush=True)
+
+
+def plan_time(left: float) -> float:
+    """The seconds the watchdog plans with when ``left`` remain: the grace period less the
+    process's exit (:data:`EXIT_RESERVE`, at most half of ``left``)."""
+    return left - min(EXIT_RESERVE, left / 2)
 
 
 def _bound_close(callbacks: Iterable[Any], seconds: float) -> None:
