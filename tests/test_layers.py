@@ -25,10 +25,6 @@ TOP = len(LAYERS)
 
 #: Upward imports that remain, (importer, imported) -> why it is still there.
 KNOWN = {
-    ("trainbus.runtime.distributed", "trainbus.callbacks.checkpoint_saver"):
-        "the distributed checks name the saver's sharded option",
-    ("trainbus.runtime.distributed", "trainbus.callbacks.checkpoint_uploader"):
-        "the distributed checks name the uploader",
     ("trainbus.checkpoint.sharded", "trainbus.runtime.gloo_exit"):
         "the sharded writer holds gloo's exit guard while DCP runs",
 }

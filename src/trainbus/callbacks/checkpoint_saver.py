@@ -111,6 +111,7 @@ class CheckpointSaver(Callback):
     """
 
     rank_zero_only = True  # under torchrun: rank 0 only (docs/distributed.md)
+    writes_shards_when_sharded = True  # ...but every rank with an FSDP model (its shards)
 
     def __init__(
         self,

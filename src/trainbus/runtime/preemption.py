@@ -62,7 +62,6 @@ there past the cluster's ``SIGKILL``. So the notice also starts a watchdog threa
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -77,6 +76,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from trainbus.bus.session import ABANDON_TIMEOUT
 from trainbus.core.notice import NoticeSource, PreemptionNotice
+from trainbus.runtime.stop_report import say as _say
+from trainbus.runtime.stop_report import stop_summary
 
 if TYPE_CHECKING:
     from trainbus.bus.engine import Engine
@@ -135,50 +136,6 @@ class SavesOnRequest(Protocol):
 
     def save_now(self, state: State, timeout: float) -> Path | None:
         """Capture and write the requested checkpoint from the calling thread."""
-
-
-@runtime_checkable
-class KeepsCheckpoints(Protocol):
-    """A saver's list of the checkpoints it wrote (``CheckpointSaver.saved_checkpoints``)."""
-
-    @property
-    def saved_checkpoints(self) -> list[tuple[Any, list[Path]]]:
-        """``(timestamp, [paths])`` of each checkpoint complete on disk, oldest first."""
-
-
-@runtime_checkable
-class ReportsUndelivered(Protocol):
-    """A destination that can say what it still holds (``BatchingDestination.undelivered``)."""
-
-    def undelivered(self) -> str | None:
-        """What is undelivered, in a few words, or ``None``."""
-
-
-def stop_summary(notice: PreemptionNotice, state: State) -> str:
-    """The line a preempted ``fit()`` ends with on stderr: where it stopped, its checkpoint,
-    and what each destination left for the resumed run (after every callback closed)."""
-    batch = int(state.timestamp.batch)
-    written = [
-        paths[0]
-        for cb in state.callbacks
-        if isinstance(cb, KeepsCheckpoints)
-        for _, paths in cb.saved_checkpoints[-1:]
-        if paths
-    ]
-    checkpoint = (
-        "checkpoint " + ", ".join(repr(str(p)) for p in written) if written
-        else "no checkpoint written (no CheckpointSaver)" if not _savers(state.callbacks)
-        else "no checkpoint written"
-    )
-    reporters = [cb for cb in state.callbacks if isinstance(cb, ReportsUndelivered)]
-    left = [(type(cb).__name__, cb.undelivered()) for cb in reporters]
-    parts = [f"{name}: {what}" for name, what in left if what is not None]
-    tail = (
-        "; left undelivered: " + "; ".join(parts) if parts
-        else f"; {', '.join(name for name, _ in left)}: all delivered" if left
-        else ""
-    )  # fmt: skip
-    return f"trainbus: {notice.reason}: stopped after batch {batch}; {checkpoint}{tail}"
 
 
 def _env_seconds(environ: Mapping[str, str], name: str) -> float | None:
@@ -567,11 +524,6 @@ class _Watchdog(threading.Thread):
             f"exiting with status {self.owner.exit_code} now"
         )
         os._exit(self.owner.exit_code)
-
-
-def _say(line: str) -> None:
-    with contextlib.suppress(Exception):  # a closed stderr does not fail the stop
-        print(line, file=sys.stderr, flush=True)
 
 
 def plan_time(left: float) -> float:
