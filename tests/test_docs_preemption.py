@@ -21,6 +21,9 @@ EXPECTED = {
         "preempted: True at batch 2",
     ],
     "The deadline": ["grace: 75.0 from TRAINBUS_PREEMPTION_GRACE"],
+    "A notice the cluster announces": [
+        "spot interruption | stopped at batch 5 | checkpoints: [5] | within 120 s: True",
+    ],
 }
 
 

@@ -156,6 +156,52 @@ async def test_preempt_from_another_task_stops_at_the_next_boundary_with_a_check
     assert all(torch.equal(got[k], want[k]) for k in want)
 
 
+class AnnouncesAt(Callback):
+    """Announces a preemption (as ``RayReporter`` does Ray's drain) from one batch on; counts
+    how often the training loop asked."""
+
+    def __init__(self, batch: int, deadline: float | None) -> None:
+        self.batch, self.deadline = batch, deadline
+        self.asked: list[int] = []
+        self.state: Any = None  # the trainer's (a handler's state is frozen at its event)
+
+    def pending_preemption(self) -> tuple[str, float | None] | None:
+        batch = int(self.state.timer.batch)  # asked on the training thread: the live timer
+        self.asked.append(batch)
+        return ("the cluster drains this node", self.deadline) if batch >= self.batch else None
+
+
+@pytest.mark.parametrize("deadline_in", [45.0, None])
+def test_an_announced_preemption_is_given_at_the_next_boundary_with_its_deadline(
+    tmp_path: Path, deadline_in: float | None
+) -> None:
+    import time
+
+    deadline = None if deadline_in is None else time.monotonic() + deadline_in
+    announcer = AnnouncesAt(4, deadline)
+    saver = CheckpointSaver(tmp_path / "ckpt", "ba{batch}.pt", save_interval="100ba")
+    trainer = make_trainer(20, callbacks=[saver, announcer])
+    announcer.state = trainer.state
+    with pytest.raises(TrainingPreempted):
+        trainer.fit_sync()
+    notice = trainer.state.preemption
+    assert notice is not None
+    assert (notice.reason, notice.source) == ("the cluster drains this node", "call")
+    if deadline is not None:
+        assert notice.deadline == deadline  # the announced deadline, as given
+    else:
+        assert 0 < notice.time_left() <= 30.0  # the grace period
+    # Asked at each boundary while there was no notice, never after: batches 1..4.
+    assert announcer.asked == [1, 2, 3, 4]
+    assert int(trainer.state.timestamp.batch) == 4  # a single process stops at that boundary
+    assert [int(ts.batch) for ts, _ in saver.saved_checkpoints] == [4]
+
+
+def test_a_run_without_an_announcer_polls_nothing() -> None:
+    trainer = make_trainer(2, callbacks=[SigtermAt(99)])
+    assert trainer._poll_notices is None  # the loop's boundary: one `is None` check
+
+
 class PreemptAt(Callback):
     """Gives ``trainer.preempt(reason)`` at one batch's end (a plain handler: any thread)."""
 

@@ -43,6 +43,7 @@ class Recorder(Callback):
         self.i = i
         self.threads: set[int] = set()
         self.seen: list[tuple[Event, int]] = []
+        self.active_at_close = 0
 
     def note(self, event: Event, state: Any) -> None:
         self.threads.add(threading.get_ident())
@@ -50,6 +51,7 @@ class Recorder(Callback):
 
     def close(self, state: Any, logger: Any) -> None:
         self.threads.add(threading.get_ident())
+        self.active_at_close = threading.active_count()  # every close's deadline is armed
 
 
 for _event in EVENTS:
@@ -104,6 +106,8 @@ def test_a_thousand_plain_callbacks_each_keep_one_thread_and_the_count_stays_bou
     assert len(threads) == DEFAULT_LANE_THREADS
     bound = before + DEFAULT_LANE_THREADS + CONSTANT
     assert max(lockstep.active) <= bound, (lockstep.active, bound)
+    at_close = max(r.active_at_close for r in recorders)  # one watch thread for every close
+    assert at_close <= bound, (at_close, bound)
     # Pinned in list order round the pool: callback k shares the thread of callback k + 8.
     for k in range(DEFAULT_LANE_THREADS, n):
         assert recorders[k].threads == recorders[k - DEFAULT_LANE_THREADS].threads

@@ -91,3 +91,91 @@ def train_loop(config: dict[str, Any]) -> None:
             out / "final.pt",
         )
 
+
+
+def drain_loop(config: dict[str, Any]) -> None:
+    """``train_loop``'s fit, saving every 3 batches, whose node Ray drains at batch 4.
+
+    ``config``: ``out`` (a folder), ``gcs_address`` and ``drain_in`` (seconds). In the
+    first attempt rank 0 asks Ray's GCS, at batch 4's ``BATCH_END``, to drain its node
+    for preemption with a deadline ``drain_in`` seconds away (the RPC behind
+    ``ray drain-node``), and writes the deadline (Unix ms) to ``out/drain.json``; then
+    every rank holds the training thread there until Ray's watcher has marked it (its
+    copy of ``ray.train.PreemptionInfo``), so that the drain notice is given at batch 4's
+    boundary on every rank. Each rank writes its ``state.preemption`` at ``FIT_END``
+    (``out/notice-rank{r}.json``). The fit goes through ``integrations.ray.fit_sync``.
+    """
+    import json
+    import time
+
+    import ray.train
+    from ray.core.generated import autoscaler_pb2
+    from ray.train.v2._internal.execution.context import get_train_context
+
+    from trainbus import Callback, Trainer, blocking
+    from trainbus.callbacks import CheckpointSaver
+    from trainbus.integrations.ray import RayReporter, checkpoint_path, fit_sync
+    from trainbus.loggers import JSONLinesLogger
+
+    out = Path(config["out"])
+    rank = ray.train.get_context().get_world_rank()
+
+    class DrainAtFour(Callback):
+        @blocking
+        def batch_end(self, state: Any, logger: Any) -> None:
+            if int(state.timer.batch) != 4:
+                return
+            if rank == 0:
+                deadline_ms = int(time.time() * 1000) + int(config["drain_in"] * 1000)
+                gcs = ray._raylet.GcsClient(address=config["gcs_address"])
+                accepted, why = gcs.drain_node(
+                    ray.get_runtime_context().get_node_id(),
+                    autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+                    "trainbus test: drain the workers' node",
+                    deadline_ms,
+                )
+                assert accepted, why
+                node = ray.get_runtime_context().get_node_id()
+                (out / "drain.json").write_text(
+                    json.dumps({"deadline_ms": deadline_ms, "node": node})
+                )
+            context = get_train_context().preemption_context
+            waited = threading.Event()
+            for _ in range(1200):  # Ray's watcher polls every 0.5 s here (the test's env)
+                if context.preemption_info is not None:
+                    return
+                waited.wait(0.1)
+            raise RuntimeError(f"rank {rank}: Ray's drain notice did not come within 120 s")
+
+    class WriteNotice(Callback):
+        def fit_end(self, state: Any, logger: Any) -> None:
+            notice = state.preemption
+            if notice is None:
+                return
+            wall = notice.deadline - time.monotonic() + time.time()  # back to Unix time
+            (out / f"notice-rank{rank}.json").write_text(json.dumps({
+                "reason": notice.reason, "source": notice.source,
+                "deadline_unix": wall, "batch": int(state.timer.batch),
+            }))
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    load_path = checkpoint_path()
+    trainer = Trainer(
+        model,
+        _data(),
+        f"{EPOCHS}ep",
+        loss_fn=torch.nn.functional.cross_entropy,
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        seed=0,
+        device="cpu",
+        callbacks=[
+            CheckpointSaver(out / "ckpt", save_interval="3ba"), DrainAtFour(), WriteNotice()
+        ],
+        loggers=[JSONLinesLogger(out / "metrics.jsonl"), RayReporter()],
+        load_path=load_path,
+    )
+    if rank == 0:
+        with open(out / "starts.txt", "a") as f:
+            f.write(f"{int(trainer.state.timer.batch)} {trainer.state.world_size}\n")
+    fit_sync(trainer)

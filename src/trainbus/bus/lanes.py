@@ -79,7 +79,7 @@ class LaneRunner(Protocol):
     module): its FIFO, ``put``, the handlers a bare event item runs, whom it waits for."""
 
     pending: deque[Any]
-    subs: dict[Event, list[tuple[Lane, Slot]]]
+    subs: dict[Event, list[tuple[Lane, Slot, Callable[..., Any], bool, bool]]]  # pool.Sub
     waiting_on: Lane | None
 
     def put(self, lane: Lane, item: WorkItem) -> None: ...

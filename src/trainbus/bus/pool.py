@@ -44,7 +44,12 @@ if TYPE_CHECKING:
     from trainbus.bus.members import Slot
     from trainbus.core.events import Event
 
-__all__ = ["LaneThread", "LaneThreadError", "place", "start_thread"]
+__all__ = ["LaneThread", "LaneThreadError", "Sub", "place", "start_thread"]
+
+#: One handler a lane thread runs for a bare ``EventItem``: ``(lane, slot, slot.fn,
+#: slot.is_async, lane.member.shares_thread)``, the last three read once at planning
+#: (``Producer``), not once a call.
+Sub = tuple["Lane", "Slot", Callable[..., Any], bool, bool]
 
 class LaneThreadError(RuntimeError):
     """The operating system refused to start a thread the bus needs for a fit."""
@@ -55,7 +60,7 @@ class LaneThread:
 
     Attributes:
         lanes: Its callbacks' lanes, in list order.
-        subs: Per event, the ``(lane, slot)`` pairs it runs for a bare ``EventItem``
+        subs: Per event, the handlers (:data:`Sub`) it runs for a bare ``EventItem``
             (set by ``Producer``, from its plan).
         pending: Its FIFO (see the module docstring): the training thread appends bare
             items, any thread appends pairs; only this thread takes from it.
@@ -73,7 +78,7 @@ class LaneThread:
         first = self.lanes[0].name
         more = len(self.lanes) - 1
         self.name = f"trainbus-lane-{first}" + (f"+{more}" if more else "")
-        self.subs: dict[Event, list[tuple[Lane, Slot]]] = {}
+        self.subs: dict[Event, list[Sub]] = {}
         self.pending: deque[Any] = deque()
         self.idle = False
         self.sleeper = threading.Lock()

@@ -140,7 +140,8 @@ class Producer:
                     if thread is not None:
                         if thread not in lane_threads:
                             lane_threads.append(thread)
-                        thread.subs.setdefault(event, []).append((lane, slot))
+                        sub = (lane, slot, slot.fn, slot.is_async, lane.member.shares_thread)
+                        thread.subs.setdefault(event, []).append(sub)
                 self.plan[event] = (
                     [lane for lane, _ in subs if lane.thread is None],
                     [lane for lane, _ in subs if lane.thread is not None],

@@ -64,9 +64,9 @@ def account(lane: Lane, slot: Slot, batch: int, start: float, elapsed: float,
     """Record one finished handler call of a lane's runner: its slot's statistics, the
     timeline and, for an item of the lane's queue (``queued``; not a record), the lane's
     progress (for the lag statistics) and its count, which the gate waits for. The one
-    place queued calls are counted; the training thread's own ``@blocking`` calls write the
-    same statistics out in ``Producer._run_here`` (a call of this function is a sixth of
-    theirs)."""
+    place queued calls are counted, but for two written-out copies: a lane thread's loop over
+    a bare event item's handlers (``run_lane_thread``, the hottest loop with many plain
+    callbacks) and the training thread's own ``@blocking`` calls (``Producer._run_here``)."""
     slot.calls += 1
     slot.total_time += elapsed
     if elapsed > slot.max_time:
@@ -113,19 +113,21 @@ def run_lane_thread(
         entry = pending.popleft()
         if type(entry) is EventItem:  # the event of every callback here that only queues it
             view, logger, batch = entry.view, entry.logger, entry.batch
-            for lane, slot in subs[entry.event]:
-                if gate.stopping:  # _skipped, written out: this runs once a handler call
+            trace = counters.trace
+            # The hottest loop of a fit with many plain callbacks: ``account`` and
+            # ``_skipped`` written out, the sub's flags read once (see ``pool.Sub``).
+            for lane, slot, fn, is_async, locking in subs[entry.event]:
+                if gate.stopping:
                     lane.count_done()
                     continue
-                locking = lane.member.shares_thread
                 if locking:
                     lane.lock.acquire()
                 lane.current = slot.qualname
                 try:
-                    if slot.is_async:
-                        spawner.run(slot.fn, view, logger, on_scope=_scope_of(lane))
+                    if is_async:
+                        spawner.run(fn, view, logger, on_scope=_scope_of(lane))
                     else:
-                        slot.fn(view, logger)
+                        fn(view, logger)
                 except BaseException as exc:
                     gate.fail(exc, slot.handler, slot.event, lane)
                 finally:
@@ -133,7 +135,23 @@ def run_lane_thread(
                         lane.lock.release()
                 t1 = _perf()
                 lane.current = None
-                account(lane, slot, batch, t0, t1 - t0, counters)
+                elapsed = t1 - t0
+                slot.calls += 1
+                slot.total_time += elapsed
+                if elapsed > slot.max_time:
+                    slot.max_time = elapsed
+                if trace is not None:
+                    trace.handler(lane.name, slot.event, t0, elapsed)
+                lane.last_batch = batch
+                done = lane.done
+                depth = lane.enq - done
+                member = lane.member
+                if depth > member.peak:
+                    member.peak = depth
+                lane.done = done = done + 1
+                target = lane.wait_done
+                if target is not None and done >= target:
+                    lane.gate.reached(lane)
                 t0 = t1
             continue
         if entry is STOP:
@@ -257,8 +275,8 @@ def fail_lane_thread(runner: LaneThread, loop: LoopHandle, error: BaseException)
         if entry is STOP:
             return
         if type(entry) is EventItem:
-            for lane, _ in runner.subs[entry.event]:
-                lane.count_done()
+            for sub in runner.subs[entry.event]:
+                sub[0].count_done()
             continue
         lane, item = entry
         if isinstance(item, EventItem):

@@ -26,6 +26,7 @@ from trainbus.core.callback import Callback, blocking
 from trainbus.core.events import Event
 from trainbus.core.time import Time
 from trainbus.core.timer import Timestamp
+from trainbus.runtime import gloo_exit as _gloo_exit
 
 if TYPE_CHECKING:
     import os
@@ -111,6 +112,7 @@ class CheckpointSaver(Callback):
     """
 
     rank_zero_only = True  # under torchrun: rank 0 only (docs/distributed.md)
+    writes_shards_when_sharded = True  # ...but every rank with an FSDP model (its shards)
 
     def __init__(
         self,
@@ -329,7 +331,10 @@ class CheckpointSaver(Callback):
         try:
             cap: Capture | _dcp.ShardedSave
             if self._sharded:  # every rank: DCP stages here and writes beside training
-                self._group = self._group or _dcp.new_group()  # every rank, at its first save
+                if self._group is None:  # every rank, at its first save
+                    self._group = _dcp.new_group()
+                    if self._group is not None:  # a gloo group: a torch bug at exit
+                        _gloo_exit.register()  # (runtime/gloo_exit.py)
                 cap = _dcp.save(state, path, self.weights_only, epoch_rng(state), self._group)
             else:
                 cap = capture(state, weights_only=self.weights_only, epoch_rng=epoch_rng(state),

@@ -131,6 +131,8 @@ class CheckpointUploader(Callback):
         >>> Trainer(model, loader, "4ep", load_path="s3://my-bucket/run-1")  # resumes
     """
 
+    uploads_checkpoint_files = True  # refused with an FSDP model (runtime/distributed.py)
+
     def __init__(
         self,
         saver: CheckpointSaver,

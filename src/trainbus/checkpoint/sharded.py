@@ -45,7 +45,6 @@ from trainbus.checkpoint.dcp_files import ChecksumWriter, SafeReader, UnsafeMeta
 from trainbus.checkpoint.dcp_files import read_metadata as _read_metadata
 from trainbus.checkpoint.format import TEMP_MARKER, BufferPool, capture, safe_globals
 from trainbus.core.exceptions import CheckpointLoadError, CheckpointWarning
-from trainbus.runtime import gloo_exit as _gloo_exit
 
 if TYPE_CHECKING:
     from trainbus.core.state import State
@@ -240,7 +239,9 @@ def new_group() -> Any:
 
     Collective: every rank calls it at the same point (its first sharded save). DCP's planning
     collectives run on its writing thread; on a group of their own they cannot interleave
-    with training's collectives on the default group.
+    with training's collectives on the default group. A gloo group: the caller registers
+    :mod:`trainbus.runtime.gloo_exit`'s guard (``CheckpointSaver`` does), which this layer,
+    below ``runtime/``, does not import.
     """
     if not _distributed():
         return None
@@ -249,7 +250,6 @@ def new_group() -> Any:
         timeout = world._get_backend(torch.device("cpu")).options._timeout
     except Exception:  # no CPU backend on the default group, or another torch
         timeout = None
-    _gloo_exit.register()  # a gloo group: avoid a torch bug at exit (trainbus.runtime.gloo_exit)
     return dist.new_group(backend="gloo", timeout=timeout)
 
 

@@ -13,8 +13,16 @@ registers when it is imported), wraps the model in DDP and shards the data as un
   checkpoint of that batch as a ``ray.train.Checkpoint``. The calls run on the reporter's
   own thread, never on the training thread (``ray.train.report`` is a barrier across the
   ranks and uploads the checkpoint).
+- Ray's drain notice (a node of the worker group will be preempted: what
+  ``ray.train.get_preemption_info()`` returns) becomes trainbus's preemption notice: the
+  reporter announces it (:meth:`RayReporter.pending_preemption`), the training loop gives
+  it at the next batch boundary with the drain's deadline, and every rank stops one batch
+  later with a checkpoint, which the reporter hands to Ray before the deadline.
 - :func:`checkpoint_path` is the folder of the checkpoint Ray restarts the worker group
   from (``ray.train.get_checkpoint()``), for ``Trainer(load_path=...)``.
+- :func:`fit_sync` is ``trainer.fit_sync()`` for a Ray Train worker: after a drain stopped
+  the run, it waits for Ray to take the worker down, so that Ray restarts the group from
+  that checkpoint as a preemption.
 
 ``docs/distributed.md`` ("Ray Train") is the user's guide.
 
@@ -35,6 +43,7 @@ import queue
 import shutil
 import tempfile
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import ray.train
@@ -47,13 +56,15 @@ from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
 from trainbus.core.time import Time
 from trainbus.runtime.distributed import register_launcher
+from trainbus.runtime.preemption import TrainingPreempted
 
 if TYPE_CHECKING:
     from trainbus.core.logger import Logger
     from trainbus.core.state import State
     from trainbus.core.timer import Timestamp
+    from trainbus.training.trainer import Trainer
 
-__all__ = ["RayReporter", "checkpoint_path"]
+__all__ = ["RayReporter", "checkpoint_path", "drain_notice", "fit_sync"]
 
 _INTERVAL_EVENT = {Event.BATCH_CHECKPOINT: Event.BATCH_END, Event.EPOCH_CHECKPOINT: Event.EPOCH_END}
 _NOT_A_WORKER = (
@@ -120,6 +131,111 @@ def checkpoint_path(download_to: str | os.PathLike[str] | None = None) -> pathli
     return pathlib.Path(checkpoint.to_directory(target))
 
 
+# -- Ray's drain notice ------------------------------------------------------------------------
+#
+# Ray Train's PreemptionWatcher (an actor of the run) polls Ray's drain state (GCS) and, when
+# a node of the worker group is being drained, calls `mark_preempt(info)` on every worker
+# actor, which stores the `ray.train.PreemptionInfo` in the worker's PreemptionContext. The
+# public `ray.train.get_preemption_info()` returns rank zero's copy of it, but it is a
+# collective (every worker must call it the same number of times), too dear for every batch.
+# The reporter reads this worker's own copy instead: one attribute read, no call into Ray;
+# the ranks that read it at different batches still stop at one batch, through the stop
+# agreement.
+
+
+def _preemption_context() -> Any:
+    """This Ray Train worker's PreemptionContext (``.preemption_info``), or ``None``."""
+    try:
+        from ray.train.v2._internal.execution.context import get_train_context
+    except ImportError:  # a Ray Train without v2's context
+        return None
+    try:
+        return getattr(get_train_context(), "preemption_context", None)
+    except RuntimeError:  # v2 is installed but the run is Ray Train v1's
+        return None
+
+
+def drain_notice(info: ray.train.PreemptionInfo) -> tuple[str, float | None]:
+    """The trainbus notice for Ray's drain ``info``: ``(reason, deadline)``.
+
+    ``reason`` names the drain (``"Ray drains node 1a2b3c4d (preempted ranks [0, 1])"``);
+    ``deadline`` is the drain's ``deadline_ms`` (Unix time in milliseconds, when the node
+    is taken) as a :func:`time.monotonic` value, ``time.monotonic() + (t - time.time())``
+    for ``t = deadline_ms / 1000``, or ``None`` when Ray reported no deadline (the
+    preemption's grace period then applies).
+
+    Example:
+        >>> info = ray.train.PreemptionInfo(deadline_ms=int(time.time() * 1000) + 30_000,
+        ...                                 preempted_node_to_ranks={"1a2b3c4d5e": [0, 1]})
+        >>> reason, deadline = drain_notice(info)   # deadline - time.monotonic(): ~30.0
+        >>> reason
+        'Ray drains node 1a2b3c4d (preempted ranks [0, 1])'
+    """
+    nodes = ", ".join(node[:8] for node in info.preempted_node_ids)
+    reason = f"Ray drains node {nodes} (preempted ranks {info.preempted_ranks})"
+    if info.deadline_ms is None:
+        return reason, None
+    return reason, time.monotonic() + (info.deadline_ms / 1000 - time.time())
+
+
+def fit_sync(trainer: Trainer, *, duration: Time[Any] | str | int | None = None) -> None:
+    """``trainer.fit_sync()`` in a Ray Train worker, waiting out Ray's drain after a stop.
+
+    When a drain notice stopped the run (its checkpoint handed to Ray by the
+    :class:`RayReporter`), Ray restarts the worker group from that checkpoint once the
+    drain's deadline has passed (``FailureConfig(max_preemption_failures=...)``, not
+    ``max_failures``), but only while the workers are still running: a training function
+    that returns ends Ray's run as finished, one that raises fails it. So after such a stop
+    this waits for Ray to take the worker down (the deadline plus
+    ``FailureConfig(preemption_grace_s=...)``); if Ray has not done so a minute after that,
+    it raises the :class:`~trainbus.TrainingPreempted` it holds. Any other outcome is
+    ``trainer.fit_sync()``'s.
+
+    Raises:
+        TrainingPreempted: A preemption stopped the run and Ray is not draining the worker
+            group (a ``SIGTERM``, ``trainer.preempt()``), or Ray did not end the worker.
+
+    Example:
+        >>> def train_loop(config):
+        ...     trainer = Trainer(model, loader, "4ep", callbacks=[CheckpointSaver("ckpt")],
+        ...                       loggers=[RayReporter()], load_path=checkpoint_path())
+        ...     fit_sync(trainer)
+    """
+    try:
+        trainer.fit_sync(duration=duration)
+    except TrainingPreempted:
+        context = _preemption_context()
+        info = None if context is None else context.preemption_info
+        if info is None:
+            raise
+        _wait_for_ray(info)
+        raise
+
+
+#: Seconds past the drain's deadline (and Ray's preemption_grace_s) that fit_sync waits.
+_TEARDOWN_MARGIN = 60.0
+#: Ray's wait for a drain without a deadline (ray.train.v2's DEFAULT_PREEMPTION_DEADLINE_S).
+_NO_DEADLINE_WAIT = 120.0
+
+
+def _wait_for_ray(info: ray.train.PreemptionInfo) -> None:
+    """Sleep until Ray's controller restarts the worker group (it ends this process)."""
+    try:
+        from ray.train.v2._internal.execution.context import get_train_context
+
+        failure_config = get_train_context().train_run_context.run_config.failure_config
+        grace = float(getattr(failure_config, "preemption_grace_s", 0.0))
+    except (ImportError, AttributeError, RuntimeError):
+        grace = 0.0
+    if info.deadline_ms is None:
+        until = time.monotonic() + _NO_DEADLINE_WAIT
+    else:
+        until = time.monotonic() + (info.deadline_ms / 1000 - time.time())
+    until += grace + _TEARDOWN_MARGIN
+    while (left := until - time.monotonic()) > 0:
+        time.sleep(min(left, 5.0))
+
+
 def _plain(value: Any) -> Any:
     """A metric value Ray can pickle (no tensors), or ``None`` to leave it out."""
     if isinstance(value, bool | int | float | str):
@@ -163,6 +279,16 @@ class RayReporter(LoggerDestination):
     ``CheckpointConfig(num_to_keep=...)``, ``result.checkpoint`` and Ray Tune see it like
     a native run's.
 
+    Ray's drain notice (``drain_notice=True``, the default): when Ray announces that a
+    node of the worker group will be drained, the run stops as on ``trainer.preempt()``,
+    with the drain's deadline and ``state.preemption.reason`` naming it
+    (:func:`drain_notice`). The training loop asks :meth:`pending_preemption` at each batch
+    boundary on the training thread (one attribute read of this worker's copy of Ray's
+    ``PreemptionInfo``; no call into Ray); the notice is given at the first boundary after
+    Ray marked this worker, every rank stops one batch later (the stop agreement), the
+    saver checkpoints that batch at ``FIT_END`` and the reporter hands it to Ray there,
+    before the deadline. Use :func:`fit_sync` so that Ray then restarts the group from it.
+
     What waits for what: at a report event its handler, on its lane (not the training
     thread), copies the metrics and queues the report (at other batches it only checks
     the interval). The reporter's thread makes the call: it waits for the saver to finish
@@ -180,6 +306,9 @@ class RayReporter(LoggerDestination):
             without a saver). A saver saving on a function needs ``interval=``.
         close_timeout: Seconds ``close`` waits for the outstanding reports (a peer that
             never reports, having stopped at another batch) before it raises.
+        drain_notice: Whether Ray's drain notice stops the run (above); ``False``: the
+            run trains on through a drain until Ray ends it (Ray restarts the group from
+            the last checkpoint reported before).
 
     Raises:
         ValueError: ``rank_zero_only`` is set (on the class or the instance): the other
@@ -196,6 +325,7 @@ class RayReporter(LoggerDestination):
         *,
         interval: Time[Any] | str | int | None = None,
         close_timeout: float = 120.0,
+        drain_notice: bool = True,
     ) -> None:
         if getattr(type(self), "rank_zero_only", False) is True:
             raise ValueError(self._rank_zero_message())
@@ -213,6 +343,10 @@ class RayReporter(LoggerDestination):
             None if interval is None else Interval(interval, name="interval")
         )
         self.close_timeout = float(close_timeout)
+        if not isinstance(drain_notice, bool):
+            raise TypeError(f"drain_notice={drain_notice!r} must be True or False")
+        self.drain_notice = drain_notice
+        self._preemption: Any = None  # Ray's PreemptionContext of this worker (fit_start)
         self._latest: dict[str, Any] = {}  # the lane's (log_metrics), read at report events
         self._last_batch: int | None = None  # the batch of the last report (the lane's)
         self._reports: queue.SimpleQueue[tuple[dict[str, Any], int] | None] = queue.SimpleQueue()
@@ -296,6 +430,15 @@ class RayReporter(LoggerDestination):
         # shards of one folder; rank zero hands the folder).
         self._attach = saver is not None and state.rank == 0
         self._error = None
+        self._preemption = None
+        if self.drain_notice:
+            self._preemption = _preemption_context()
+            if self._preemption is None:
+                raise RuntimeError(
+                    "RayReporter(drain_notice=True) reads Ray Train v2's preemption info "
+                    "(ray.train.get_preemption_info, Ray >= 2.60 with Ray Train v2), which "
+                    "this worker does not have; pass RayReporter(drain_notice=False)"
+                )
         if self._attach and saver is not None:
             saver.remove_listener(self._on_written)
             saver.add_listener(self._on_written)
@@ -308,6 +451,24 @@ class RayReporter(LoggerDestination):
             target=self._work, name="trainbus-ray-reporter", daemon=True
         )
         self._thread.start()
+
+    # -- Ray's drain notice (the training thread, each batch boundary) -----------------------
+
+    def pending_preemption(self) -> tuple[str, float | None] | None:
+        """Ray's drain notice for this worker, as ``(reason, deadline)``, or ``None``.
+
+        Asked by the training loop at each batch boundary on the training thread while the
+        run has no notice (:class:`~trainbus.runtime.preemption.AnnouncesPreemption`): one
+        attribute read of the ``ray.train.PreemptionInfo`` Ray's watcher gave this worker;
+        :func:`drain_notice` converts it once it is there.
+        """
+        context = self._preemption
+        if context is None:
+            return None
+        info = context.preemption_info
+        if info is None:
+            return None
+        return drain_notice(info)
 
     # -- what was logged (this destination's lane) -------------------------------------------
 
@@ -428,6 +589,7 @@ class RayReporter(LoggerDestination):
                         "fail?). The reporter's thread is left behind"
                     )
         finally:
+            self._preemption = None
             if self.saver is not None:
                 self.saver.remove_listener(self._on_written)
             root, self._stage_root = self._stage_root, None

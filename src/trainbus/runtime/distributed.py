@@ -86,6 +86,13 @@ DEFAULT_DIST_TIMEOUT = 300.0
 
 _TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 _RANK_ZERO_ATTR = "rank_zero_only"
+#: A rank-zero-only callback that writes its shard of each checkpoint on every rank when the
+#: model is FSDP-sharded sets this class attribute true (``CheckpointSaver``): the runtime
+#: asks for the declaration, not for the class of a layer above it.
+WRITES_SHARDS_ATTR = "writes_shards_when_sharded"
+#: A callback that uploads single checkpoint files sets this class attribute true
+#: (``CheckpointUploader``): an FSDP model's checkpoints are folders it cannot upload.
+UPLOADS_FILES_ATTR = "uploads_checkpoint_files"
 
 C = TypeVar("C", bound=type)
 
@@ -296,9 +303,7 @@ def check_checkpointing(model: torch.nn.Module, callbacks: list[Any]) -> None:
     """
     if not is_sharded(model):
         return
-    from trainbus.callbacks.checkpoint_uploader import CheckpointUploader
-
-    if any(isinstance(cb, CheckpointUploader) for cb in callbacks):
+    if any(getattr(cb, UPLOADS_FILES_ATTR, False) is True for cb in callbacks):
         raise ValueError(
             "callbacks=[CheckpointUploader(...)] cannot upload an FSDP model's checkpoints: "
             "they are torch.distributed.checkpoint folders written by every rank, and the "
@@ -369,15 +374,11 @@ def runs_here(callback: object, info: DistInfo, *, sharded: bool = False) -> boo
     """Whether ``callback`` is registered on this rank (rank-zero-only ones: rank 0 only).
 
     With an FSDP model (``sharded``) a ``CheckpointSaver`` runs on every rank: each rank
-    writes its shards of every checkpoint.
+    writes its shards of every checkpoint (it declares :data:`WRITES_SHARDS_ATTR`).
     """
     if info.rank == 0 or not bool(getattr(callback, _RANK_ZERO_ATTR, False)):
         return True
-    if sharded:
-        from trainbus.callbacks.checkpoint_saver import CheckpointSaver
-
-        return isinstance(callback, CheckpointSaver)
-    return False
+    return sharded and getattr(callback, WRITES_SHARDS_ATTR, False) is True
 
 
 def sync_gradients(ddp_model: torch.nn.Module, last: bool) -> Any:

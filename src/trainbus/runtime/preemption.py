@@ -3,8 +3,11 @@
 Clusters announce the end of a job, then kill it some seconds later: torchrun forwards
 ``SIGTERM`` and sends ``SIGKILL`` after its shutdown timeout, SLURM sends the signal named
 by ``sbatch --signal=USR1@90``, Kubernetes ``SIGTERM`` then ``SIGKILL`` after
-``terminationGracePeriodSeconds``; a service, a spot-notice poller or Ray's drain callback
-calls ``trainer.preempt(reason)``. Every source gives the same notice (:meth:`Preemption.give`):
+``terminationGracePeriodSeconds``; a service or a spot-notice poller calls
+``trainer.preempt(reason)``; a callback that learns of one from its cluster (``RayReporter``:
+Ray's drain notice) announces it (:class:`AnnouncesPreemption`), and the training loop gives
+it at the next batch boundary (:meth:`Preemption.poll`). Every source gives the same notice
+(:meth:`Preemption.give`):
 
 1. ``state.preemption`` becomes a :class:`~trainbus.core.notice.PreemptionNotice`
    (``reason``, ``deadline``, ``time_left()``), visible to every handler at once, and each
@@ -59,13 +62,12 @@ there past the cluster's ``SIGKILL``. So the notice also starts a watchdog threa
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,12 +76,15 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from trainbus.bus.session import ABANDON_TIMEOUT
 from trainbus.core.notice import NoticeSource, PreemptionNotice
+from trainbus.runtime.stop_report import say as _say
+from trainbus.runtime.stop_report import stop_summary
 
 if TYPE_CHECKING:
     from trainbus.bus.engine import Engine
     from trainbus.core.state import State
 
 __all__ = [
+    "AnnouncesPreemption",
     "DEFAULT_GRACE",
     "GRACE_ENV",
     "HandlerAbandoned",
@@ -133,50 +138,6 @@ class SavesOnRequest(Protocol):
         """Capture and write the requested checkpoint from the calling thread."""
 
 
-@runtime_checkable
-class KeepsCheckpoints(Protocol):
-    """A saver's list of the checkpoints it wrote (``CheckpointSaver.saved_checkpoints``)."""
-
-    @property
-    def saved_checkpoints(self) -> list[tuple[Any, list[Path]]]:
-        """``(timestamp, [paths])`` of each checkpoint complete on disk, oldest first."""
-
-
-@runtime_checkable
-class ReportsUndelivered(Protocol):
-    """A destination that can say what it still holds (``BatchingDestination.undelivered``)."""
-
-    def undelivered(self) -> str | None:
-        """What is undelivered, in a few words, or ``None``."""
-
-
-def stop_summary(notice: PreemptionNotice, state: State) -> str:
-    """The line a preempted ``fit()`` ends with on stderr: where it stopped, its checkpoint,
-    and what each destination left for the resumed run (after every callback closed)."""
-    batch = int(state.timestamp.batch)
-    written = [
-        paths[0]
-        for cb in state.callbacks
-        if isinstance(cb, KeepsCheckpoints)
-        for _, paths in cb.saved_checkpoints[-1:]
-        if paths
-    ]
-    checkpoint = (
-        "checkpoint " + ", ".join(repr(str(p)) for p in written) if written
-        else "no checkpoint written (no CheckpointSaver)" if not _savers(state.callbacks)
-        else "no checkpoint written"
-    )
-    reporters = [cb for cb in state.callbacks if isinstance(cb, ReportsUndelivered)]
-    left = [(type(cb).__name__, cb.undelivered()) for cb in reporters]
-    parts = [f"{name}: {what}" for name, what in left if what is not None]
-    tail = (
-        "; left undelivered: " + "; ".join(parts) if parts
-        else f"; {', '.join(name for name, _ in left)}: all delivered" if left
-        else ""
-    )  # fmt: skip
-    return f"trainbus: {notice.reason}: stopped after batch {batch}; {checkpoint}{tail}"
-
-
 def _env_seconds(environ: Mapping[str, str], name: str) -> float | None:
     raw = environ.get(name, "").strip()
     if not raw:
@@ -218,6 +179,26 @@ def default_grace(environ: Mapping[str, str] | None = None) -> tuple[float, str]
 
 def _savers(callbacks: Iterable[Any]) -> list[SavesOnRequest]:
     return [cb for cb in callbacks if isinstance(cb, SavesOnRequest)]
+
+
+@runtime_checkable
+class AnnouncesPreemption(Protocol):
+    """A callback that learns of a preemption outside trainbus (``RayReporter``: Ray's drain).
+
+    The training loop asks it at each batch boundary, on the training thread, while the run
+    has no notice (:meth:`Preemption.poll`); what it returns becomes the notice, as if
+    ``trainer.preempt(reason, deadline=deadline)`` had been called there. It is asked at
+    every batch: it must be cheap (an attribute read) and must not block.
+    """
+
+    def pending_preemption(self) -> tuple[str, float | None] | None:
+        """``(reason, deadline)`` once a preemption was announced (``deadline``: a
+        :func:`time.monotonic` value, or ``None`` for the grace period), else ``None``."""
+
+
+def announcers(callbacks: Iterable[Any]) -> list[AnnouncesPreemption]:
+    """The callbacks the training loop asks for a preemption at each batch boundary."""
+    return [cb for cb in callbacks if isinstance(cb, AnnouncesPreemption)]
 
 
 @dataclass
@@ -329,6 +310,21 @@ class Preemption:
         else:
             state.stop_training()
         return True
+
+    def poll(self, state: State, sources: Sequence[AnnouncesPreemption]) -> None:
+        """Give the notice the first of ``sources`` announces (the training loop, training
+        thread, at each batch boundary while ``state.preemption`` is ``None``).
+
+        Given at a boundary, the notice stops a single process there; in a distributed run
+        its flag goes into that boundary's stop agreement and every rank stops one batch
+        later (``training/rank_stops.py``).
+        """
+        for source in sources:
+            pending = source.pending_preemption()
+            if pending is not None:
+                reason, deadline = pending
+                self.give(state, self.notice(reason, deadline=deadline))
+                return
 
     def _act(self, fit: _Fit, notice: PreemptionNotice) -> None:
         state = fit.state
@@ -528,11 +524,6 @@ class _Watchdog(threading.Thread):
             f"exiting with status {self.owner.exit_code} now"
         )
         os._exit(self.owner.exit_code)
-
-
-def _say(line: str) -> None:
-    with contextlib.suppress(Exception):  # a closed stderr does not fail the stop
-        print(line, file=sys.stderr, flush=True)
 
 
 def plan_time(left: float) -> float:

@@ -108,6 +108,7 @@ class TrainingLoop:
         config: LoopConfig,
         publish: Callable[..., None],
         rank_stops: Callable[[bool, bool], bool] | None = None,
+        poll_notices: Callable[[], None] | None = None,
     ) -> None:
         self.state = state
         self.logger = logger
@@ -116,6 +117,10 @@ class TrainingLoop:
         #: Distributed: ``rank_stops(failed, last)`` at each batch boundary says whether
         #: every rank stops here (``training/rank_stops.py``); a failed publish is held.
         self.rank_stops = rank_stops
+        #: With a callback that announces preemptions (``RayReporter``: Ray's drain notice):
+        #: ``poll_notices()`` at each batch boundary, before the stop is decided, gives the
+        #: notice it announced (``Preemption.poll``).
+        self.poll_notices = poll_notices
         self._stopped = False  # every rank agreed to stop
         self._held: Exception | None = None  # a failed publish, raised once all stopped
         self.model = state.model
@@ -224,6 +229,8 @@ class TrainingLoop:
 
     def _boundary(self) -> bool:
         """After a batch: whether training stops here (every rank agrees, distributed)."""
+        if self.poll_notices is not None and self.state.preemption is None:
+            self.poll_notices()
         if self.rank_stops is None:
             return self._done()
         reached = self._reached()

@@ -46,6 +46,7 @@ from trainbus.runtime.interrupt import sigint_handled
 from trainbus.runtime.preemption import (
     HandlerAbandoned,
     Preemption,
+    announcers,
     check_preemption,
     launched_by_a_scheduler,
     takes_checkpoints,
@@ -292,6 +293,10 @@ class Trainer:
         self._rank_stops = (  # its agreement: each fit()'s, made on its training thread
             RankStops(dist_info, self.state, self._notices) if dist_info.distributed else None
         )
+        sources = announcers(self.state.callbacks)  # RayReporter: Ray's drain notice
+        self._poll_notices = (
+            functools.partial(self._notices.poll, self.state, sources) if sources else None
+        )
         if _PRECISIONS[precision] is torch.float16:  # bf16 has fp32's range: no scaler
             self.state.scaler = torch.amp.GradScaler(resolved_device.type)
         self.logger = Logger(self.state)
@@ -381,7 +386,10 @@ class Trainer:
             self._notice_acted = False
         state.begin_fit()
         rank_stops = self._rank_stops
-        loop = TrainingLoop(state, self.logger, self._config, self.engine.run_event, rank_stops)
+        loop = TrainingLoop(
+            state, self.logger, self._config, self.engine.run_event, rank_stops,
+            self._poll_notices,
+        )
         # The saver waits for every handler and record before it captures (CheckpointSaver).
         attach_handler_drain(state, functools.partial(self.engine.wait_all, records=True))
         deliver_init = not self._init_delivered
