@@ -110,6 +110,31 @@ async def test_gap_stands_where_items_were_lost() -> None:
     assert sub.pending == 0
 
 
+async def test_latest_policy_drops_what_a_newer_item_makes_stale_first() -> None:
+    """``on_overflow="latest"``: a full buffer loses the oldest item the new one supersedes
+    (metrics whose names it logs again, the same event), else the oldest; a live view keeps
+    the newest value of every name. ``drop_oldest`` would have lost the first event."""
+    stream = EventStream(buffer_size=3, on_overflow="latest", events="all")
+    sub = stream.subscribe()
+
+    def metrics(seq: int, **values: float) -> StreamMetrics:
+        return StreamMetrics(values, seq, 0.0, seq)
+
+    def event(seq: int, what: Event = Event.BATCH_END) -> StreamEvent:
+        return StreamEvent(what, Timestamp(batch=seq), 0.0, seq)
+
+    for item in (event(1), metrics(2, loss=1.0), metrics(3, acc=0.5)):
+        stream._publish(item)  # full: [e1, loss, acc]
+    stream._publish(metrics(4, loss=0.9))  # the older loss goes, not the older event
+    stream._publish(event(5))  # the older batch_end goes
+    stream._publish(metrics(6, acc=0.6, loss=0.8))  # acc (seq 3) goes: the oldest it repeats
+    stream._publish(event(7, Event.EPOCH_END))  # supersedes nothing: the oldest (seq 4) goes
+    got = [await sub.__anext__() for _ in range(4)]
+    assert got[0] == StreamGap(missed=4)
+    assert [g.seq for g in got[1:]] == [5, 6, 7]
+    assert sub.dropped == 4 and sub.pending == 0
+
+
 async def test_disconnect_policy_cuts_off_slow_subscriber() -> None:
     stream = EventStream(buffer_size=3, on_overflow="disconnect")
     trainer = make_trainer(5, 1, loggers=[stream])

@@ -14,23 +14,30 @@ from typing import Literal
 import anyio
 import anyio.lowlevel
 
-from trainbus.callbacks._stream_items import StreamGap, StreamItem
+from trainbus.callbacks._stream_items import StreamEvent, StreamGap, StreamItem, StreamMetrics
 from trainbus.core.exceptions import StreamOverflowError
 
 __all__ = ["Subscription"]
 
-OverflowPolicy = Literal["drop_oldest", "disconnect"]
-_POLICIES = ("drop_oldest", "disconnect")
+OverflowPolicy = Literal["drop_oldest", "latest", "disconnect"]
+_POLICIES = ("drop_oldest", "latest", "disconnect")
 
 
 class Subscription:
     """One subscriber's bounded buffer: an async iterator of stream items.
 
-    Iteration ends when the run closes (after the buffered items). Under
-    ``on_overflow="drop_oldest"`` the oldest buffered items are dropped when the buffer
-    is full and a :class:`StreamGap` takes their place; under ``"disconnect"`` the
-    subscriber is removed and, after its buffered items, iteration raises
-    :class:`StreamOverflowError`. Use it with ``async with`` to unsubscribe early.
+    Iteration ends when the run closes (after the buffered items). When the buffer is full:
+
+    - ``on_overflow="drop_oldest"``: the oldest buffered item is dropped;
+    - ``"latest"``: the oldest buffered item that the new one makes stale is dropped (a
+      ``metrics`` item whose names the new ``metrics`` item all logs again, or the same
+      event, e.g. an older ``batch_end``), else the oldest, so that a live view keeps the
+      newest value of each name (what a destination's ``Backpressure.latest`` does);
+    - ``"disconnect"``: the subscriber is removed and, after its buffered items, iteration
+      raises :class:`StreamOverflowError`.
+
+    Items lost are counted in :attr:`dropped` and announced by a :class:`StreamGap` before
+    the next item received. Use it with ``async with`` to unsubscribe early.
 
     Attributes:
         dropped: Items this subscriber lost so far.
@@ -89,7 +96,10 @@ class Subscription:
                 self.disconnected = True
                 self._end()
                 return False
-            buffer.popleft()
+            if self.policy == "latest":
+                del buffer[_stale(buffer, item)]
+            else:
+                buffer.popleft()
             self.dropped += 1
             self._missed += 1
         buffer.append(item)
@@ -171,9 +181,28 @@ def _check_buffer_size(buffer_size: object) -> int:
     return buffer_size
 
 
+def _stale(buffer: deque[StreamItem], new: StreamItem) -> int:
+    """The index of the oldest buffered item that ``new`` makes stale, else 0 (the oldest)."""
+    if isinstance(new, StreamMetrics):
+        names = new.metrics.keys()
+        for i, old in enumerate(buffer):
+            if (
+                isinstance(old, StreamMetrics)
+                and old.hyperparameters == new.hyperparameters
+                and old.metrics.keys() <= names
+            ):
+                return i
+    elif isinstance(new, StreamEvent):
+        for i, old in enumerate(buffer):
+            if isinstance(old, StreamEvent) and old.event is new.event:
+                return i
+    return 0
+
+
 def _check_policy(on_overflow: object) -> str:
     if on_overflow not in _POLICIES:
         raise ValueError(
-            f"on_overflow={on_overflow!r} is not a policy; use 'drop_oldest' or 'disconnect'"
+            f"on_overflow={on_overflow!r} is not a policy; use 'drop_oldest', 'latest' or "
+            "'disconnect' (a subscriber cannot hold training up: there is no 'block')"
         )
     return str(on_overflow)

@@ -128,7 +128,8 @@ class EventStream(LoggerDestination):
 
     Args:
         buffer_size: Items each subscriber may have waiting (default per subscriber).
-        on_overflow: ``"drop_oldest"`` (default) or ``"disconnect"``.
+        on_overflow: ``"drop_oldest"`` (default), ``"latest"`` (drop what a newer item makes
+            stale first: see :class:`Subscription`) or ``"disconnect"``.
         events: The events to publish: an iterable of :class:`~trainbus.Event` (or their
             values), ``"all"``, or ``None`` for :data:`DEFAULT_STREAM_EVENTS`.
         metrics: Whether to publish logged metrics and hyperparameters.
