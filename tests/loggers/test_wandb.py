@@ -17,7 +17,7 @@ from tests.loggers.wandb_files import offline_env, run_folders, wandb_history, w
 from trainbus import Callback
 from trainbus.callbacks import CheckpointSaver
 from trainbus.loggers import WandBLogger
-from trainbus.loggers.wandb_logger import last_history_step
+from trainbus.loggers.wandb_logger import last_history_step, offline_folders
 
 
 @pytest.fixture
@@ -89,6 +89,19 @@ def test_resumed_from_an_older_checkpoint_continues_the_run_once_per_step(
     )
     half = {step: value for name, step, value in got if name == "half"}
     assert half == {s: s * 0.5 + (0 if s <= 4 else 1000) for s in range(1, 9)}
+
+
+def test_a_runs_offline_folders_include_the_ones_wandb_suffixed(tmp_path: Path) -> None:
+    """W&B names a folder ``offline-run-<time>-<id>-1`` when a run of that id started in the
+    same second (a resume right after the first run, as on a fast machine): the replay rule
+    must read it too, and no folder of another id."""
+    names = [
+        "offline-run-20261203_171900-abc12345", "offline-run-20261203_171900-abc12345-1",
+        "offline-run-20261203_171901-abc123456", "offline-run-20261203_171902-xyz98765",
+    ]  # fmt: skip
+    for name in names:
+        (tmp_path / name).mkdir()
+    assert [f.name for f in offline_folders(tmp_path, "abc12345")] == names[:2]
 
 
 def test_arguments_are_checked() -> None:

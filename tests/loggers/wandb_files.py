@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,10 @@ def offline_env(root: Path) -> dict[str, str]:
     }
 
 
+#: ``offline-run-<date>_<time>-<run id>[-<n>]`` (W&B adds ``-<n>`` when the name is taken).
+_RUN_ID = re.compile(r"offline-run-\d{8}_\d{6}-([^-]+)(?:-\d+)?")
+
+
 def run_folders(root: Path) -> list[Path]:
     """Every offline run folder under ``root``, oldest first."""
     return sorted((root / "wandb").glob("offline-run-*"))
@@ -53,7 +58,7 @@ def wandb_history(root: Path) -> dict[str, list[tuple[int, dict[str, Any]]]]:
     order W&B wrote them (W&B's own keys, ``_step``, ``_runtime``..., left out)."""
     runs: dict[str, list[tuple[int, dict[str, Any]]]] = {}
     for folder in run_folders(root):
-        run_id = folder.name.rsplit("-", 1)[1]
+        run_id = _RUN_ID.fullmatch(folder.name)[1]  # type: ignore[index]
         rows = runs.setdefault(run_id, [])
         for record in _records(folder):
             if record.get("type") == "history":

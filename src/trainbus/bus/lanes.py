@@ -491,7 +491,13 @@ class Gate:
         """Record a handler's exception and stop the training thread at its next event.
 
         ``lane``, the failed handler's lane, runs nothing more but its close (D10).
+
+        A :class:`Stopped` that reaches a handler while the session stops (it waited inside
+        the handler, for a destination's room say, and the wait ended with the stop) is the
+        bus unwinding it, not the handler's error: it is not recorded.
         """
+        if isinstance(exc, Stopped) and self.stopping:
+            return
         if lane is not None:
             lane.failed = True
         if handler is not None:

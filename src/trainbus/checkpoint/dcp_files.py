@@ -62,8 +62,9 @@ ALLOWED = frozenset({
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),
-    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
-    ("pathlib", "PurePosixPath"), ("pathlib", "PureWindowsPath"),
+    *((module, name)  # Python 3.13 pickles paths from pathlib._local
+      for module in ("pathlib", "pathlib._local")
+      for name in ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")),
     ("collections", "OrderedDict"),
 })  # fmt: skip
 

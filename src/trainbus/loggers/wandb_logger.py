@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import secrets
 import string
 import struct
@@ -41,7 +42,10 @@ if TYPE_CHECKING:
     from trainbus.core.logger import Logger
     from trainbus.core.state import State
 
-__all__ = ["WandBLogger", "last_history_step"]
+__all__ = ["WandBLogger", "last_history_step", "offline_folders"]
+
+#: An offline run folder's name: ``offline-run-<date>_<time>-<run id>[-<n>]``.
+_OFFLINE_NAME = re.compile(r"offline-run-\d{8}_\d{6}-([^-]+)(?:-\d+)?")
 
 _MISSING = (
     "WandBLogger needs the wandb package, which is not installed; "
@@ -89,6 +93,18 @@ def _transaction_records(data: bytes) -> list[bytes]:
             records.append(parts + chunk)
             parts = b""
     return records
+
+
+def offline_folders(wandb_dir: Path, run_id: str) -> list[Path]:
+    """The offline folders of run ``run_id`` under ``wandb_dir``: ``offline-run-<time>-<id>``,
+    and ``offline-run-<time>-<id>-<n>`` where W&B found the first name taken (a run of
+    that id started in the same second)."""
+    found = []
+    for folder in wandb_dir.glob(f"offline-run-*-{run_id}*"):
+        match = _OFFLINE_NAME.fullmatch(folder.name)
+        if match is not None and match[1] == run_id:
+            found.append(folder)
+    return sorted(found)
 
 
 def last_history_step(wandb_file: str | os.PathLike[str]) -> int | None:
@@ -272,7 +288,7 @@ class WandBLogger(LoggerDestination):
         own = Path(run.settings.sync_dir).name
         steps = [
             last_history_step(folder / f"run-{self.run_id}.wandb")
-            for folder in Path(run.settings.wandb_dir).glob(f"offline-run-*-{self.run_id}")
+            for folder in offline_folders(Path(run.settings.wandb_dir), self.run_id)
             if folder.name != own
         ]
         known = [s for s in steps if s is not None]
