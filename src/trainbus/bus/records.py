@@ -83,30 +83,23 @@ class Records:
                     self._wait_for_room(lane)
                     answer = box.offer(record, force=True)
                 depth = box.depth
-                if answer == WAKE:  # the mailbox was empty: its runner gets a marker
-                    marker = LogItem(None)
-                    if lane.thread is not None:
-                        lane.thread.put(lane, marker)
-                    elif publishing:
-                        lane.inbox.append(marker)
-                        owed = True
-                    else:
-                        lane.pending.append(marker)
-                        if lane.idle:
-                            woken.append(lane)
+                # the mailbox was empty: its runner gets a marker (else one is queued)
+                queued = LogItem(None) if answer == WAKE else None
             else:
                 if lane.log_enq - lane.log_done >= lane.log_limit and not (
                     lane.failed or lane.abandoned
                 ):
                     self._wait_for_room(lane)
                 depth = lane.count_record()
+                queued = item
+            if queued is not None:
                 if lane.thread is not None:
-                    lane.thread.put(lane, item)
+                    lane.thread.put(lane, queued)
                 elif publishing:
-                    lane.inbox.append(item)
+                    lane.inbox.append(queued)
                     owed = True
                 else:
-                    lane.pending.append(item)
+                    lane.pending.append(queued)
                     if lane.idle:
                         woken.append(lane)
             member = lane.member
