@@ -75,35 +75,35 @@ def test_placement_follows_from_the_declarations_alone(callback: Callback, on_th
 
 def test_gate_wait_returns_at_once_when_every_target_is_reached() -> None:
     lane = make_lane()
-    lane.gate.wait([(lane, 0)], "barrier")  # nothing to wait for
-    assert lane.wait_done is None
+    lane.gate.wait([(lane.counts, 0)], "barrier")  # nothing to wait for
+    assert lane.counts.wait_done is None
 
 
 def test_gate_wait_wakes_when_the_lane_counts_its_target() -> None:
     counters = Counters()
     lane = make_lane(gate=Gate(counters))
-    lane.enq = 2
+    lane.counts.enq = 2
     counted = threading.Event()
 
     def finish() -> None:
-        lane.count_done()
-        lane.count_done()
+        lane.counts.count_done(lane)
+        lane.counts.count_done(lane)
         counted.set()
 
     finisher = threading.Thread(target=finish)
     finisher.start()
-    lane.gate.wait([(lane, 2)], "barrier")
+    lane.gate.wait([(lane.counts, 2)], "barrier")
     finisher.join()
-    assert counted.is_set() and lane.done == 2 and counters.barrier_waits <= 1
+    assert counted.is_set() and lane.counts.done == 2 and counters.barrier_waits <= 1
 
 
 def test_gate_stop_unblocks_a_waiting_producer_with_stopped() -> None:
     lane = make_lane()
-    lane.enq = 1
+    lane.counts.enq = 1
     stopper = threading.Thread(target=lane.gate.stop)
     stopper.start()
     with pytest.raises(Stopped):
-        lane.gate.wait([(lane, 1)], "barrier")
+        lane.gate.wait([(lane.counts, 1)], "barrier")
     stopper.join()
 
 
@@ -118,9 +118,9 @@ def test_gate_fail_notes_the_handler_and_marks_its_lane_failed() -> None:
 
 def test_a_wait_skips_an_abandoned_lane() -> None:
     lane = make_lane()
-    lane.enq = 1
-    lane.abandoned = True
-    lane.gate.wait([(lane, 1)], "barrier")  # returns: nobody waits for an abandoned lane
+    lane.counts.enq = 1
+    lane.counts.abandoned = True
+    lane.gate.wait([(lane.counts, 1)], "barrier")  # returns: nobody waits for an abandoned lane
 
 
 # -- lags ------------------------------------------------------------------------------------
@@ -128,13 +128,14 @@ def test_a_wait_skips_an_abandoned_lane() -> None:
 
 def test_a_trailing_lane_is_waited_for_only_k_batches_later() -> None:
     lane = make_lane(Lagging())
-    assert not lane.uniform
+    counts = lane.counts
+    assert not lane.uniform and not counts.uniform
     for batch in range(1, 5):
-        lane.enq += 1
-        lane.last_by_lag[2] = lane.enq
-        lane.mark_batch_end(batch)
+        counts.enq += 1
+        counts.last_by_lag[2] = counts.enq
+        counts.mark_batch_end(batch)
         # the barrier of batch n waits for the items of batch n - 2
-        assert lane.barrier_target(batch) == max(batch - 2, 0)
+        assert counts.barrier_target(batch) == max(batch - 2, 0)
 
 
 # -- records ---------------------------------------------------------------------------------
@@ -171,11 +172,12 @@ def test_a_broken_lane_thread_counts_events_and_records_fails_calls_and_stops() 
     thread.put(lane, LogItem(record))
     thread.put(lane, CallItem(lambda: None, False, calls.append))
     thread.stop()
-    lane.enq, other.enq = 2, 1
+    thread.counts.enq = 2  # the bare item and lane's own: one count for the thread's FIFO
     lane.log_enq = 1
     error = RuntimeError("internal")
     fail_lane_thread(thread, Loop(), error)  # type: ignore[arg-type]
-    assert (lane.done, lane.log_done, other.done) == (2, 1, 1)
+    assert (thread.counts.done, lane.log_done) == (2, 1)
+    assert lane.counts is other.counts is thread.counts
     assert calls == [error]
 
 
@@ -210,11 +212,11 @@ async def test_a_loop_lane_suspends_once_per_wake_up_however_they_interleave() -
     waker = LoopWaker(loop, counters)
 
     async def settled(done: int) -> None:  # the lane ran `done` items and sleeps
-        while not (lane.done == done and lane.idle):
+        while not (lane.counts.done == done and lane.idle):
             await anyio.lowlevel.checkpoint()
 
     def wake_up() -> None:  # what Producer.hand_over hands the loop: one item
-        lane.enq += 1
+        lane.counts.enq += 1
         waker._on_loop([(lane, [event_item()])])
 
     finished = anyio.Event()

@@ -17,8 +17,11 @@ per logged record for a destination, per ``close`` call) run one at a time, in q
   is queued), so a loop lane suspends once per wake-up that brought it work, however the
   threads interleave.
 
-Counting: ``enq`` (the training thread) and ``done`` (the runner) count event items;
-``log_enq``/``log_done`` count records. The training thread waits for these counts at the
+Counting: a :class:`Counts` per FIFO counts its event items, ``enq`` (the training thread)
+and ``done`` (the runner): a loop lane's own, or its lane thread's, one for every callback
+pinned there (their items run in one order, so one count says how far all of them got, and
+a publish counts once per thread, not once per callback). ``Lane.log_enq``/``log_done``
+count a destination's records. The training thread waits for these counts at the
 :class:`Gate`: barriers (D4), full queues (D12), ``@blocking`` handlers (D9).
 """
 
@@ -28,7 +31,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, MutableSequence
+from collections.abc import Awaitable, Callable, MutableSequence, Sequence
 from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
@@ -50,6 +53,7 @@ __all__ = [
     "WAKE_END",
     "CallItem",
     "Counters",
+    "Counts",
     "EventItem",
     "Gate",
     "Lane",
@@ -76,9 +80,11 @@ class LoopEvent(Protocol):
 
 class LaneRunner(Protocol):
     """What a lane knows of its lane thread (``pool.LaneThread``, which imports this
-    module): its FIFO, ``put``, the handlers a bare event item runs, whom it waits for."""
+    module): its FIFO and its counts, ``put``, the handlers a bare event item runs, whom it
+    waits for."""
 
     pending: deque[Any]
+    counts: Counts
     subs: dict[Event, list[tuple[Lane, Slot, Callable[..., Any], bool, bool]]]  # pool.Sub
     waiting_on: Lane | None
 
@@ -170,17 +176,13 @@ class Lane:
     __slots__ = (
         "abandoned",
         "count_lock",
+        "counts",
         "current",
-        "done",
-        "due",
-        "enq",
         "failed",
         "gate",
         "idle",
         "inbox",
         "index",
-        "last_batch",
-        "last_by_lag",
         "lock",
         "log_done",
         "log_enq",
@@ -200,7 +202,6 @@ class Lane:
         "slots",
         "thread",
         "uniform",
-        "wait_done",
         "wait_log",
         "waiting_on",
         "wakeup",
@@ -235,8 +236,11 @@ class Lane:
         #: running a plain ``@blocking`` handler (so the two never overlap, D1).
         self.lock = threading.Lock()
         self.count_lock = threading.Lock()
-        self.enq = 0
-        self.done = 0
+        #: Whether every slot has lag 0 (then a barrier waits for all its items).
+        self.uniform = member.lags == frozenset({0})
+        #: Who counts its event items: its own (a loop lane), else its lane thread's
+        #: (``pool.LaneThread`` replaces it with the thread's).
+        self.counts = Counts([self], gate)
         # ``log_enq`` changes under ``count_lock`` (records come from any thread);
         # ``log_done`` only on the runner.
         self.log_enq = 0
@@ -248,7 +252,6 @@ class Lane:
         #: For a destination with a lossy policy: where its records wait (``mailbox.py``);
         #: its FIFO then gets markers only. ``None`` for every other lane.
         self.mailbox = Mailbox(self, policy) if policy is not None and policy.lossy else None
-        self.wait_done: int | None = None
         self.wait_log: int | None = None
         #: Threads other than the training thread wait here for room among records (D12).
         self.room = threading.Condition(threading.Lock())
@@ -260,13 +263,6 @@ class Lane:
         self.owes: Lane | None = None
         #: The destination this lane waits for room in now (cycle checks).
         self.waiting_on: Lane | None = None
-        #: Whether every slot has lag 0 (then a barrier waits for ``enq``).
-        self.uniform = member.lags == frozenset({0})
-        #: Per lag: the ``enq`` count after the lane's last item of that lag.
-        self.last_by_lag = dict.fromkeys(member.lags, 0)
-        #: Per lag > 0: ``(due batch, enq count)`` marks pushed at each ``BATCH_END``.
-        self.due: dict[int, deque[tuple[int, int]]] = {k: deque() for k in member.lags if k}
-        self.last_batch = 0
         #: The cancel scope of the coroutine handler running now, if any (D11).
         self.scope: anyio.CancelScope | None = None
         #: Set when the lane missed its close deadline: nobody waits for it any more.
@@ -276,45 +272,14 @@ class Lane:
         #: Set when one of its handlers raised: it runs nothing more but its close (D10).
         self.failed = False
 
-    # -- lags (training thread; ``@trailing`` slots) --------------------------------------
-
-    def mark_batch_end(self, batches: int) -> None:
-        """Note, per lag k, the ``enq`` count a barrier must wait for k batches later."""
-        for lag, marks in self.due.items():
-            marks.append((batches + lag, self.last_by_lag[lag]))
-
-    def barrier_target(self, batches: int) -> int:
-        """The ``done`` count the barrier of batch ``batches`` waits for (lag-0 items, and
-        each lagging slot's items whose k batches have passed)."""
-        target = self.last_by_lag.get(0, 0)
-        for marks in self.due.values():
-            while marks and marks[0][0] <= batches:
-                target = max(target, marks.popleft()[1])
-        return target
-
-    # -- counting (the runner) ------------------------------------------------------------
-
-    def count_done(self) -> None:
-        """Count one skipped event item; tell the gate at its target (a finished one is
-        counted by ``runners.account``, which writes this out).
-
-        The queue's peak is kept here, off the training thread: between two counts the
-        depth only grows, so it is at its highest just before each count.
-        """
-        depth = self.enq - self.done
-        if depth > self.member.peak:
-            self.member.peak = depth
-        self.done += 1
-        target = self.wait_done
-        if target is not None and self.done >= target:
-            self.gate.reached(self)
+    # -- counting records (the runner) -----------------------------------------------------
 
     def count_log_done(self, n: int = 1) -> None:
         """Count ``n`` delivered (or skipped) records; tell whoever waits for room."""
         self.log_done += n
         target = self.wait_log
         if target is not None and self.log_done >= target:
-            self.gate.reached(self)
+            self.gate.reached(self, self)
         if self.room_waiters:
             with self.room:
                 self.room.notify_all()
@@ -338,6 +303,81 @@ class Lane:
                     self.room.wait(0.05)
             finally:
                 self.room_waiters -= 1
+
+
+class Counts:
+    """The event items of one FIFO: queued (``enq``, the training thread) and done (``done``,
+    its runner), and what a barrier waits for of them (lags).
+
+    A loop lane has its own; a lane thread has one for all the callbacks pinned to it
+    (``pool.LaneThread``): their items run in the thread's one order, so ``done`` reaching
+    ``n`` means its first ``n`` items are done, whoever's they were. So the training thread
+    counts an event once per thread, a barrier waits for each thread once, and a pooled
+    callback's queue (D12) is its thread's: at most ``queue_size`` items wait there.
+
+    Attributes:
+        lanes: The lanes whose items it counts.
+        enq: Event items queued.
+        done: Event items finished (or skipped), in queue order.
+        wait_done: The ``done`` count the training thread waits for now, if it waits.
+        uniform: Whether all its lanes' slots have lag 0 (a barrier waits for ``enq``).
+        last_by_lag: Per lag: the ``enq`` count after its last item of that lag.
+        due: Per lag > 0: ``(due batch, enq count)`` marks pushed at each ``BATCH_END``.
+        last_batch: The batch of the last item done (lag statistics).
+        peak: The most items queued at once.
+        abandoned: Set when one of its lanes missed its close deadline: nobody waits for it.
+    """
+
+    __slots__ = ("abandoned", "done", "due", "enq", "gate", "lanes", "last_batch",
+                 "last_by_lag", "peak", "uniform", "wait_done")
+
+    def __init__(self, lanes: Sequence[Lane], gate: Gate) -> None:
+        self.lanes = list(lanes)
+        self.gate = gate
+        self.enq = 0
+        self.done = 0
+        self.wait_done: int | None = None
+        lags = frozenset({0}).union(*(lane.member.lags for lane in self.lanes))
+        self.uniform = lags == frozenset({0})
+        self.last_by_lag = dict.fromkeys(lags, 0)
+        self.due: dict[int, deque[tuple[int, int]]] = {k: deque() for k in lags if k}
+        self.last_batch = 0
+        self.peak = 0
+        self.abandoned = False
+
+    # -- lags (training thread; ``@trailing`` slots) --------------------------------------
+
+    def mark_batch_end(self, batches: int) -> None:
+        """Note, per lag k, the ``enq`` count a barrier must wait for k batches later."""
+        for lag, marks in self.due.items():
+            marks.append((batches + lag, self.last_by_lag[lag]))
+
+    def barrier_target(self, batches: int) -> int:
+        """The ``done`` count the barrier of batch ``batches`` waits for (lag-0 items, and
+        each lagging slot's items whose k batches have passed)."""
+        target = self.last_by_lag.get(0, 0)
+        for marks in self.due.values():
+            while marks and marks[0][0] <= batches:
+                target = max(target, marks.popleft()[1])
+        return target
+
+    # -- counting (the runner) ------------------------------------------------------------
+
+    def count_done(self, lane: Lane) -> None:
+        """Count one skipped event item of ``lane``; tell the gate at its target (a finished
+        one is counted by ``runners.account``, which writes this out). The peak is kept
+        here, off the training thread: the depth is at its highest just before a count."""
+        depth = self.enq - self.done
+        if depth > self.peak:
+            self.peak = depth
+        self.done += 1
+        target = self.wait_done
+        if target is not None and self.done >= target:
+            self.gate.reached(self, lane)
+
+    def busy(self) -> list[Lane]:
+        """Its lanes that run a handler now, else all of them (for messages)."""
+        return [lane for lane in self.lanes if lane.current is not None] or self.lanes
 
 
 def would_deadlock(waiter: LaneRunner | Lane | None, dest: Lane) -> bool:
@@ -400,19 +440,23 @@ class Counters:
 class Gate:
     """What the training thread waits for, failures, and stopping, for one session.
 
-    Invariant: ``_waiting`` holds the lanes the training thread waits for right now; it
-    changes only under ``_lock``, and ``_signal`` gets one ``True`` when it empties (one
-    signal per wait) or a ``False`` from :meth:`stop`.
+    The training thread waits for event items (:meth:`wait`: a :class:`Counts` reaching a
+    ``done`` count) or for records (:meth:`wait_records`: a destination's ``log_done``).
+
+    Invariant: ``_waiting`` holds what the training thread waits for right now; it changes
+    only under ``_lock``, and ``_signal`` gets one ``True`` when it empties (one signal per
+    wait) or a ``False`` from :meth:`stop`.
     """
 
     def __init__(self, counters: Counters) -> None:
         self._lock = threading.Lock()
         self._signal: SimpleQueue[bool] = SimpleQueue()
-        self._waiting: set[Lane] = set()
+        self._waiting: set[Counts | Lane] = set()
         self.counters = counters
         #: Set once; then the training thread unwinds at its next event or wait.
         self.stopping = False
         self.errors: list[BaseException] = []
+        #: The lane whose item (or record) ended the current wait: the wait is its doing.
         self._last: Lane | None = None
         #: Seconds one wait may last before ``on_long_wait`` is told (once per wait).
         self.wait_warning = math.inf
@@ -421,34 +465,46 @@ class Gate:
         self.on_long_wait = None
 
     def wait(
-        self, targets: list[tuple[Lane, int]], kind: WaitKind, event: Event | None = None
+        self, targets: list[tuple[Counts, int]], kind: WaitKind, event: Event | None = None
     ) -> None:
-        """Block until each lane's ``done`` (``log_done`` for ``records``) reaches its target.
+        """Block until each of ``targets`` has ``done`` its target count of event items.
 
         Raises:
             Stopped: The session is stopping.
         """
-        logs = kind == "records"
+        with self._lock:
+            for counts, target in targets:
+                counts.wait_done = target
+                if counts.done < target and not counts.abandoned:
+                    self._waiting.add(counts)
+        try:
+            if self._waiting:
+                self._block(kind, event)
+        finally:
+            with self._lock:
+                for counts, _ in targets:
+                    counts.wait_done = None
+                self._waiting.clear()
+
+    def wait_records(self, targets: list[tuple[Lane, int]], event: Event | None = None) -> None:
+        """Block until each destination of ``targets`` has taken its target count of
+        records (its ``log_done``).
+
+        Raises:
+            Stopped: The session is stopping.
+        """
         with self._lock:
             for lane, target in targets:
-                if logs:
-                    lane.wait_log = target
-                    behind = lane.log_done < target
-                else:
-                    lane.wait_done = target
-                    behind = lane.done < target
-                if behind and not lane.abandoned:
+                lane.wait_log = target
+                if lane.log_done < target and not lane.abandoned:
                     self._waiting.add(lane)
-            if not self._waiting:
-                for lane, _ in targets:
-                    lane.wait_done = lane.wait_log = None
-                return
         try:
-            self._block(kind, event)
+            if self._waiting:
+                self._block("records", event)
         finally:
             with self._lock:
                 for lane, _ in targets:
-                    lane.wait_done = lane.wait_log = None
+                    lane.wait_log = None
                 self._waiting.clear()
 
     def _block(self, kind: WaitKind, event: Event | None) -> None:
@@ -461,7 +517,7 @@ class Gate:
                 self._signal.get(timeout=after)
             except Empty:
                 with self._lock:
-                    lanes = sorted(self._waiting, key=lambda lane: lane.index)
+                    lanes = self._waited_lanes()
                 self.on_long_wait(kind, event, lanes, after)
                 self._signal.get()
         elapsed = _perf() - t0
@@ -472,11 +528,23 @@ class Gate:
         if self.stopping:
             raise Stopped
 
-    def reached(self, lane: Lane) -> None:
-        """``lane`` reached what the training thread waits for (any thread)."""
+    def _waited_lanes(self) -> list[Lane]:
+        """The lanes the training thread waits for now, in list order (under ``_lock``):
+        a destination's, or, for a lane thread, the callbacks running there now."""
+        lanes: set[Lane] = set()
+        for waited in self._waiting:
+            if isinstance(waited, Counts):
+                lanes.update(waited.busy())
+            else:
+                lanes.add(waited)
+        return sorted(lanes, key=lambda lane: lane.index)
+
+    def reached(self, waited: Counts | Lane, lane: Lane) -> None:
+        """``waited`` reached what the training thread waits for, with an item or record of
+        ``lane`` (any thread)."""
         with self._lock:
-            if lane in self._waiting:
-                self._waiting.discard(lane)
+            if waited in self._waiting:
+                self._waiting.discard(waited)
                 if not self._waiting:
                     self._last = lane
                     self._signal.put(True)

@@ -82,7 +82,8 @@ class Member:
             callback), not one of the pool's.
         shares_thread: Whether the training thread runs some of its plain handlers too.
         lags: The distinct lags (batches) of its slots.
-        peak: The most event handler calls ever queued at once for it.
+        peak: The most event handler calls ever queued at once for it, over the sessions
+            that ended (a running session's is its lane's ``counts.peak``).
         peak_records: For a destination, the most records ever queued at once for it.
         backpressure: For a destination, its declared policy (``core/backpressure.py``);
             ``None`` for other callbacks.

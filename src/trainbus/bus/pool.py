@@ -8,7 +8,10 @@ of time (:func:`place`): the pooled callbacks, in list order, go round the pool'
 threads, plus one per ``own_thread`` callback, whatever the number of callbacks.
 
 A lane thread's work is one FIFO, ``pending``, in the order it was queued (so each of its
-callbacks' items keep their order, D1, and callbacks of one event run in list order):
+callbacks' items keep their order, D1, and callbacks of one event run in list order), and
+one :class:`~trainbus.bus.lanes.Counts` counts its event items for all its callbacks (each
+lane's ``counts`` is the thread's): the training thread counts an event once per thread,
+and a barrier waits for each thread once, however many callbacks it serves.
 
 - an :class:`~trainbus.bus.lanes.EventItem` alone means "every callback of this thread
   whose handler of that event is only queued" (``Producer.plan``): the training thread
@@ -37,7 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainbus.bus.lanes import STOP
+from trainbus.bus.lanes import STOP, Counts
 
 if TYPE_CHECKING:
     from trainbus.bus.lanes import Lane, WorkItem
@@ -60,6 +63,7 @@ class LaneThread:
 
     Attributes:
         lanes: Its callbacks' lanes, in list order.
+        counts: The event items of its FIFO, for all its callbacks (their lanes' ``counts``).
         subs: Per event, the handlers (:data:`Sub`) it runs for a bare ``EventItem``
             (set by ``Producer``, from its plan).
         pending: Its FIFO (see the module docstring): the training thread appends bare
@@ -71,7 +75,8 @@ class LaneThread:
             ``trainbus-lane-<First>+<n>`` for a pool thread serving n more.
     """
 
-    __slots__ = ("idle", "lanes", "name", "pending", "sleeper", "subs", "thread", "waiting_on")
+    __slots__ = ("counts", "idle", "lanes", "name", "pending", "sleeper", "subs", "thread",
+                 "waiting_on")
 
     def __init__(self, lanes: Sequence[Lane]) -> None:
         self.lanes = list(lanes)
@@ -85,8 +90,10 @@ class LaneThread:
         self.sleeper.acquire()
         self.waiting_on: Lane | None = None
         self.thread: threading.Thread | None = None
+        self.counts = Counts(self.lanes, self.lanes[0].gate)
         for lane in self.lanes:
             lane.runner = lane.thread = self
+            lane.counts = self.counts
 
     def put(self, lane: Lane, item: WorkItem) -> None:
         """Queue one callback's item and wake the thread if it sleeps (any thread)."""

@@ -5,11 +5,12 @@ snapshot of the state, D5) and, for every callback that handles the event, in li
 
 - a plain ``@blocking`` handler runs right here, once its callback's earlier items are done
   (D9); an ``async def`` ``@blocking`` handler is queued and waited for;
-- any other handler's item is counted on its lane (after waiting for room if the lane
-  holds ``queue_size`` items, D12) and queued: on a loop lane's ``inbox`` (a list of its
-  own); on a lane thread (``pool.py``) once per thread, not per callback, when every
-  handler of the event is only queued (the common case), else as a ``(lane, item)``
-  pair. Nothing is woken per item.
+- any other handler's item is counted (after waiting for room if its FIFO holds
+  ``queue_size`` items, D12) and queued: on a loop lane's ``inbox`` (a list of its own),
+  counted on the lane; on a lane thread (``pool.py``) once per thread, not per callback,
+  counted on the thread, when every handler of the event is only queued (the common case),
+  else as a ``(lane, item)`` pair, counted on the lane's thread too (``lanes.Counts``).
+  Nothing is woken per item.
 
 Waking, by rule (never by time), at the end of a publish: with an event outside a batch's
 inside (``INSIDE_BATCH``), each sleeping lane thread with items. The loop, with one call
@@ -22,7 +23,8 @@ Before the training thread waits (a barrier, backpressure, a ``@blocking`` handl
 everything is woken and handed over.
 
 At a barrier event it then waits at the gate for what the barrier waits for (D4, with each
-lane's lag). Nothing here depends on how long anything took.
+lane's lag): for each FIFO's count (a loop lane's, a lane thread's), not for each callback.
+Nothing here depends on how long anything took.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from trainbus.core.events import Event
 
 if TYPE_CHECKING:
     from trainbus.bus.bridge import LoopWaker
-    from trainbus.bus.lanes import Counters, Gate, Lane, LaneRunner, WaitKind
+    from trainbus.bus.lanes import Counters, Counts, Gate, Lane, LaneRunner, WaitKind
     from trainbus.bus.members import Member, Slot
     from trainbus.bus.options import BusOptions
     from trainbus.bus.pool import LaneThread
@@ -50,8 +52,7 @@ __all__ = ["Plan", "Producer"]
 
 #: What publishing an event does with its handlers (see ``Producer.plan``).
 Plan = tuple[
-    list["Lane"], list["Lane"], list["LaneRunner"], list[tuple["Lane", "Slot"]],
-    list[tuple["Lane", "Slot"]],
+    list["Lane"], list["LaneRunner"], list[tuple["Lane", "Slot"]], list[tuple["Lane", "Slot"]]
 ]
 
 _perf = time.perf_counter
@@ -119,15 +120,17 @@ class Producer:
         self.waker = waker
         self.warn = warn
         self.destinations = [lane for lane in lanes if lane.log_slot is not None]
-        self.lagged = [lane for lane in lanes if not lane.uniform]
+        #: Every FIFO's counts, once each (a loop lane's, a lane thread's), in list order.
+        self.counts: list[Counts] = list(dict.fromkeys(lane.counts for lane in lanes))
+        self.lagged = [counts for counts in self.counts if not counts.uniform]
         #: Per event, its handlers in offering order (loggers first at INIT, last
         #: otherwise, as Composer does), by what publishing does with them. When it only
         #: queues each handler (no filter, not ``@blocking``, no lag: the common case):
-        #: ``queued`` loop lanes (an enq count and an append to the inbox), ``counted``
-        #: thread lanes (an enq count) and the lane ``threads`` that get the event's item
-        #: once each (their ``subs`` list its handlers there, in the same order). When it
-        #: only runs each on this thread (plain ``@blocking``, no filter): ``here``. Else
-        #: ``others``, every handler with the full rules.
+        #: ``queued`` loop lanes (an enq count and an append to the inbox each) and the lane
+        #: ``threads`` that get the event's item once each (an enq count and an append; their
+        #: ``subs`` list its handlers there, in the same order). When it only runs each on
+        #: this thread (plain ``@blocking``, no filter): ``here``. Else ``others``, every
+        #: handler with the full rules.
         self.plan: dict[Event, Plan] = {}
         for event in Event:
             subs = [(lane, lane.slots[event]) for lane in lanes if event in lane.slots]
@@ -143,14 +146,12 @@ class Producer:
                         sub = (lane, slot, slot.fn, slot.is_async, lane.member.shares_thread)
                         thread.subs.setdefault(event, []).append(sub)
                 self.plan[event] = (
-                    [lane for lane, _ in subs if lane.thread is None],
-                    [lane for lane, _ in subs if lane.thread is not None],
-                    lane_threads, [], [],
+                    [lane for lane, _ in subs if lane.thread is None], lane_threads, [], [],
                 )
             elif all(slot.here and slot.when is None for _, slot in subs):
-                self.plan[event] = ([], [], [], subs, [])
+                self.plan[event] = ([], [], subs, [])
             else:
-                self.plan[event] = ([], [], [], [], subs)
+                self.plan[event] = ([], [], [], subs)
         #: The thread that may publish now (the training thread, or a plain-code caller).
         self.ident: int | None = None
         self._view_key: tuple[Any, Any] = (None, None)
@@ -175,7 +176,7 @@ class Producer:
         #: The events that queue items on loop lanes (see ``WAKES_LOOP``).
         self.to_loop = frozenset(
             event
-            for event, (queued, _, _, _, others) in self.plan.items()
+            for event, (queued, _, _, others) in self.plan.items()
             if any(not lane.on_thread for lane in queued)
             or any(not lane.on_thread and not slot.here for lane, slot in others)
         )
@@ -202,21 +203,23 @@ class Producer:
         ended: int | None = None  # hand-overs when the batch's end was published
         for event in events:
             self.counters.published += 1
-            queued, counted, threads_of, here, others = self.plan[event]
-            if queued or counted or here or others:
+            queued, threads_of, here, others = self.plan[event]
+            if queued or threads_of or here or others:
                 item = self._item(event)
             for lane in queued:  # D3: an enq count and an append; woken below
-                if lane.enq - lane.done >= queue_size:  # D12: wait for room first
-                    self.wait([(lane, lane.enq - queue_size + 1)], "backpressure", event)
-                lane.enq += 1  # before the item: its runner never counts past enq
+                counts = lane.counts
+                if counts.enq - counts.done >= queue_size:  # D12: wait for room first
+                    self.wait([(counts, counts.enq - queue_size + 1)], "backpressure", event)
+                counts.enq += 1  # before the item: its runner never counts past enq
                 lane.inbox.append(item)
-            if counted:
-                for lane in counted:  # D3: an enq count each...
-                    if lane.enq - lane.done >= queue_size:  # D12: wait for room first
-                        self.wait([(lane, lane.enq - queue_size + 1)], "backpressure", event)
-                    lane.enq += 1  # before the item: its runner never counts past enq
-                for thread in threads_of:  # ...and one append per lane thread
-                    thread.pending.append(item)
+            for thread in threads_of:  # D3: once per lane thread, for all its callbacks
+                counts = thread.counts
+                if counts.enq - counts.done >= queue_size:  # D12: wait for room first
+                    self.wait([(counts, counts.enq - queue_size + 1)], "backpressure", event)
+                counts.enq += 1
+                if not counts.uniform:  # a lag-0 item of a thread with trailing callbacks
+                    counts.last_by_lag[0] = counts.enq
+                thread.pending.append(item)
             if here:
                 self._run_here(here, item)
             for lane, slot in others:
@@ -226,17 +229,18 @@ class Producer:
                 if slot.here:  # a plain @blocking handler: run it now, on this thread (D9)
                     self._run_here(((lane, slot),), item)
                     continue
-                if lane.enq - lane.done >= queue_size:  # D12: wait for room first
-                    self.wait([(lane, lane.enq - queue_size + 1)], "backpressure", event)
-                lane.enq += 1  # before the item: its runner never counts past enq
-                if not lane.uniform:
-                    lane.last_by_lag[slot.lag] = lane.enq
+                counts = lane.counts
+                if counts.enq - counts.done >= queue_size:  # D12: wait for room first
+                    self.wait([(counts, counts.enq - queue_size + 1)], "backpressure", event)
+                counts.enq += 1  # before the item: its runner never counts past enq
+                if not counts.uniform:
+                    counts.last_by_lag[slot.lag] = counts.enq
                 if lane.thread is not None:
                     lane.thread.pending.append((lane, item))
                 else:
                     lane.inbox.append(item)
                 if slot.is_blocking:  # an async @blocking handler: wait for it (D9)
-                    self.wait([(lane, lane.enq)], "blocking", event)
+                    self.wait([(counts, counts.enq)], "blocking", event)
             if event in self.to_loop:
                 self._loop_owed = True
             if event in INSIDE_BATCH:
@@ -294,13 +298,19 @@ class Producer:
                 thread.wake()
 
     def wait(
-        self, targets: list[tuple[Lane, int]], kind: WaitKind, event: Event | None = None
+        self, targets: list[tuple[Counts, int]], kind: WaitKind, event: Event | None = None
     ) -> None:
-        """Wake the lanes, then wait at the gate (the training thread never waits for a
-        lane it has not woken)."""
+        """Wake the lanes, then wait at the gate for event items (the training thread never
+        waits for a lane it has not woken)."""
         self.hand_over()
         self.wake_threads()
         self.gate.wait(targets, kind, event)
+
+    def wait_records(self, targets: list[tuple[Lane, int]], event: Event | None = None) -> None:
+        """Wake the lanes, then wait at the gate for destinations to take records."""
+        self.hand_over()
+        self.wake_threads()
+        self.gate.wait_records(targets, event)
 
     def _item(self, event: Event) -> EventItem:
         """The event's item, with a snapshot shared by events with nothing between them."""
@@ -330,7 +340,8 @@ class Producer:
         """
         event, trace = item.event, self.counters.trace
         for lane, slot in handlers:
-            locked = lane.on_thread or lane.done < lane.enq
+            counts = lane.counts
+            locked = lane.on_thread or counts.done < counts.enq
             if locked:
                 self._enter_here(lane, event)
             self.running_here = lane
@@ -352,11 +363,13 @@ class Producer:
                 trace.handler(lane.name, event, t0, elapsed)
 
     def _enter_here(self, lane: Lane, event: Event) -> None:
-        """Wait for ``lane``'s earlier items and records, then take its lock (D1)."""
-        if lane.done < lane.enq:
-            self.wait([(lane, lane.enq)], "blocking", event)
+        """Wait for ``lane``'s earlier items (on a pool thread: the thread's, which run in
+        one order with them) and records, then take its lock (D1)."""
+        counts = lane.counts
+        if counts.done < counts.enq:
+            self.wait([(counts, counts.enq)], "blocking", event)
         if lane.log_done < lane.log_enq:  # records logged before the event first (D1)
-            self.wait([(lane, lane.log_enq)], "records", event)
+            self.wait_records([(lane, lane.log_enq)], event)
         if self.gate.stopping:
             raise Stopped
         lane.lock.acquire()
@@ -372,8 +385,8 @@ class Producer:
             now = _perf()
             mark = self._trace_mark or trace.origin
             trace.producer_span(f"batch {batches}", mark, now - mark)
-        for lane in self.lagged:
-            lane.mark_batch_end(batches)
+        for counts in self.lagged:
+            counts.mark_batch_end(batches)
         if self.warn_slow and self.slow.checking:
             self.slow.at_batch_end(self.members, counters, self.warn)
 
@@ -382,15 +395,15 @@ class Producer:
         every item."""
         batches = self.counters.batches
         targets = []
-        for lane in self.lanes:
-            if lane.uniform:
-                target = lane.enq
+        for counts in self.counts:
+            if counts.uniform:
+                target = counts.enq
             else:
-                target = lane.barrier_target(batches)  # drops the marks that fall due
+                target = counts.barrier_target(batches)  # drops the marks that fall due
                 if self._barrier_all:
-                    target = lane.enq
-            if lane.done < target:
-                targets.append((lane, target))
+                    target = counts.enq
+            if counts.done < target:
+                targets.append((counts, target))
         if targets:
             self.wait(targets, "barrier", event)
 
@@ -405,7 +418,7 @@ class Producer:
     def wait_all(self, *, records: bool = False) -> None:
         """Block until every handler published so far has finished, and with ``records``
         until every destination has taken every record logged so far."""
-        targets = [(lane, lane.enq) for lane in self.lanes if lane.done < lane.enq]
+        targets = [(counts, counts.enq) for counts in self.counts if counts.done < counts.enq]
         if targets:
             self.wait(targets, "barrier")
         if records:
@@ -416,7 +429,7 @@ class Producer:
                 if lane.log_done < lane.log_enq and lane is not own
             ]
             if logged:
-                self.wait(logged, "records")
+                self.wait_records(logged)
         if self.gate.stopping:
             raise Stopped
 

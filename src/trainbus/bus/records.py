@@ -117,7 +117,7 @@ class Records:
         ident = threading.get_ident()
         if ident == self._producer.ident:
             if self._producer.running_here is not lane:  # not a @blocking handler's own
-                self._producer.wait([(lane, lane.log_enq - lane.log_limit + 1)], "records")
+                self._producer.wait_records([(lane, lane.log_enq - lane.log_limit + 1)])
             return
         waiter = CURRENT_RUNNER.get()  # this lane thread, or (on the loop) this loop lane
         if ident == self.loop_thread:

@@ -62,11 +62,13 @@ ROOM_RECHECK = 0.05
 def account(lane: Lane, slot: Slot, batch: int, start: float, elapsed: float,
             counters: Counters, queued: bool = True) -> None:
     """Record one finished handler call of a lane's runner: its slot's statistics, the
-    timeline and, for an item of the lane's queue (``queued``; not a record), the lane's
-    progress (for the lag statistics) and its count, which the gate waits for. The one
-    place queued calls are counted, but for two written-out copies: a lane thread's loop over
-    a bare event item's handlers (``run_lane_thread``, the hottest loop with many plain
-    callbacks) and the training thread's own ``@blocking`` calls (``Producer._run_here``)."""
+    timeline and, for an item of the lane's queue (``queued``; not a record), its progress
+    (for the lag statistics) and its count (``lane.counts``), which the gate waits for. The
+    one place queued calls are counted, but for a written-out copy in a lane thread's loop
+    over a bare event item's handlers (``run_lane_thread``, the hottest loop with many plain
+    callbacks), which counts the item once for all of them. (The training thread's own
+    ``@blocking`` calls, ``Producer._run_here``, write out the statistics; they are nobody's
+    queued item.)"""
     slot.calls += 1
     slot.total_time += elapsed
     if elapsed > slot.max_time:
@@ -74,16 +76,17 @@ def account(lane: Lane, slot: Slot, batch: int, start: float, elapsed: float,
     trace = counters.trace
     if trace is not None:
         trace.handler(lane.name, slot.event, start, elapsed)
-    if queued:  # Lane.count_done written out: this runs once a handler call
-        lane.last_batch = batch  # how far the lane's queue has got (lag statistics)
-        done = lane.done
-        depth = lane.enq - done  # the queue at its deepest since the last count
-        if depth > lane.member.peak:
-            lane.member.peak = depth
-        lane.done = done = done + 1
-        target = lane.wait_done  # read once: the gate may clear it meanwhile
+    if queued:  # Counts.count_done written out: this runs once a handler call
+        counts = lane.counts
+        counts.last_batch = batch  # how far the queue has got (lag statistics)
+        done = counts.done
+        depth = counts.enq - done  # the queue at its deepest since the last count
+        if depth > counts.peak:
+            counts.peak = depth
+        counts.done = done = done + 1
+        target = counts.wait_done  # read once: the gate may clear it meanwhile
         if target is not None and done >= target:
-            lane.gate.reached(lane)
+            lane.gate.reached(counts, lane)
 
 
 # -- a lane thread -------------------------------------------------------------------------
@@ -92,7 +95,7 @@ def account(lane: Lane, slot: Slot, batch: int, start: float, elapsed: float,
 def _skipped(lane: Lane) -> bool:
     """An event item of a stopping session is counted, not run (D10); true then."""
     if lane.gate.stopping:
-        lane.count_done()
+        lane.counts.count_done(lane)
         return True
     return False
 
@@ -103,7 +106,8 @@ def run_lane_thread(
     """The body of a lane thread: run its callbacks' items, in its FIFO's order, until
     ``STOP`` (see ``pool.py`` for what the FIFO holds)."""
     CURRENT_RUNNER.set(runner)
-    pending, subs, gate = runner.pending, runner.subs, runner.lanes[0].gate
+    pending, subs, counts = runner.pending, runner.subs, runner.counts
+    gate = counts.gate
     t0 = _perf()  # when the current item started: one clock read an item
     while True:
         if not pending:
@@ -114,11 +118,11 @@ def run_lane_thread(
         if type(entry) is EventItem:  # the event of every callback here that only queues it
             view, logger, batch = entry.view, entry.logger, entry.batch
             trace = counters.trace
-            # The hottest loop of a fit with many plain callbacks: ``account`` and
-            # ``_skipped`` written out, the sub's flags read once (see ``pool.Sub``).
+            # The hottest loop of a fit with many plain callbacks: ``account`` written out,
+            # the sub's flags read once (see ``pool.Sub``), the item counted once below for
+            # all its handlers. A stopping session runs none of them (D10).
             for lane, slot, fn, is_async, locking in subs[entry.event]:
                 if gate.stopping:
-                    lane.count_done()
                     continue
                 if locking:
                     lane.lock.acquire()
@@ -142,17 +146,16 @@ def run_lane_thread(
                     slot.max_time = elapsed
                 if trace is not None:
                     trace.handler(lane.name, slot.event, t0, elapsed)
-                lane.last_batch = batch
-                done = lane.done
-                depth = lane.enq - done
-                member = lane.member
-                if depth > member.peak:
-                    member.peak = depth
-                lane.done = done = done + 1
-                target = lane.wait_done
-                if target is not None and done >= target:
-                    lane.gate.reached(lane)
                 t0 = t1
+            counts.last_batch = batch
+            done = counts.done
+            depth = counts.enq - done
+            if depth > counts.peak:
+                counts.peak = depth
+            counts.done = done = done + 1
+            target = counts.wait_done
+            if target is not None and done >= target:
+                gate.reached(counts, lane)  # the last handler's lane ended the wait
             continue
         if entry is STOP:
             return
@@ -248,7 +251,7 @@ def _deliver_here(lane: Lane, record: LogRecord, t0: float, spawner: Spawner,
     except BaseException as exc:
         lane.gate.fail(exc, log_slot.handler, None, lane)
     t1 = _perf()
-    account(lane, log_slot, lane.last_batch, t0, t1 - t0, counters, False)
+    account(lane, log_slot, lane.counts.last_batch, t0, t1 - t0, counters, False)
     lane.current = None
     return t1
 
@@ -275,12 +278,11 @@ def fail_lane_thread(runner: LaneThread, loop: LoopHandle, error: BaseException)
         if entry is STOP:
             return
         if type(entry) is EventItem:
-            for sub in runner.subs[entry.event]:
-                sub[0].count_done()
+            runner.counts.count_done(runner.subs[entry.event][-1][0])
             continue
         lane, item = entry
         if isinstance(item, EventItem):
-            lane.count_done()
+            lane.counts.count_done(lane)
         elif isinstance(item, LogItem):
             if item.record is None:
                 _drop_mailbox(lane)
@@ -401,7 +403,7 @@ async def _deliver(lane: Lane, record: LogRecord, counters: Counters) -> None:
             await result
     except BaseException as exc:
         lane.gate.fail(exc, slot.handler, None, lane)
-    account(lane, slot, lane.last_batch, t0, _perf() - t0, counters, False)
+    account(lane, slot, lane.counts.last_batch, t0, _perf() - t0, counters, False)
     lane.current = None
 
 

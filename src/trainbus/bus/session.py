@@ -172,6 +172,8 @@ class Session:
                             assert thread.thread is not None
                             thread.thread.join()
                     internal.cancel()
+                    for lane in self.lanes:  # the queue's peak outlives the session
+                        lane.member.peak = max(lane.member.peak, lane.counts.peak)
 
     def _put(self, lane: Lane, item: Any) -> None:
         """Queue an item on ``lane`` from the loop (close calls, drain marks; a loop
@@ -301,7 +303,7 @@ class Session:
         for lane in self.lanes:
             if lane.current is not None:
                 busy.append(lane.current)
-            elif lane.done < lane.enq:
+            elif lane.counts.done < lane.counts.enq:
                 busy.append(lane.name)
         return ", ".join(busy)
 
@@ -349,7 +351,7 @@ class Session:
                 await finished.wait()
         self._bounded.discard(scope)
         if scope.cancelled_caught:
-            lane.abandoned = True
+            lane.abandoned = lane.counts.abandoned = True  # its thread's too: nobody waits
             doing = what or lane.current or "what it had queued"
             if lane.scope is not None:
                 lane.scope.cancel()

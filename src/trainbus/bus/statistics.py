@@ -26,8 +26,10 @@ class CallbackStatistics:
         total_time: Seconds spent in the callback's handlers.
         max_time: The longest single handler call, in seconds.
         slowest: ``"Class.method"`` of the handler with the longest call.
-        pending: Event handler calls queued or running now.
-        peak_pending: The most event handler calls ever queued at once.
+        pending: Event handler calls queued or running now. A callback that shares a pool
+            thread with others shares its queue with them (their items run in one order):
+            this is then the thread's, an event item for one or more of its callbacks each.
+        peak_pending: The most of those ever queued at once.
         on_thread: Whether the callback has a thread of its own (it has plain handlers
             that are not ``@blocking``).
         pending_records: For a destination, log records queued or being delivered now
@@ -72,7 +74,8 @@ class BusStatistics:
         callbacks: One entry per callback, in registration order.
         events_published: Events the training thread published.
         batches: ``BATCH_END`` events published.
-        queue_depth: Event handler calls queued or running, all callbacks together.
+        queue_depth: Event handler calls queued or running, all callbacks together (a
+            queue that callbacks share on a pool thread counted once).
         peak_queue_depth: The deepest any one callback's queue has been.
         lag_events: How many event handler calls the furthest-behind callback trails by.
         lag_batches: How many batches the furthest-behind callback trails by.
@@ -115,12 +118,14 @@ def collect_statistics(
     for member in members:
         lane = lanes[member.index] if lanes else None
         slots = member.all_slots()
-        pending = lane.enq - lane.done if lane is not None else 0
+        counts = lane.counts if lane is not None else None
+        pending = counts.enq - counts.done if counts is not None else 0
+        member_peak = max(member.peak, counts.peak) if counts is not None else member.peak
         records = 0
         if lane is not None:
             box = lane.mailbox
             records = box.depth if box is not None else lane.log_enq - lane.log_done
-        lag = now_batch - lane.last_batch if pending and lane is not None else 0
+        lag = now_batch - counts.last_batch if pending and counts is not None else 0
         slowest = max(slots, key=lambda s: s.max_time, default=None)
         per_callback.append(
             CallbackStatistics(
@@ -131,7 +136,7 @@ def collect_statistics(
                 max_time=max((s.max_time for s in slots), default=0.0),
                 slowest=slowest.handler.qualname if slowest and slowest.calls else None,
                 pending=pending,
-                peak_pending=member.peak,
+                peak_pending=member_peak,
                 on_thread=member.on_thread,
                 pending_records=records,
                 peak_pending_records=member.peak_records,
@@ -142,8 +147,9 @@ def collect_statistics(
                 values_dropped=member.values_dropped,
             )
         )
-        depth += pending
-        peak = max(peak, member.peak)
+        if counts is not None and counts.lanes[0] is lane:  # a shared queue counts once
+            depth += pending
+        peak = max(peak, member_peak)
         lag_events = max(lag_events, pending)
         lag_batches = max(lag_batches, lag)
     return BusStatistics(
