@@ -22,7 +22,7 @@ import pytest
 
 from tests.dispatch._probes import WATCHDOG, batch_of
 from tests.helpers import make_trainer
-from trainbus import Callback, Event, blocking
+from trainbus import Callback, CallbackTimeoutWarning, Event, blocking
 from trainbus.bus import DEFAULT_LANE_THREADS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -224,6 +224,45 @@ def test_an_event_a_threads_callbacks_do_not_handle_puts_nothing_on_it() -> None
     # EpochOnly's thread holds nothing during a batch: nothing queued, nothing to wake;
     # EveryBatch's holds the batch's two calls, to run at BATCH_END with one wake-up.
     assert queued == [(0, 2)] * 3
+
+
+def test_a_stuck_handler_abandons_the_callbacks_pinned_behind_it_with_one_warning() -> None:
+    # At the close the bus waits for each lane thread once (one FIFO for its callbacks):
+    # a handler stuck there holds up every callback pinned behind it, so all of them are
+    # abandoned at that deadline, and one warning names the stuck one and those behind it.
+    release = threading.Event()
+    closed: list[str] = []
+
+    class Stuck(Callback):
+        def fit_end(self, state: Any, logger: Any) -> None:
+            release.wait(WATCHDOG)
+
+    class Behind(Callback):
+        def fit_end(self, state: Any, logger: Any) -> None:
+            return None
+
+        def close(self, state: Any, logger: Any) -> None:
+            closed.append("Behind")
+
+    class Elsewhere(Callback):  # the pool's other thread: closed as usual
+        def fit_end(self, state: Any, logger: Any) -> None:
+            return None
+
+        def close(self, state: Any, logger: Any) -> None:
+            closed.append("Elsewhere")
+
+    trainer = make_trainer(1, callbacks=[Stuck(), Elsewhere(), Behind()], lane_threads=2,
+                           close_timeout=0.5, warn_slow_callbacks=False)
+    try:
+        with pytest.warns(CallbackTimeoutWarning) as caught:
+            trainer.fit_sync()
+    finally:
+        release.set()
+    messages = [str(w.message) for w in caught if w.category is CallbackTimeoutWarning]
+    assert len(messages) == 1, messages
+    assert "Stuck did not finish" in messages[0] and "Stuck.fit_end" in messages[0]
+    assert "the 1 pinned to its lane thread" in messages[0] and "Behind)" in messages[0]
+    assert closed == ["Elsewhere"]
 
 
 @pytest.mark.parametrize("value", [0, -1, 2.0, "8", True, None])

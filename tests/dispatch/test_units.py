@@ -19,7 +19,7 @@ from trainbus import Callback, Event, Logger, State, blocking, trailing
 from trainbus.bus.bridge import LoopHandle, LoopWaker
 from trainbus.bus.lanes import STOP, CallItem, Counters, EventItem, Gate, Lane, LogItem, Stopped
 from trainbus.bus.members import Member
-from trainbus.bus.pool import LaneThread
+from trainbus.bus.pool import LaneThread, WakeChain
 from trainbus.bus.runners import fail_lane_thread, run_loop_lane
 from trainbus.core.callback import resolve_callback
 from trainbus.core.logger import LogRecord
@@ -150,6 +150,75 @@ def test_wait_for_room_returns_once_a_record_is_taken() -> None:
     lane.wait_for_room(3, give_up=lambda: False)  # 2 wait now: room for one more
     taken.join()
     assert lane.log_enq - lane.log_done == 2
+
+
+# -- the wake-up chain of the lane threads ---------------------------------------------------
+
+
+class NotedThread(LaneThread):
+    """A lane thread whose wake-ups are noted, in order, by name (no OS thread: the test
+    plays it)."""
+
+    def __init__(self, name: str, woken: list[str]) -> None:
+        super().__init__([make_lane()])
+        self.name = name
+        self.woken = woken
+
+    def wake(self) -> None:
+        self.woken.append(self.name)
+
+
+def sleeping_threads(n: int) -> tuple[list[LaneThread], list[str], WakeChain]:
+    """``n`` lane threads that sleep with work queued, and their chain."""
+    woken: list[str] = []
+    threads: list[LaneThread] = []
+    for k in range(n):
+        thread = NotedThread(f"T{k}", woken)
+        thread.pending.append(event_item())
+        thread.idle = True
+        threads.append(thread)
+    return threads, woken, WakeChain(threads)
+
+
+def leaves_its_sleep(thread: LaneThread) -> None:
+    """What a woken thread does (``LaneThread.sleep`` returning): with work queued, it does
+    not block, then passes the chain's wake-up on."""
+    thread.sleep()
+
+
+def test_the_producer_wakes_one_thread_and_each_woken_thread_wakes_the_next() -> None:
+    threads, woken, chain = sleeping_threads(4)
+    chain.start()
+    assert woken == ["T0"]  # the training thread's one wake-up
+    for k, thread in enumerate(threads[:-1]):
+        leaves_its_sleep(thread)
+        assert woken[-1] == f"T{k + 1}"  # before T<k> runs anything, it wakes T<k+1>
+    leaves_its_sleep(threads[-1])
+    assert woken == ["T0", "T1", "T2", "T3"]  # every thread with work, each once
+
+
+def test_the_chain_passes_over_running_threads_and_threads_with_nothing_queued() -> None:
+    threads, woken, chain = sleeping_threads(4)
+    threads[1].idle = False  # running: it takes what is queued without a wake-up
+    threads[2].pending.clear()  # nothing to run
+    chain.start()
+    leaves_its_sleep(threads[0])
+    assert woken == ["T0", "T3"]
+
+
+def test_a_thread_woken_for_its_own_item_passes_nothing_on() -> None:
+    # A record or a close call wakes its own thread (``put``); the other threads' items wait
+    # for the producer's next wake-up, as the rule inside a batch says.
+    threads, woken, chain = sleeping_threads(3)
+    chain.start()
+    for thread in threads:
+        leaves_its_sleep(thread)
+    del woken[:]
+    threads[2].idle = True  # T2 sleeps again with work (a batch's items)
+    leaves_its_sleep(threads[0])  # T0 woken by a put: no wake-up of the chain to pass on
+    assert woken == []
+    chain.start()
+    assert woken == ["T2"]
 
 
 # -- a thread lane after an internal error ---------------------------------------------------

@@ -27,8 +27,19 @@ Why eight threads by default (``options.DEFAULT_LANE_THREADS``): eight plain cal
 block at once all run at once (D2's test meets eight at a barrier), and past a few threads
 more only add wake-ups (``benchmarks/investigations/lane_pool.py`` measures the pool's
 size against 100 and 1,000 no-op plain callbacks and four 5 ms sleepers).
-The thread sleeps on ``sleeper`` when ``pending`` is empty; the producer wakes it by its
-rule (``producer.INSIDE_BATCH``): one wake-up hands it everything queued since.
+The thread sleeps on ``sleeper`` when ``pending`` is empty; the producer wakes the threads
+by its rule (``producer.INSIDE_BATCH``): one wake-up hands a thread everything queued since.
+
+The wake-up chain (:class:`WakeChain`): when the producer wakes the threads by its rule (or
+before the training thread waits), it wakes only the first thread that sleeps with work, in
+pool order; that thread, as it leaves its sleep and before it runs anything, wakes the next
+one after it, and so on. So every thread with work is woken, each before the one ahead of
+it runs a handler (eight handlers that block at once still all run at once, D2), and the
+training thread pays one wake-up a publish, not one per thread (a woken thread takes the
+GIL from whoever woke it: eight woken from the training thread took it from the training
+thread in turn; ``docs/concurrency.md``, "Lane threads"). A thread woken for one of its own
+items (``put``: a record, a close call) passes nothing on: the other threads' items wait
+for the producer's next wake-up, as its rule says.
 """
 
 from __future__ import annotations
@@ -47,7 +58,7 @@ if TYPE_CHECKING:
     from trainbus.bus.members import Slot
     from trainbus.core.events import Event
 
-__all__ = ["LaneThread", "LaneThreadError", "Sub", "place", "start_thread"]
+__all__ = ["LaneThread", "LaneThreadError", "Sub", "WakeChain", "place", "start_thread"]
 
 #: One handler a lane thread runs for a bare ``EventItem``: ``(lane, slot, slot.fn,
 #: slot.is_async, lane.member.shares_thread)``, the last three read once at planning
@@ -71,12 +82,16 @@ class LaneThread:
         idle: Whether it sleeps (or is about to): set before its second look at
             ``pending``, so an append either is seen or sees it sleep.
         waiting_on: The destination whose room one of its handlers waits for (records).
+        chain: The session's :class:`WakeChain` (``None`` outside a session).
+        after: The session's lane threads after this one, in pool order: those it may wake
+            as it leaves its sleep.
+        passed: The last of the chain's wake-ups (``WakeChain.started``) it passed on.
         name: The thread's name: ``trainbus-lane-<Callback>`` for one callback,
             ``trainbus-lane-<First>+<n>`` for a pool thread serving n more.
     """
 
-    __slots__ = ("counts", "idle", "lanes", "name", "pending", "sleeper", "subs", "thread",
-                 "waiting_on")
+    __slots__ = ("after", "chain", "counts", "idle", "lanes", "name", "passed", "pending",
+                 "sleeper", "subs", "thread", "waiting_on")
 
     def __init__(self, lanes: Sequence[Lane]) -> None:
         self.lanes = list(lanes)
@@ -90,6 +105,9 @@ class LaneThread:
         self.sleeper.acquire()
         self.waiting_on: Lane | None = None
         self.thread: threading.Thread | None = None
+        self.chain: WakeChain | None = None
+        self.after: list[LaneThread] = []
+        self.passed = 0
         self.counts = Counts(self.lanes, self.lanes[0].gate)
         for lane in self.lanes:
             lane.runner = lane.thread = self
@@ -107,11 +125,17 @@ class LaneThread:
         self.wake()
 
     def sleep(self) -> None:
-        """This thread: sleep until :meth:`wake`, unless something was queued."""
+        """This thread: sleep until :meth:`wake`, unless something was queued; then, before
+        running anything, pass the chain's latest wake-up on (:class:`WakeChain`). Looked at
+        also when it did not sleep: the chain may have woken it while it looked."""
         self.idle = True  # before the second look: an append either is seen or sees idle
         if not self.pending:
             self.sleeper.acquire()
         self.idle = False
+        chain = self.chain
+        if chain is not None and chain.started != self.passed:
+            self.passed = chain.started
+            wake_first(self.after)
 
     def wake(self) -> None:
         """Wake the thread, which sleeps or is about to (any thread).
@@ -145,6 +169,36 @@ def place(lanes: Sequence[Lane], size: int) -> list[LaneThread]:
     threads = [LaneThread(group) for group in groups]
     threads += [LaneThread([lane]) for lane in lanes if lane.on_thread and lane.member.own_thread]
     return threads
+
+
+class WakeChain:
+    """How the producer wakes a session's lane threads (module docstring): it wakes the
+    first that sleeps with work; each one it wakes passes the wake-up on as it wakes.
+
+    Every thread that sleeps with work when :meth:`start` is called is woken: it sleeps
+    until released, so the first wakes and, having seen ``started`` move (read after it
+    stops sleeping, which the producer saw it had not yet done, so after the producer
+    moved it), wakes the next such thread after it, and so on to the last. A thread that
+    runs already is passed over: it runs what was queued for it without a wake-up.
+
+    Attributes:
+        threads: The session's lane threads, in pool order (``place``).
+        started: How many wake-ups the producer started down the chain.
+    """
+
+    __slots__ = ("started", "threads")
+
+    def __init__(self, threads: Sequence[LaneThread]) -> None:
+        self.threads = list(threads)
+        self.started = 0
+        for k, thread in enumerate(self.threads):
+            thread.chain = self
+            thread.after = self.threads[k + 1:]
+
+    def start(self) -> None:
+        """Wake the first thread that sleeps with work (the publishing thread)."""
+        self.started += 1  # before the look at the threads: see the class docstring
+        wake_first(self.threads)
 
 
 def start_thread(target: Callable[..., None], args: tuple[Any, ...], name: str,
@@ -194,3 +248,11 @@ def _limits() -> str:
     if os.name == "nt" or not found:
         found.append("the system's (unknown here)")
     return ", ".join(found)
+
+
+def wake_first(threads: Sequence[LaneThread]) -> None:
+    """Wake the first of ``threads`` that sleeps (or is about to) with work queued."""
+    for thread in threads:
+        if thread.idle and thread.pending:
+            thread.wake()
+            return

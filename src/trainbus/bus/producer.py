@@ -13,7 +13,8 @@ snapshot of the state, D5) and, for every callback that handles the event, in li
   Nothing is woken per item.
 
 Waking, by rule (never by time), at the end of a publish: with an event outside a batch's
-inside (``INSIDE_BATCH``), each sleeping lane thread with items. The loop, with one call
+inside (``INSIDE_BATCH``), each sleeping lane thread with items (the first, which passes it
+on down ``pool.WakeChain``). The loop, with one call
 that hands it the loop lanes' inboxes (:meth:`Producer.hand_over`, ``bridge.LoopWaker``),
 if something was queued for it since its last wake-up: at an event outside the batch loop
 (``WAKES_LOOP``), at the batch's first publish that queues something for it (whatever its
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from trainbus.bus.lanes import EventItem, Stopped
 from trainbus.bus.members import due
+from trainbus.bus.pool import WakeChain
 from trainbus.bus.slow import SlowCallbacks
 from trainbus.core.events import Event
 
@@ -163,7 +165,7 @@ class Producer:
         #: ``wait_all`` must not wait for itself).
         self.running_here: Lane | None = None
         self.slow = SlowCallbacks()
-        self.threads = threads
+        self.chain = WakeChain(threads)
         self.loop_lanes = [lane for lane in lanes if not lane.on_thread]
         #: Whether items were queued on loop lanes since the loop was last woken.
         self._loop_owed = False
@@ -292,10 +294,11 @@ class Producer:
 
     def wake_threads(self) -> None:
         """Wake the sleeping lane threads that have items (see ``INSIDE_BATCH``): one
-        wake-up hands a thread everything queued for its callbacks since its last."""
-        for thread in self.threads:
-            if thread.idle and thread.pending:
-                thread.wake()
+        wake-up hands a thread everything queued for its callbacks since its last. The
+        training thread wakes only the first; each passes the wake-up on to the next as it
+        wakes (``pool.WakeChain``)."""
+        if self.chain.threads:  # a session of loop lanes only never enters pool.py
+            self.chain.start()
 
     def wait(
         self, targets: list[tuple[Counts, int]], kind: WaitKind, event: Event | None = None

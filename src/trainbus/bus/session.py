@@ -321,11 +321,21 @@ class Session:
         return timeout
 
     async def _bounded_call(
-        self, lane: Lane, fn: Callable[[], Any] | None, is_async: bool, what: str
+        self,
+        lane: Lane,
+        fn: Callable[[], Any] | None,
+        is_async: bool,
+        what: str,
+        pinned: Sequence[Lane] = (),
     ) -> None:
         """Run ``fn`` as ``lane``'s next item within its deadline; abandon the lane if it
-        misses it. After ``wait_warning`` seconds a warning names what it still waits for."""
-        timeout = self.timeout(lane)
+        misses it. After ``wait_warning`` seconds a warning names what it still waits for.
+
+        ``pinned``: a drain of ``lane``'s thread standing for all these lanes of it (one
+        FIFO, so one mark comes after all they queued): the longest of their deadlines, and
+        if it is missed, all of them are abandoned, the one running a handler then named
+        as the stuck one."""
+        timeout = max([self.timeout(lane), *map(self.timeout, pinned)])
         finished = anyio.Event()
         box: list[BaseException] = []
 
@@ -351,20 +361,32 @@ class Session:
                 await finished.wait()
         self._bounded.discard(scope)
         if scope.cancelled_caught:
-            lane.abandoned = lane.counts.abandoned = True  # its thread's too: nobody waits
+            behind: list[Lane] = []
+            if pinned:
+                lane = next((each for each in pinned if each.current is not None), lane)
+                behind = [each for each in pinned if each is not lane]
+            for each in (lane, *behind):
+                each.abandoned = each.counts.abandoned = True  # its thread's: nobody waits
             doing = what or lane.current or "what it had queued"
             if lane.scope is not None:
                 lane.scope.cancel()
-            self._warn_stuck(f"callback {lane.name}", doing, lane.member.table.callback, lane)
+            self._warn_stuck(f"callback {lane.name}", doing, lane.member.table.callback, lane,
+                             behind)
         elif box:
             raise box[0]
 
     async def drain(self) -> None:
-        """Wait until every lane has run everything queued so far (or was abandoned)."""
+        """Wait until every lane has run everything queued so far (or was abandoned): one
+        mark for each loop lane, and one for each lane thread, after all its callbacks'
+        items (their FIFO is one), not one per callback."""
         async with anyio.create_task_group() as tg:
             for lane in self.lanes:
-                if not lane.abandoned:
+                if lane.thread is None and not lane.abandoned:
                     tg.start_soon(self._bounded_call, lane, None, False, "")
+            for thread in self.threads:
+                live = [lane for lane in thread.lanes if not lane.abandoned]
+                if live:
+                    tg.start_soon(self._bounded_call, live[0], None, False, "", live)
 
     async def disconnect_logger(self) -> None:
         """Stop taking records: from now on they wait in the logger's backlog for the next
@@ -442,16 +464,29 @@ class Session:
             self.gate.fail(exc, None, None)
 
     def _warn_stuck(
-        self, who: str, what: str, where: object = None, lane: Lane | None = None
+        self,
+        who: str,
+        what: str,
+        where: object = None,
+        lane: Lane | None = None,
+        behind: Sequence[Lane] = (),
     ) -> None:
         when = (
             f"within {self._abandon_timeout:.1f} s of {self._abandoning}"
             if self._abandoning
             else f"within {self.timeout(lane):g} s (close_timeout)"
         )
+        others = "The other callbacks were closed."
+        if behind:
+            names = ", ".join(each.name for each in behind)
+            others = (
+                f"The other callbacks were closed, but for the {len(behind)} pinned to its "
+                f"lane thread, whose items wait behind it ({names}): give a callback that "
+                "blocks for long a thread of its own (own_thread = True)."
+            )
         self._emit(
             f"{who} did not finish {what} {when} and was abandoned; a thread stuck in a "
-            "plain handler is left running as a daemon. The other callbacks were closed.",
+            f"plain handler is left running as a daemon. {others}",
             CallbackTimeoutWarning,
             where,
         )
