@@ -298,3 +298,36 @@ def test_flexible_signatures_are_accepted() -> None:
     table = resolve_callback(Flexible())
     assert set(table.handlers) == {Event.BATCH_END, Event.EPOCH_END}
     assert table.post_close is not None
+
+
+def test_a_signature_checked_once_still_refuses_every_other_function() -> None:
+    # Checks of a bound method are remembered per function (1,000 instances of a class
+    # check it once); a subclass's own method, a handler set on an instance, and the same
+    # function asked for another number of arguments are each checked afresh.
+    class Good(Callback):
+        def batch_end(self, state: Any, logger: Any) -> None:
+            pass
+
+    class BadChild(Good):
+        def batch_end(self) -> None:  # type: ignore[override]
+            pass
+
+    for _ in range(2):
+        assert Event.BATCH_END in resolve_callback(Good()).handlers
+    with pytest.raises(CallbackSignatureError, match=r"BadChild\.batch_end"):
+        resolve_callback(BadChild())
+    on_instance = Good()
+    on_instance.batch_end = lambda: None  # type: ignore[method-assign]
+    with pytest.raises(CallbackSignatureError, match=r"Good\.batch_end"):
+        resolve_callback(on_instance)
+
+    class GoodClose(Callback):
+        def close(self, state: Any, logger: Any) -> None:
+            pass
+
+    class PostCloseIsClose(GoodClose):
+        post_close = GoodClose.close  # checked for close's 2 arguments, not post_close's 0
+
+    assert resolve_callback(GoodClose()).close is not None
+    with pytest.raises(CallbackSignatureError, match=r"post_close"):
+        resolve_callback(PostCloseIsClose())
