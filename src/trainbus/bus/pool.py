@@ -83,14 +83,14 @@ class LaneThread:
             ``pending``, so an append either is seen or sees it sleep.
         waiting_on: The destination whose room one of its handlers waits for (records).
         chain: The session's :class:`WakeChain` (``None`` outside a session).
-        after: The session's lane threads after this one, in pool order: those it may wake
-            as it leaves its sleep.
+        place: Its index in the chain's ``threads``: it may wake those after it as it
+            leaves its sleep.
         passed: The last of the chain's wake-ups (``WakeChain.started``) it passed on.
         name: The thread's name: ``trainbus-lane-<Callback>`` for one callback,
             ``trainbus-lane-<First>+<n>`` for a pool thread serving n more.
     """
 
-    __slots__ = ("after", "chain", "counts", "idle", "lanes", "name", "passed", "pending",
+    __slots__ = ("chain", "counts", "idle", "lanes", "name", "passed", "pending", "place",
                  "sleeper", "subs", "thread", "waiting_on")
 
     def __init__(self, lanes: Sequence[Lane]) -> None:
@@ -106,7 +106,7 @@ class LaneThread:
         self.waiting_on: Lane | None = None
         self.thread: threading.Thread | None = None
         self.chain: WakeChain | None = None
-        self.after: list[LaneThread] = []
+        self.place = 0
         self.passed = 0
         self.counts = Counts(self.lanes, self.lanes[0].gate)
         for lane in self.lanes:
@@ -135,7 +135,7 @@ class LaneThread:
         chain = self.chain
         if chain is not None and chain.started != self.passed:
             self.passed = chain.started
-            wake_first(self.after)
+            wake_first(chain.threads, self.place + 1)
 
     def wake(self) -> None:
         """Wake the thread, which sleeps or is about to (any thread).
@@ -193,12 +193,21 @@ class WakeChain:
         self.started = 0
         for k, thread in enumerate(self.threads):
             thread.chain = self
-            thread.after = self.threads[k + 1:]
+            thread.place = k
 
     def start(self) -> None:
         """Wake the first thread that sleeps with work (the publishing thread)."""
         self.started += 1  # before the look at the threads: see the class docstring
         wake_first(self.threads)
+
+
+def wake_first(threads: Sequence[LaneThread], start: int = 0) -> None:
+    """Wake the first of ``threads[start:]`` that sleeps (or is about to) with work queued."""
+    for k in range(start, len(threads)):
+        thread = threads[k]
+        if thread.idle and thread.pending:
+            thread.wake()
+            return
 
 
 def start_thread(target: Callable[..., None], args: tuple[Any, ...], name: str,
@@ -249,10 +258,3 @@ def _limits() -> str:
         found.append("the system's (unknown here)")
     return ", ".join(found)
 
-
-def wake_first(threads: Sequence[LaneThread]) -> None:
-    """Wake the first of ``threads`` that sleeps (or is about to) with work queued."""
-    for thread in threads:
-        if thread.idle and thread.pending:
-            thread.wake()
-            return

@@ -335,7 +335,7 @@ class Session:
         FIFO, so one mark comes after all they queued): the longest of their deadlines, and
         if it is missed, all of them are abandoned, the one running a handler then named
         as the stuck one."""
-        timeout = max([self.timeout(lane), *map(self.timeout, pinned)])
+        timeout = max(map(self.timeout, pinned or (lane,)))
         finished = anyio.Event()
         box: list[BaseException] = []
 
@@ -370,8 +370,8 @@ class Session:
             doing = what or lane.current or "what it had queued"
             if lane.scope is not None:
                 lane.scope.cancel()
-            self._warn_stuck(f"callback {lane.name}", doing, lane.member.table.callback, lane,
-                             behind)
+            self._warn_stuck(f"callback {lane.name}", doing, lane.member.table.callback,
+                             timeout, behind)
         elif box:
             raise box[0]
 
@@ -468,13 +468,13 @@ class Session:
         who: str,
         what: str,
         where: object = None,
-        lane: Lane | None = None,
+        timeout: float | None = None,
         behind: Sequence[Lane] = (),
     ) -> None:
         when = (
             f"within {self._abandon_timeout:.1f} s of {self._abandoning}"
             if self._abandoning
-            else f"within {self.timeout(lane):g} s (close_timeout)"
+            else f"within {self.timeout() if timeout is None else timeout:g} s (close_timeout)"
         )
         others = "The other callbacks were closed."
         if behind:

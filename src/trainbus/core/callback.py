@@ -328,7 +328,7 @@ def _check_signature(callback: Callback, name: str, nargs: int, expected: str) -
             f"{qualname}{sig} cannot be called the way trainbus calls it; "
             f"expected `def {expected}` (or `async def {expected}`)"
         ) from None
-    if func is not None and method.__self__ is callback:
+    if func is not None:
         try:
             _SIGNATURES_OK.setdefault(func, set()).add(nargs)
         except TypeError:  # a callable that takes no weak reference: checked each time
