@@ -13,8 +13,8 @@ is at that point when the line is written). A finished run saves its weights to
 ``WORKDIR/final.pt`` and prints ``done``.
 
 The options of issue 41: ``--tensorboard`` adds a ``TensorBoardLogger`` (``WORKDIR/tb``),
-``--wandb`` a ``WandBLogger`` (offline, ``WORKDIR/wb``; the parent sets the W&B
-environment); ``--attempts`` adds ``1000 x`` the number of earlier starts in ``WORKDIR`` to
+``--wandb`` a ``WandBLogger`` (offline, ``WORKDIR/wb``, W&B's default settings; the
+parent sets the W&B environment); ``--attempts`` adds ``1000 x`` the number of earlier starts in ``WORKDIR`` to
 the ``half`` metric (a non-deterministic value: it tells which run logged a point);
 ``--pause-at N`` holds the training thread 1 s at batch ``N``'s checkpoint event before it
 reports it (the writers' flush intervals pass, as they would in a kill that comes later);
@@ -109,10 +109,7 @@ def main(argv: list[str]) -> None:
     if "--tensorboard" in argv:
         loggers.append(TensorBoardLogger(workdir / "tb", flush_secs=0.2))
     if "--wandb" in argv:
-        loggers.append(WandBLogger(
-            "crash", dir=workdir / "wb", mode="offline",
-            settings={"x_transaction_log_flush_interval": 0.2},
-        ))  # fmt: skip
+        loggers.append(WandBLogger("crash", dir=workdir / "wb", mode="offline"))  # defaults
     offset = 0.0
     if "--attempts" in argv:  # 1000 x the number of earlier starts in this folder
         starts = workdir / "starts"

@@ -18,6 +18,16 @@ every value at a step the W&B run already holds (the killed run's value stays). 
 step it holds is what W&B says: online, the resumed run's ``starting_step``; offline, the
 history rows of the earlier offline folders of the same run id (``offline-run-*-<id>``)
 in the same ``wandb`` folder, read from their ``.wandb`` transaction logs.
+
+W&B writes its transaction log through a buffer (``x_transaction_log_flush_interval``,
+15 s by default) and offers no call that flushes it, so a checkpoint cannot make W&B's
+rows durable; it holds them itself instead. Each checkpoint (``state_dict``) reads how far
+the run's own ``.wandb`` file has got (the last history step written to it, read from
+where the previous checkpoint stopped) and saves every row this process logged after
+that step: at most a flush interval of rows, the newest (which W&B writes only once a
+later step is logged) included. A resumed run logs the saved rows above the step the W&B
+run holds before anything else, so the rows up to the checkpoint are in the W&B run
+whether or not W&B had flushed them when the process was killed.
 """
 
 from __future__ import annotations
@@ -60,39 +70,84 @@ _ID_ALPHABET = string.ascii_lowercase + string.digits
 # 2 first, 3 middle, 4 last part) and a part of one serialized ``wandb_internal.Record``.
 _BLOCK, _FILE_HEADER = 32 * 1024, 7
 _RECORD_HEADER = struct.Struct("<IHB")
+#: Rows kept before the logger reads how far W&B's transaction log has got (then twice
+#: as many as are left): the rows a checkpoint saves are at most W&B's flush interval's.
+_PRUNE_AT = 256
 
 
 def _new_run_id() -> str:
     return "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
 
 
-def _transaction_records(data: bytes) -> list[bytes]:
+def _transaction_records(data: bytes, base: int = _FILE_HEADER) -> tuple[list[bytes], int]:
+    """The complete records in ``data``, the bytes of a transaction log from file offset
+    ``base`` on (a record's start), and the offset just after the last complete one (where
+    a later read of the growing file starts again)."""
     records: list[bytes] = []
-    pos, parts = _FILE_HEADER, b""
-    while pos + _RECORD_HEADER.size <= len(data):
+    pos, parts, done, end = base, b"", base, base + len(data)
+    while pos + _RECORD_HEADER.size <= end:
         left = _BLOCK - pos % _BLOCK
         if left < _RECORD_HEADER.size:  # a block's tail too short for a header: padding
             pos += left
             continue
-        _crc, length, kind = _RECORD_HEADER.unpack_from(data, pos)
+        _crc, length, kind = _RECORD_HEADER.unpack_from(data, pos - base)
         if length == 0 and kind == 0:  # zero padding to the end of the block
             pos += left
             continue
         start = pos + _RECORD_HEADER.size
-        if start + length > len(data):
-            break  # a torn last record
-        chunk = data[start : start + length]
+        if start + length > end:
+            break  # a torn (or not yet written) last record
+        chunk = data[start - base : start - base + length]
         pos = start + length
         if kind == 1:
             records.append(chunk)
+            done = pos
         elif kind == 2:
             parts = chunk
         elif kind == 3:
             parts += chunk
         elif kind == 4:
             records.append(parts + chunk)
-            parts = b""
-    return records
+            parts, done = b"", pos
+    return records, done
+
+
+def _history_steps(records: list[bytes]) -> list[int]:
+    """The steps of the history rows among ``records`` (damaged ones skipped, as W&B does)."""
+    from wandb.proto import wandb_internal_pb2
+
+    steps = []
+    for raw in records:
+        record: Any = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+        try:
+            record.ParseFromString(raw)
+        except Exception:  # a damaged record: skipped, like W&B's own reader
+            continue
+        if record.WhichOneof("record_type") == "history":
+            steps.append(int(record.history.step.num))
+    return steps
+
+
+class _LogTail:
+    """How far a run's own ``.wandb`` transaction log has got: the last history step W&B
+    wrote to it. Each :meth:`advance` reads only what was written since the last one."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = _FILE_HEADER  # the next unread record's start
+        self.last: int | None = None
+
+    def advance(self) -> int | None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return self.last
+        records, self.offset = _transaction_records(data, self.offset)
+        for step in _history_steps(records):
+            self.last = step if self.last is None else max(self.last, step)
+        return self.last
 
 
 def offline_folders(wandb_dir: Path, run_id: str) -> list[Path]:
@@ -109,23 +164,17 @@ def offline_folders(wandb_dir: Path, run_id: str) -> list[Path]:
 
 def last_history_step(wandb_file: str | os.PathLike[str]) -> int | None:
     """The last history step written in a run's ``.wandb`` transaction log (or ``None``)."""
-    from wandb.proto import wandb_internal_pb2
+    return _LogTail(Path(wandb_file)).advance()
 
-    try:
-        data = Path(wandb_file).read_bytes()
-    except FileNotFoundError:
+
+def _own_log(run: Any) -> _LogTail | None:
+    """The tail of ``run``'s own transaction log, or ``None`` when it writes none."""
+    settings = run.settings
+    if getattr(run, "disabled", False) or settings.mode == "disabled":
         return None
-    last: int | None = None
-    for raw in _transaction_records(data):
-        record: Any = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
-        try:
-            record.ParseFromString(raw)
-        except Exception:  # a damaged record: skipped, like W&B's own reader
-            continue
-        if record.WhichOneof("record_type") == "history":
-            step = int(record.history.step.num)
-            last = step if last is None else max(last, step)
-    return last
+    if getattr(settings, "x_skip_transaction_log", False):
+        return None
+    return _LogTail(Path(settings.sync_dir) / f"run-{settings.run_id}.wandb")
 
 
 def _wandb_value(value: Any) -> Any:
@@ -232,6 +281,12 @@ class WandBLogger(LoggerDestination):
         self._opener: threading.Thread | None = None
         self._waiting: list[LogRecord] = []  # records logged while wandb.init runs
         self._error: BaseException | None = None
+        # Crash consistency: the rows logged that W&B may not have written to the run's
+        # transaction log yet (saved in each checkpoint), and a checkpoint's, to log again.
+        self._tail: _LogTail | None = None
+        self._rows: list[tuple[int, dict[str, Any]]] = []
+        self._prune_at = _PRUNE_AT
+        self._restored: list[tuple[int, dict[str, Any]]] = []
 
     def _init_run(self) -> Any:
         try:
@@ -265,8 +320,14 @@ class WandBLogger(LoggerDestination):
             return
         with self._lock:
             self.run, self._floor = run, floor
+            self._tail, self._rows, self._prune_at = _own_log(run), [], _PRUNE_AT
+            restored, self._restored = self._restored, []
             waiting, self._waiting = self._waiting, []
             try:
+                for step, values in restored:  # the checkpoint's rows W&B does not hold
+                    if floor is None or step > floor:
+                        run.log(values, step=step)
+                        self._keep(step, values)
                 for record in waiting:
                     self._write(record)
             except BaseException as exc:
@@ -330,10 +391,38 @@ class WandBLogger(LoggerDestination):
         if floor is not None and record.step <= floor:
             self.dropped += len(record.metrics)
             return
-        run.log({name: _wandb_value(v) for name, v in record.metrics.items()}, step=record.step)
+        values = {name: _wandb_value(v) for name, v in record.metrics.items()}
+        run.log(values, step=record.step)
+        self._keep(record.step, values)
+
+    def _keep(self, step: int, values: dict[str, Any]) -> None:
+        """Remember a logged row until W&B has written it to the transaction log."""
+        if self._tail is None:
+            return
+        rows = self._rows
+        if rows and rows[-1][0] == step:
+            rows[-1][1].update(values)
+        elif not rows or step > rows[-1][0]:
+            rows.append((step, dict(values)))
+        # (a step below the newest: W&B drops it, "step must only increase")
+        if len(rows) >= self._prune_at:
+            self._prune()
+            self._prune_at = max(_PRUNE_AT, 2 * len(self._rows))
+
+    def _prune(self) -> None:
+        """Forget the rows W&B has written to the run's transaction log."""
+        if self._tail is None:
+            return
+        written = self._tail.advance()
+        if written is not None:
+            self._rows = [(step, values) for step, values in self._rows if step > written]
 
     def state_dict(self) -> dict[str, Any]:
-        """The W&B run's id (and project, entity): a resumed run logs into that run.
+        """The W&B run's id (and project, entity), and the rows W&B has not written yet.
+
+        A resumed run logs into that run, and logs the saved rows the W&B run does not
+        hold (``rows``: ``[step, {name: value}]``, the rows this process logged after the
+        last history step in the run's ``.wandb`` file, read now).
 
         Called by :class:`~trainbus.callbacks.CheckpointSaver` on the training thread; while
         the run is still being opened it waits for ``wandb.init`` and for the records kept
@@ -342,7 +431,14 @@ class WandBLogger(LoggerDestination):
         opener = self._opener
         if opener is not None and opener is not threading.current_thread():
             opener.join()
-        return {"run_id": self.run_id, "project": self.project, "entity": self.entity}
+        with self._lock:
+            self._prune()
+            rows = [[step, dict(values)] for step, values in self._rows]
+            rows += [[step, dict(values)] for step, values in self._restored]
+        return {
+            "run_id": self.run_id, "project": self.project, "entity": self.entity,
+            "rows": rows,
+        }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: log into the checkpoint's W&B run, dropping the steps it holds."""
@@ -350,6 +446,7 @@ class WandBLogger(LoggerDestination):
         if isinstance(run_id, str) and run_id and self.run is None:
             self.run_id = run_id
             self._resumed = True
+            self._restored = [(int(step), dict(values)) for step, values in state.get("rows", [])]
 
     def close(self, state: State, logger: Logger) -> None:
         """Wait for the run to be open, then finish it (W&B writes its last history
