@@ -228,6 +228,11 @@ class Journal(Spool):
             self._sync()
         batch.path = self.path
 
+    @property
+    def ident(self) -> str:
+        """The journal's id (its first line's), ``""`` before it is opened."""
+        return self._id
+
     def remove(self, batch: Batch) -> None:
         """Record the server's acknowledgement of ``batch``."""
         if batch.path is not None and batch.path != self.path:

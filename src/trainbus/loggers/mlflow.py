@@ -214,6 +214,7 @@ class MLflowLogger(BatchingDestination):
             pair = base64.b64encode(f"{user}:{password}".encode()).decode()
             self._headers["Authorization"] = f"Basic {pair}"
         self._keys_seen: dict[str, str] = {}
+        self._journal_run: str | None = None  # look up the run tagged with this journal id
         self._heads: dict[str, str] = {}  # name -> '{"key":"<key>","value":'
         self._renamed: dict[str, str] = {}
 
@@ -251,6 +252,10 @@ class MLflowLogger(BatchingDestination):
             self.run_id = str(state["run_id"])
             self.experiment_id = state.get("experiment_id")
         self._journal.load_state_dict(state)
+        if self.run_id is None and state.get("journal") == self._journal.ident:
+            # saved before the MLflow run was created (a run's start, or a checkpoint that
+            # came first): the run tagged with this journal, if the killed run made one
+            self._journal_run = self._journal.ident
 
     def _spoolable(self, batch: Batch) -> bool:
         """A journal holds metric points only: a batch of parameters is sent from memory."""
@@ -429,8 +434,23 @@ class MLflowLogger(BatchingDestination):
                 self.experiment_id = str(created["experiment_id"])
             else:
                 self.experiment_id = str(found["experiment"]["experiment_id"])
+        if self._journal_run is not None:  # the run a killed run made for this journal
+            search = {
+                "experiment_ids": [self.experiment_id],
+                "filter": f"tags.`{_JOURNAL_TAG}` = '{self._journal_run}'",
+                "max_results": 1,
+            }
+            found = await self._json(client, "POST", "runs/search", search)
+            for earlier in (found or {}).get("runs", [])[:1]:
+                self.run_id = str(earlier["info"]["run_id"])
+                body = {"run_id": self.run_id, "status": "RUNNING"}
+                await self._json(client, "POST", "runs/update", body)
+                return self.run_id
         run_name = self.run_name if self.run_name is not None else state.run_name
         tags = {"mlflow.runName": run_name, "mlflow.source.name": "trainbus", **self.tags}
+        if self._journal is not None:  # how a run restarted before its checkpoint finds it
+            await anyio.to_thread.run_sync(self._journal.open)  # its id (opened once)
+            tags[_JOURNAL_TAG] = self._journal.ident
         run = await self._json(client, "POST", "runs/create", {
             "experiment_id": self.experiment_id,
             "run_name": run_name,
@@ -475,6 +495,10 @@ class MLflowLogger(BatchingDestination):
         )
         if reply is not None:
             raise TrackingServerError(f"runs/update was refused: {reply.describe()}")
+
+
+#: The tag of an MLflow run made by a logger with a journal: the journal's id.
+_JOURNAL_TAG = "trainbus.journal"
 
 
 def _is_param(item: Any) -> bool:

@@ -22,6 +22,7 @@ from trainbus.bus import (
 from trainbus.bus.engine import Engine
 from trainbus.bus.watchdog import OWN_LOOP
 from trainbus.checkpoint.resume import attach_handler_drain, read_checkpoint, restore_checkpoint
+from trainbus.checkpoint.run_start import read_start, start_folder, write_start
 from trainbus.core.callback import Callback, resolve_callback
 from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
@@ -328,16 +329,26 @@ class Trainer:
         self._finished = False  # whether a fit() of this trainer reached max_duration
         self._notice_acted = False  # whether a fit() ran with state.preemption set
         # Read and check the checkpoint before INIT; restore it after, as Composer does.
-        checkpoint = None if load_path is None else read_checkpoint(
-            load_path, self.state, **_what_callbacks_write(load_path, self.state.callbacks)
-        )
+        writes = _what_callbacks_write(load_path, self.state.callbacks)
+        checkpoint = None if load_path is None else read_checkpoint(load_path, self.state, **writes)
+        # Before the first checkpoint, the saver's folder holds the run's start: a restart
+        # resumes its destinations from it (checkpoint/run_start.py, rank zero only).
+        folder = None if checkpoint is not None or self.state.rank != 0 else (
+            start_folder(load_path, writes["saver_folders"])
+        )  # fmt: skip
+        restart = None if folder is None else read_start(folder)
         # Before anything is logged or restored: destinations choose their exactly-once path.
-        plan_exactly_once(self.state.callbacks, resumed=checkpoint is not None)
+        resumed = checkpoint is not None or restart is not None
+        plan_exactly_once(self.state.callbacks, resumed=resumed)
+        if folder is not None and restart is None:
+            write_start(folder, self.state.callbacks)  # before anything is logged
         if no_running_loop():  # as Composer does: INIT handlers run in the constructor
             self.engine._run_once(Event.INIT)
             self._init_delivered = True
         if checkpoint is not None:
             restore_checkpoint(checkpoint, self.state)
+        elif restart is not None:
+            restart.restore(self.state.callbacks)
 
     def fit(self, *, duration: Time[Any] | str | int | None = None) -> FitCall:
         """Train until ``max_duration`` (or for ``duration`` more), then close callbacks.
