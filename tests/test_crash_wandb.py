@@ -33,10 +33,18 @@ from tests.test_crash_consistency import TOTAL, _child
 from trainbus.loggers.wandb_logger import last_history_step
 
 
-def run_and_kill(workdir: Path, url: str, stop_at: int | None, delay: float) -> float | None:
-    """Run the child; ``delay`` seconds after it reports batch ``stop_at`` (with a
-    checkpoint on disk), SIGKILL it. Returns the seconds from its first batch to the kill."""
-    child = _child(workdir, url, 5, "--wandb")
+def run_and_kill(
+    workdir: Path,
+    url: str,
+    stop_at: int | None,
+    delay: float,
+    extra: tuple[str, ...] = ("--wandb",),
+    saved: int = 1,
+) -> float | None:
+    """Run the child; ``delay`` seconds after it reports batch ``stop_at`` with at least
+    ``saved`` checkpoints on disk, SIGKILL it. Returns the seconds from its first batch to
+    the kill."""
+    child = _child(workdir, url, 5, *extra)
     assert child.stdout is not None and child.stderr is not None
     started: float | None = None
     timer = threading.Timer(400, child.kill)  # a hung child fails the test, never the suite
@@ -49,7 +57,7 @@ def run_and_kill(workdir: Path, url: str, stop_at: int | None, delay: float) -> 
                 started = time.monotonic()
             if stop_at is None or killed_after is not None or words[:1] != ["batch"]:
                 continue
-            if int(words[1]) >= stop_at and int(words[3]) >= 1:
+            if int(words[1]) >= stop_at and int(words[3]) >= saved:
                 time.sleep(delay)  # a random moment inside the next batch
                 child.send_signal(signal.SIGKILL)
                 killed_after = time.monotonic() - (started or 0.0)
