@@ -11,7 +11,8 @@ journal and its server, an MLflow run). So the folder holds the run's *start*:
   ``state_dict()`` of each of its destinations (``LoggerDestination``), the same state a
   checkpoint holds for them (the W&B run id, the JSON-lines file's length, the TensorBoard
   folder's event files, the uploader's journal and its position), taken before the run
-  logged anything.
+  logged anything. A run whose destinations have no state (the console, ``InMemoryLogger``,
+  an uploader without a journal) writes none.
 - A run started again in that folder before any checkpoint (the start file is there, no
   checkpoint) does not write it again: its destinations resume from it (``load_state_dict``,
   after ``INIT``, where a checkpoint's are restored) while the model trains from the start.
@@ -106,9 +107,11 @@ def read_start(folder: pathlib.Path) -> RunStart | None:
     return RunStart(path, data["destinations"])
 
 
-def write_start(folder: pathlib.Path, callbacks: Sequence[Callback]) -> pathlib.Path:
+def write_start(folder: pathlib.Path, callbacks: Sequence[Callback]) -> pathlib.Path | None:
     """Write the destinations' state now as the run's start in ``folder`` (created if
-    missing): to a temporary name, ``fsync``-ed, renamed, the folder ``fsync``-ed."""
+    missing): to a temporary name, ``fsync``-ed, renamed, the folder ``fsync``-ed. A run
+    whose destinations have no state (none, or none that resumes) writes nothing
+    (returns ``None``)."""
     states: dict[str, Any] = {}
     for key, cb in callback_keys(list(callbacks)):
         if not isinstance(cb, LoggerDestination):
@@ -127,6 +130,8 @@ def write_start(folder: pathlib.Path, callbacks: Sequence[Callback]) -> pathlib.
             )
             continue
         states[key] = state
+    if not states:
+        return None
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / START_NAME
     temp = temp_path_for(path)
