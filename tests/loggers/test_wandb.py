@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 import threading
@@ -17,7 +18,7 @@ from tests.loggers.wandb_files import offline_env, run_folders, wandb_history, w
 from trainbus import Callback
 from trainbus.callbacks import CheckpointSaver
 from trainbus.loggers import WandBLogger
-from trainbus.loggers.wandb_logger import last_history_step, offline_folders
+from trainbus.loggers.wandb_logger import _LogTail, last_history_step, offline_folders
 
 
 @pytest.fixture
@@ -137,3 +138,51 @@ def test_a_run_that_cannot_open_fails_the_fit_and_leaves_no_thread(wandb_root: P
     with pytest.raises(Exception, match="no_such_setting"):
         make_trainer(2, 1, loggers=[dest]).fit_sync()
     assert not [t for t in threading.enumerate() if t.name == "trainbus-wandb-init"]
+
+
+def _transaction_log(steps: list[int], padding: int) -> bytes:
+    """A ``.wandb`` file as W&B's writer lays it out (32 KiB blocks, records split into
+    first/middle/last parts across blocks), one history record per step, each carrying
+    ``padding`` bytes so that some span blocks."""
+    from wandb.proto import wandb_internal_pb2
+
+    out = bytearray(b":W&B\xe1\xbe\x00")
+    block, header = 32 * 1024, 7
+    for step in steps:
+        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+        record.history.step.num = step
+        item = record.history.item.add()
+        item.key, item.value_json = "x", "0" * padding
+        data, first = record.SerializeToString(), True
+        while True:
+            left = block - len(out) % block
+            if left < header:
+                out += b"\0" * left
+                continue
+            chunk, data = data[: left - header], data[left - header :]
+            kind = (1 if not data else 2) if first else (4 if not data else 3)
+            out += struct.pack("<IHB", 0, len(chunk), kind) + chunk
+            first = False
+            if not data:
+                break
+    return bytes(out)
+
+
+def test_a_growing_transaction_log_is_read_on_from_where_the_last_read_stopped(
+    tmp_path: Path,
+) -> None:
+    """What a checkpoint reads of the run's own ``.wandb`` file (``_LogTail``): written in
+    pieces that cut records (and records split across blocks) anywhere, each read sees the
+    last step of the complete records so far, as a read of the whole file does."""
+    steps = list(range(1, 41))
+    data = _transaction_log(steps, padding=3000)  # ~120 KiB: records span 4 blocks
+    path = tmp_path / "run-x.wandb"
+    tail = _LogTail(path)
+    assert tail.advance() is None  # no file yet
+    cuts = sorted({*range(0, len(data), 9973), 32 * 1024 - 3, 32 * 1024, len(data)})
+    for cut in cuts:
+        path.write_bytes(data[:cut])
+        assert tail.advance() == last_history_step(path), cut
+    assert tail.advance() == 40
+    path.write_bytes(data[:-1])  # the last record torn: the one before it is the last
+    assert last_history_step(path) == 39

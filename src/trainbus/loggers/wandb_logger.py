@@ -286,6 +286,7 @@ class WandBLogger(LoggerDestination):
         self._tail: _LogTail | None = None
         self._rows: list[tuple[int, dict[str, Any]]] = []
         self._prune_at = _PRUNE_AT
+        self._newest: int | None = None  # the newest step logged (W&B's current row)
         self._restored: list[tuple[int, dict[str, Any]]] = []
 
     def _init_run(self) -> Any:
@@ -321,6 +322,7 @@ class WandBLogger(LoggerDestination):
         with self._lock:
             self.run, self._floor = run, floor
             self._tail, self._rows, self._prune_at = _own_log(run), [], _PRUNE_AT
+            self._newest = None
             restored, self._restored = self._restored, []
             waiting, self._waiting = self._waiting, []
             try:
@@ -399,12 +401,14 @@ class WandBLogger(LoggerDestination):
         """Remember a logged row until W&B has written it to the transaction log."""
         if self._tail is None:
             return
-        rows = self._rows
-        if rows and rows[-1][0] == step:
+        rows, newest = self._rows, self._newest
+        if newest is not None and step < newest:
+            return  # W&B drops it too ("step must only increase")
+        if newest == step and rows and rows[-1][0] == step:
             rows[-1][1].update(values)
-        elif not rows or step > rows[-1][0]:
+        elif newest != step:
             rows.append((step, dict(values)))
-        # (a step below the newest: W&B drops it, "step must only increase")
+        self._newest = step
         if len(rows) >= self._prune_at:
             self._prune()
             self._prune_at = max(_PRUNE_AT, 2 * len(self._rows))
