@@ -9,8 +9,8 @@ folder. The folder held no checkpoint, only the run's start (``.trainbus-start.j
 ``checkpoint/run_start.py``). Read back with each one's reader, every destination holds
 each ``(name, step)`` once, one MLflow run and one W&B run id; each step's ``half`` is the
 value of the first start that got it into the destination (the replay rule), so the
-starts' values follow one another. Before issue 53, JSON-lines, TensorBoard and the
-server held steps 1-3 three times, and W&B made a run per start.
+starts' values follow one another. Before issue 53 W&B made a run per start (three run
+ids), and the other destinations held steps 1-3 once per start.
 """
 
 from __future__ import annotations
