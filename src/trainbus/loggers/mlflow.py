@@ -441,8 +441,9 @@ class MLflowLogger(BatchingDestination):
                 "max_results": 1,
             }
             found = await self._json(client, "POST", "runs/search", search)
-            for earlier in (found or {}).get("runs", [])[:1]:
-                self.run_id = str(earlier["info"]["run_id"])
+            earlier = (found or {}).get("runs", [])
+            if earlier:
+                self.run_id = str(earlier[0]["info"]["run_id"])
                 body = {"run_id": self.run_id, "status": "RUNNING"}
                 await self._json(client, "POST", "runs/update", body)
                 return self.run_id
