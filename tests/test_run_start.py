@@ -12,6 +12,7 @@ JSON-lines file, TensorBoard and the server held steps 1-3 twice.
 from __future__ import annotations
 
 import json
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,18 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.helpers import make_trainer
+from tests.loggers.mlflow_server import MLflowServer
 from tests.loggers.test_http_uploader import MetricsServer
+from tests.loggers.test_mlflow import history
 from trainbus import Callback
 from trainbus.callbacks import CheckpointSaver
 from trainbus.checkpoint.run_start import START_NAME, read_start
-from trainbus.loggers import HTTPMetricsUploader, JSONLinesLogger, TensorBoardLogger
+from trainbus.loggers import (
+    HTTPMetricsUploader,
+    JSONLinesLogger,
+    MLflowLogger,
+    TensorBoardLogger,
+)
 
 
 class FailAt(Callback):
@@ -106,3 +114,33 @@ def test_no_start_without_load_path_naming_the_savers_folder(tmp_path: Path) -> 
     )
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     assert not list((tmp_path / "c").iterdir())
+
+
+@pytest.mark.slow  # a real mlflow server: ~36 s on a loaded machine
+def test_a_restart_before_the_first_checkpoint_continues_the_mlflow_run(
+    tmp_path: Path, mlflow_server: MLflowServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow makes its run id when the run is created, after the start is written: the
+    restarted logger finds the killed run's MLflow run by its ``trainbus.journal`` tag."""
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    exp, folder, ids = f"restart-{uuid.uuid4().hex[:8]}", tmp_path / "ckpt", []
+    for fail_at, offset in ((3, 0.0), (99, 1000.0)):
+        mlflow_logger = MLflowLogger(
+            mlflow_server.url, experiment_name=exp, spool_dir=tmp_path / "spool",
+            backoff=0.01, max_backoff=0.2, flush_interval=0.05,
+        )  # fmt: skip
+        saver = CheckpointSaver(folder, filename="ba{batch}.pt", save_interval="4ba")
+        trainer = make_trainer(
+            6, 1, [saver, FailAt(fail_at, offset)], loggers=[mlflow_logger], load_path=folder,
+            log_train_loss=False,
+        )  # fmt: skip
+        if fail_at < 6:
+            with pytest.raises(RuntimeError, match="killed at batch"):
+                trainer.fit_sync()
+        else:
+            trainer.fit_sync()
+        ids.append(mlflow_logger.run_id)
+    assert ids[0] is not None and ids == [ids[0], ids[0]]
+    expected = {s: s * 0.5 for s in range(1, 4)} | {s: s * 0.5 + 1000 for s in range(4, 7)}
+    assert history(mlflow_server, ids[0]) == Counter(("half", s, v) for s, v in expected.items())
