@@ -88,10 +88,12 @@ def run(
         server.close()
 
 
-def check_replay_rule(name: str, got: Counter[Point], reference: Counter[Point]) -> None:
+def check_replay_rule(
+    name: str, got: Counter[Point], reference: Counter[Point], *, floor: int = 10
+) -> None:
     """Each (name, step) once; the deterministic values as the uninterrupted run's; the
-    ``half`` values the killed run's up to a step at or after its newest checkpoint (10)
-    and the resumed run's (+1000) after it."""
+    ``half`` values the killed run's up to a step at or after ``floor`` (its newest
+    checkpoint, 10) and the resumed run's (+1000) after it."""
     assert set(got.values()) == {1}, (name, [p for p, n in got.items() if n > 1])
     keys = Counter((n, s) for n, s, _ in got)
     assert keys == Counter((n, s) for n, s, _ in reference), name
@@ -102,7 +104,7 @@ def check_replay_rule(name: str, got: Counter[Point], reference: Counter[Point])
     cut = max(killed)
     assert killed == list(range(1, cut + 1)), (name, killed)
     assert resumed == list(range(cut + 1, TOTAL + 1)), (name, resumed)
-    assert 10 <= cut <= KILL_AT, (name, cut)
+    assert floor <= cut <= KILL_AT, (name, cut)
 
 
 @pytest.fixture
@@ -130,8 +132,12 @@ def test_every_destination_holds_one_history_after_a_kill_and_resumes(
         assert Counter((n, s) for n, s, _ in points) == Counter(
             (n, s) for n, s, _ in reference["server"]
         ), name
-    for got, weights in runs:
+    for (got, weights), oldest in zip(runs, (False, True), strict=True):
         for key, tensor in ref_weights.items():
             assert torch.equal(weights[key], tensor), key
         for name, points in got.items():
-            check_replay_rule(name, points, reference[name])
+            # W&B writes its rows every 15 s (its default): the killed run's rows after the
+            # checkpoint of 5 were only in the checkpoint of 10, which a run resumed from
+            # the oldest does not read, so it logs steps 6-10 itself (the replay rule)
+            floor = 5 if oldest and name == "wandb" else 10
+            check_replay_rule(name, points, reference[name], floor=floor)
