@@ -283,7 +283,7 @@ async def test_a_client_that_never_reads_does_not_hold_training_up() -> None:
     small_rcv = httpx.AsyncHTTPTransport(
         socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)]
     )
-    app = create_app(Factory(), stream_buffer=16, stream_history=5000)
+    app = create_app(Factory(), buffer_size=16, stream_history=5000)
     batches = 800  # 1600 items of ~250 bytes; the socket buffers hold about 450
     with anyio.fail_after(DEADLINE):
         async with (
