@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from trainbus.core.callback import Callback
+from trainbus.core.destination import LoggerDestination
 from trainbus.core.time import Time, TimeUnit, ensure_time
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "check_optimizers",
     "check_optimizers_train_the_model",
     "check_run_name",
+    "destinations_first",
 ]
 
 
@@ -97,8 +99,11 @@ def _is_callback_class(obj: object) -> bool:
 
 
 def check_callbacks(callbacks: Sequence[Any], loggers: Sequence[Any]) -> None:
-    """No callback class instead of an instance; no instance given twice."""
+    """No callback class instead of an instance; no instance given twice (a destination in
+    both ``callbacks`` and ``loggers`` is one destination: :func:`destinations_first`)."""
     seen: dict[int, str] = {}
+    in_both = {id(d) for d in loggers if isinstance(d, LoggerDestination)}
+    in_both &= {id(cb) for cb in callbacks}
     named = [(f"callbacks[{i}]", cb) for i, cb in enumerate(callbacks)]
     named += [(f"loggers[{i}]", dest) for i, dest in enumerate(loggers)]
     for where, cb in named:
@@ -108,11 +113,26 @@ def check_callbacks(callbacks: Sequence[Any], loggers: Sequence[Any]) -> None:
                 f"{cb.__qualname__}()"
             )
         first = seen.setdefault(id(cb), where)
-        if first != where:
+        if first != where and not (id(cb) in in_both and where.startswith("loggers")):
             raise ValueError(
                 f"{where} is the same {type(cb).__qualname__} instance as {first}, so it would "
                 "see every event twice; pass it once (or create a second instance)"
             )
+
+
+def destinations_first(
+    callbacks: Sequence[Any], loggers: Sequence[Any]
+) -> tuple[list[Any], list[Any]]:
+    """``(callbacks, loggers)`` with every :class:`LoggerDestination` of ``callbacks`` among
+    the loggers: a destination is one wherever it is passed (Lightning users put loggers
+    beside callbacks), and receives every record, ``loss/train`` included. One passed in
+    both lists is registered once, where ``loggers`` has it."""
+    in_loggers = {id(d) for d in loggers}
+    plain = [cb for cb in callbacks if not isinstance(cb, LoggerDestination)]
+    moved = [
+        cb for cb in callbacks if isinstance(cb, LoggerDestination) and id(cb) not in in_loggers
+    ]
+    return plain, [*loggers, *moved]
 
 
 def check_optimizers(optimizers: Sequence[torch.optim.Optimizer]) -> None:

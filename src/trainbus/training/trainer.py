@@ -64,6 +64,7 @@ from trainbus.training.checks import (
     check_optimizers,
     check_optimizers_train_the_model,
     check_run_name,
+    destinations_first,
 )
 from trainbus.training.fit_call import FitCall
 from trainbus.training.loop import LoopConfig, TrainingLoop
@@ -104,7 +105,9 @@ class Trainer:
         eval_interval: How often to evaluate: ``"1ep"``, ``"100ba"``, or an int (epochs).
         optimizers: An optimizer or a list; default ``torch.optim.AdamW(lr=1e-3)``.
         schedulers: A scheduler or a list; stepped after every batch.
-        callbacks: :class:`Callback` instances, offered events in this order.
+        callbacks: :class:`Callback` instances, offered events in this order. A
+            :class:`LoggerDestination` here is a destination as in ``loggers`` (and one
+            passed in both is registered once).
         loggers: :class:`LoggerDestination` instances (offered events after callbacks).
         loss_fn: The loss for models without a ``loss`` method: ``loss_fn(outputs,
             targets)`` for pairs, ``loss_fn(outputs, batch)`` for dict batches.
@@ -233,6 +236,7 @@ class Trainer:
         callbacks = _as_list(callbacks, "callbacks")
         loggers = _as_list(loggers, "loggers")
         check_callbacks(callbacks, loggers)
+        callbacks, loggers = destinations_first(callbacks, loggers)
         self.preemption = check_preemption(
             preemption,
             auto=launched_by_a_scheduler() and takes_checkpoints([*callbacks, *loggers]),
