@@ -60,10 +60,14 @@ from trainbus.training.checks import (
     check_callbacks,
     check_eval_interval,
     check_grad_clip_norm,
+    check_loss,
     check_max_duration,
+    check_model,
     check_optimizers,
     check_optimizers_train_the_model,
     check_run_name,
+    check_schedulers,
+    check_schedulers_step_the_optimizers,
     destinations_first,
 )
 from trainbus.training.fit_call import FitCall
@@ -193,11 +197,7 @@ class Trainer:
         dist_timeout: float = DEFAULT_DIST_TIMEOUT,
         preemption: Preemption | bool | None = None,
     ) -> None:
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(
-                f"model must be a torch.nn.Module, got {type(model).__qualname__}; "
-                "wrap your function in an nn.Module"
-            )
+        check_model(model, train_dataloader)
         model, ddp_wrapper = unwrap(model)  # state.model is the user's module, never DDP
         if not callable(getattr(model, "loss", None)) and loss_fn is None:
             raise ValueError(
@@ -209,6 +209,7 @@ class Trainer:
                 f"loss_fn must be callable, got {type(loss_fn).__qualname__}; "
                 "pass a function (outputs, targets) -> loss, e.g. F.cross_entropy"
             )
+        check_loss(model, loss_fn)
         _check_loader(train_dataloader, "train_dataloader")
         if eval_dataloader is not None:
             _check_loader(eval_dataloader, "eval_dataloader")
@@ -244,9 +245,11 @@ class Trainer:
         # trainer.preempt() gives the same notice with or without signals handled.
         self._notices = self.preemption or Preemption(signals=())
         check_checkpointing(model, callbacks)
+        sched_list = check_schedulers(schedulers)
         opt_list = [] if optimizers is None else _optimizer_list(optimizers)
         check_optimizers(opt_list)
         check_optimizers_train_the_model(opt_list, model)
+        check_schedulers_step_the_optimizers(sched_list, opt_list)
         for i, dest in enumerate(loggers):
             if not isinstance(dest, LoggerDestination):
                 resolve_callback(dest, where=f"loggers[{i}]")  # raises for non-callbacks
@@ -270,13 +273,6 @@ class Trainer:
         ddp_model = wrap_model(model, ddp_wrapper, dist_info, resolved_device)
         if not opt_list:
             opt_list = [torch.optim.AdamW(model.parameters(), lr=1e-3)]
-        if schedulers is None:
-            sched_list: list[Any] = []
-        elif isinstance(schedulers, list | tuple):
-            sched_list = list(schedulers)
-        else:
-            sched_list = [schedulers]
-
         self.state = State(
             model=model,
             max_duration=duration,
