@@ -43,7 +43,7 @@ def test_class_targets_with_an_elementwise_loss_name_the_classification_loss(
 ) -> None:
     trainer = plain(loss_fn=loss_fn)  # the targets' shape is known at the first batch only
     with pytest.raises(ValueError, match=r"loss_fn=\w+ compares outputs and targets element by "
-                       r"element.*\(4, 3\).*\(4,\).*class indices.*loss_fn=F.cross_entropy"):  # fmt: skip
+                       r"element.*\(4, 3\).*\(4,\).*class indices.*loss_fn=F.cross_entropy"):
         trainer.fit_sync()
 
 
@@ -80,14 +80,14 @@ def test_a_scheduler_over_an_optimizer_the_trainer_does_not_step_is_refused() ->
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
     with pytest.raises(ValueError, match=r"schedulers\[0\] \(StepLR\) adjusts an optimizer that "
-                       r"the trainer does not step \(it steps the default AdamW\).*optimizers="):  # fmt: skip
+                       r"the trainer does not step \(it steps the default AdamW\).*optimizers="):
         Trainer(model, make_loader(2), "1ep", loss_fn=F.cross_entropy, schedulers=sched)
 
 
 def test_model_and_dataloader_swapped_say_so() -> None:
     model, loader = torch.nn.Linear(4, 3), make_loader(2)
     with pytest.raises(TypeError, match=r"model is a DataLoader and train_dataloader a Linear.*"
-                       r"look swapped.*Trainer\(model, train_dataloader, max_duration\)"):  # fmt: skip
+                       r"look swapped.*Trainer\(model, train_dataloader, max_duration\)"):
         Trainer(loader, model, "1ep", loss_fn=F.cross_entropy)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"got DataLoader; pass the model first"):
         Trainer(loader, loader, "1ep", loss_fn=F.cross_entropy)  # type: ignore[arg-type]

@@ -72,6 +72,7 @@ from trainbus.training.checks import (
 )
 from trainbus.training.fit_call import FitCall
 from trainbus.training.loop import LoopConfig, TrainingLoop
+from trainbus.training.outside_fit import OutsideFit
 from trainbus.training.rank_stops import RankStops
 
 __all__ = ["Trainer"]
@@ -93,7 +94,7 @@ def _reached(state: State) -> bool:
     return bool(state.timestamp.get(end.unit).value >= end.value)
 
 
-class Trainer:
+class Trainer(OutsideFit):
     """Trains a model on a worker thread while callbacks run on the event loop.
 
     Args:
@@ -164,6 +165,8 @@ class Trainer:
         ...                   callbacks=[Upload()], loggers=[JSONLinesLogger("m.jsonl")])
         >>> await trainer.fit()          # in async code
         >>> trainer.fit_sync()           # in a script
+        >>> trainer.eval_sync(test_loader)  # an evaluation pass outside fit()
+        >>> trainer.save_checkpoint("final.pt")
     """
 
     def __init__(
