@@ -68,7 +68,7 @@ async def test_8_threads_and_8_tasks_log_10000_points_each_into_jsonl_and_http(
     server = servers()
     path = tmp_path / "m.jsonl"
     hold = HoldTraining()
-    uploader = HTTPMetricsUploader(server.url, batch_size=1000, flush_interval=0.05,
+    uploader = HTTPMetricsUploader(server.url, batch_size=1000, flush_seconds=0.05,
                                    backoff=0.001, max_backoff=0.01)
     trainer = make_trainer(
         2, callbacks=[hold], loggers=[JSONLinesLogger(path), uploader],

@@ -85,7 +85,7 @@ class BusOptions:
         if wait_warning == 0:
             raise ValueError(f"wait_warning={wait_warning!r} must be > 0 seconds, e.g. 10.0")
         if not isinstance(warn_slow, bool):
-            raise TypeError(f"warn_slow={warn_slow!r} must be True or False")
+            raise TypeError(f"warn_slow_callbacks={warn_slow!r} must be True or False")
         return cls(
             barriers=frozenset(_barrier_events(barriers)),
             max_lag=max_lag,

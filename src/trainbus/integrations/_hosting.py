@@ -27,7 +27,8 @@ class BusKeywords(TypedDict, total=False):
     barriers: Iterable[Event | str]
     max_lag: int
     queue_size: int
-    warn_slow: bool
+    warn_slow_callbacks: bool
+    warn_slow: bool  # deprecated: warn_slow_callbacks
     close_timeout: float | None
     wait_warning: float | None
     lane_threads: int | None

@@ -40,6 +40,7 @@ from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
 from trainbus.core.exceptions import EngineThreadError
 from trainbus.core.logger import Logger
+from trainbus.core.renamed import renamed_option
 from trainbus.core.state import State
 from trainbus.core.time import Time
 from trainbus.training.checks import check_callbacks
@@ -91,7 +92,8 @@ class Bus:
         barriers: Events at which the training thread waits for every earlier handler.
         max_lag: Batches by which handlers may trail the ``BATCH_END`` barrier.
         queue_size: Handler calls that may wait per callback before training waits.
-        warn_slow: Warn when a callback's handlers are slower than the batches.
+        warn_slow_callbacks: Warn when a callback's handlers are slower than the batches.
+        warn_slow: Deprecated name of ``warn_slow_callbacks`` (warns once).
         close_timeout: Seconds each ``close``/``post_close`` may take before it is
             abandoned (the engine's default when ``None``).
         wait_warning: Seconds a barrier may wait for a callback before a warning names it
@@ -124,10 +126,11 @@ class Bus:
         barriers: Iterable[Event | str] = (Event.BATCH_END,),
         max_lag: int = 0,
         queue_size: int = 128,
-        warn_slow: bool = True,
+        warn_slow_callbacks: bool = True,
         close_timeout: float | None = None,
         wait_warning: float | None = None,
         lane_threads: int | None = None,
+        warn_slow: bool | None = None,
     ) -> None:
         callback_list = [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
         logger_list = [loggers] if isinstance(loggers, Callback) else list(loggers)
@@ -168,7 +171,10 @@ class Bus:
             barriers=barriers,
             max_lag=max_lag,
             queue_size=queue_size,
-            warn_slow=warn_slow,
+            warn_slow_callbacks=renamed_option(
+                "Bus", "warn_slow", warn_slow, "warn_slow_callbacks", warn_slow_callbacks,
+                default=True,
+            ),
             **options,
         )
         self._init_published = False

@@ -314,7 +314,7 @@ class Trainer(OutsideFit):
             barriers=bus_options.barriers,
             max_lag=bus_options.max_lag,
             queue_size=bus_options.queue_size,
-            warn_slow=bus_options.warn_slow,
+            warn_slow_callbacks=bus_options.warn_slow,
             close_timeout=bus_options.close_timeout,
             wait_warning=bus_options.wait_warning,
             lane_threads=bus_options.lane_threads,
