@@ -292,7 +292,7 @@ def test_server_stopped_mid_run_and_restarted_loses_nothing(
                            loggers=[memory, mlflow_logger], warn_slow_callbacks=False,
                            # close waits for the restart on purpose (tens of seconds on a
                            # loaded machine): that wait is this test's subject, not a hang
-                           wait_warning=math.inf)
+                           wait_warning_seconds=math.inf)
     try:
         trainer.fit_sync()
     finally:

@@ -30,7 +30,8 @@ class BusKeywords(TypedDict, total=False):
     warn_slow_callbacks: bool
     warn_slow: bool  # deprecated: warn_slow_callbacks
     close_timeout: float | None
-    wait_warning: float | None
+    wait_warning_seconds: float | None
+    wait_warning: float | None  # deprecated: wait_warning_seconds
     lane_threads: int | None
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "check_model",
     "check_optimizers",
     "check_optimizers_train_the_model",
+    "check_preempt_deadline",
     "check_run_name",
     "check_schedulers",
     "check_schedulers_step_the_optimizers",
@@ -175,6 +176,34 @@ def check_optimizers_train_the_model(
         "training would change nothing; build it over the model you pass: e.g. "
         "optimizers=torch.optim.AdamW(model.parameters(), lr=1e-3), with that same model"
     )
+
+
+def check_preempt_deadline(deadline: object, timeout: object) -> float | None:
+    """``preempt()``'s deadline as a ``time.monotonic()`` value (``None``: the grace
+    period): ``deadline`` is one already, ``timeout`` is seconds from now."""
+    if deadline is not None and (
+        isinstance(deadline, bool)
+        or not isinstance(deadline, int | float)
+        or deadline != deadline
+    ):
+        raise TypeError(
+            f"deadline={deadline!r} must be a time.monotonic() value, e.g. "
+            "time.monotonic() + 60 (or timeout=60), or None for the grace period"
+        )
+    if timeout is not None:
+        if deadline is not None:
+            raise TypeError(
+                "preempt() got both deadline= and timeout=; pass one: timeout= in "
+                "seconds from now, or deadline= a time.monotonic() value"
+            )
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
+            timeout >= 0
+        ):
+            raise ValueError(
+                f"timeout={timeout!r} must be seconds from now >= 0, e.g. timeout=60"
+            )
+        deadline = time.monotonic() + timeout
+    return deadline
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:

@@ -27,6 +27,7 @@ from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
 from trainbus.core.exceptions import EngineThreadError, FitInProgressError
 from trainbus.core.logger import Logger
+from trainbus.core.renamed import renamed_option
 from trainbus.core.state import State
 from trainbus.core.time import Time
 from trainbus.loggers._exactly_once import plan_exactly_once
@@ -65,6 +66,7 @@ from trainbus.training.checks import (
     check_model,
     check_optimizers,
     check_optimizers_train_the_model,
+    check_preempt_deadline,
     check_run_name,
     check_schedulers,
     check_schedulers_step_the_optimizers,
@@ -137,9 +139,9 @@ class Trainer(OutsideFit):
             a cancelled ``fit()`` waits for a stuck handler, before it is reported
             (:class:`~trainbus.CallbackTimeoutWarning`) and abandoned; every other
             callback still closes. ``math.inf`` waits for ever.
-        wait_warning: Seconds the training thread may wait at a barrier (or a close for a
-            callback) before a :class:`~trainbus.CallbackTimeoutWarning` names the callback
-            and the handler it waits for; ``math.inf`` never warns.
+        wait_warning_seconds: Seconds the training thread may wait at a barrier (or a
+            close for a callback) before a :class:`~trainbus.CallbackTimeoutWarning` names
+            the callback and the handler it waits for; ``math.inf`` never warns.
         lane_threads: Threads in the pool that runs plain callbacks' handlers (default
             8): each plain callback is pinned to one of them for the whole run, and
             several share one; a callback that sets ``own_thread = True`` gets a thread
@@ -159,6 +161,8 @@ class Trainer(OutsideFit):
             ``torchrun`` or in a SLURM job and a ``CheckpointSaver`` is among the
             callbacks, off otherwise; ``False`` turns it off. :meth:`preempt` works in
             every case. See ``docs/preemption.md``.
+        wait_warning: Deprecated name of ``wait_warning_seconds`` (warns once; option
+            names follow one rule, ``CONTRIBUTING.md``).
 
     Example:
         >>> trainer = Trainer(model, loader, "2ep", loss_fn=F.cross_entropy,
@@ -194,11 +198,12 @@ class Trainer(OutsideFit):
         log_train_loss: bool = True,
         warn_slow_callbacks: bool = True,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
-        wait_warning: float = DEFAULT_WAIT_WARNING,
+        wait_warning_seconds: float = DEFAULT_WAIT_WARNING,
         lane_threads: int = DEFAULT_LANE_THREADS,
         load_path: str | os.PathLike[str] | None = None,
         dist_timeout: float = DEFAULT_DIST_TIMEOUT,
         preemption: Preemption | bool | None = None,
+        wait_warning: float | None = None,
     ) -> None:
         check_model(model, train_dataloader)
         model, ddp_wrapper = unwrap(model)  # state.model is the user's module, never DDP
@@ -233,7 +238,10 @@ class Trainer(OutsideFit):
             queue_size=queue_size,
             warn_slow=warn_slow_callbacks,
             close_timeout=close_timeout,
-            wait_warning=wait_warning,
+            wait_warning=renamed_option(
+                "Trainer", "wait_warning", wait_warning, "wait_warning_seconds",
+                wait_warning_seconds, default=DEFAULT_WAIT_WARNING,
+            ),
             lane_threads=lane_threads,
         )
         resolved_device = _resolve_device(device)
@@ -316,7 +324,7 @@ class Trainer(OutsideFit):
             queue_size=bus_options.queue_size,
             warn_slow_callbacks=bus_options.warn_slow,
             close_timeout=bus_options.close_timeout,
-            wait_warning=bus_options.wait_warning,
+            wait_warning_seconds=bus_options.wait_warning,
             lane_threads=bus_options.lane_threads,
         )
         self._config = LoopConfig(
@@ -446,7 +454,9 @@ class Trainer(OutsideFit):
         the running or last ``fit()``; ``state.preemption`` is that notice."""
         return self.state.preemption is not None
 
-    def preempt(self, reason: str, deadline: float | None = None) -> bool:
+    def preempt(
+        self, reason: str, deadline: float | None = None, *, timeout: float | None = None
+    ) -> bool:
         """Tell the run that it will be stopped: the same notice as a preemption signal.
 
         Safe from any thread and from any task (a web request, a spot-notice poller, a Ray
@@ -462,10 +472,12 @@ class Trainer(OutsideFit):
         Args:
             reason: Why, for ``state.preemption.reason`` and the stderr line,
                 e.g. ``"maintenance"``.
-            deadline: A :func:`time.monotonic` value by which the run must have stopped;
-                default: the preemption's grace period from now (``Preemption(grace=...)``,
-                else the environment's, else 30 s). From a wall-clock deadline ``t``:
+            deadline: A :func:`time.monotonic` value (not seconds from now: see
+                ``timeout``) by which the run must have stopped; default: the preemption's
+                grace period from now (``Preemption(grace=...)``, else the environment's,
+                else 30 s). From a wall-clock deadline ``t``:
                 ``time.monotonic() + (t - time.time())``.
+            timeout: The same deadline as seconds from now, e.g. ``timeout=60``.
 
         Returns:
             Whether this call gave the notice (``False``: a notice was already given).
@@ -479,15 +491,7 @@ class Trainer(OutsideFit):
                 f"reason={reason!r} must be a non-empty string saying why, e.g. "
                 'trainer.preempt("maintenance")'
             )
-        if deadline is not None and (
-            isinstance(deadline, bool)
-            or not isinstance(deadline, int | float)
-            or deadline != deadline
-        ):
-            raise TypeError(
-                f"deadline={deadline!r} must be a time.monotonic() value, e.g. "
-                "time.monotonic() + 60, or None for the grace period"
-            )
+        deadline = check_preempt_deadline(deadline, timeout)
         notices = self._notices
         return notices.give(self.state, notices.notice(reason, deadline=deadline))
 
