@@ -379,6 +379,9 @@ async def test_bad_requests_get_errors_that_name_the_fix() -> None:
             r = await c.post("/jobs", json=[1, 2])
             assert r.status_code == 400
             running = (await c.post("/jobs", json={"batches": 1_000_000})).json()["id"]
+            r = await c.post("/jobs", json={"batchez": 3})  # at the limit: still what is wrong
+            assert r.status_code == 400
+            assert "batchez" in r.json()["error"]
             r = await c.post("/jobs", json={})
             assert r.status_code == 429
             assert "max_running=1" in r.json()["error"]

@@ -129,7 +129,7 @@ class Dashboard(LoggerDestination):
             raise _missing_extra(exc) from exc
         if token is None and not is_loopback(host) and not insecure_no_token:
             token = secrets.token_urlsafe(32)  # printed with the url, as Jupyter does
-        self._access = access_options(token, allowed_hosts, insecure_no_token)
+        self._access = access_options(token, allowed_hosts, insecure_no_token, "dashboard")
         self.token = token
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port={port!r} must be an int from 0 to 65535 (0: any free port)")

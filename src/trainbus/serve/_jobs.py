@@ -308,6 +308,9 @@ class JobManager:
     async def start(self, params: Mapping[str, Any] | None = None) -> Job:
         """Build a job with the factory and start its ``fit()`` in the manager's group.
 
+        The factory runs first, so its parameter errors come before the job limit: a
+        request with bad parameters is told what is wrong even while the service is full.
+
         Raises:
             ServiceClosedError: The manager is not running or is shutting down.
             TooManyJobsError: ``max_running`` jobs are running.
@@ -320,11 +323,6 @@ class JobManager:
             raise ServiceClosedError(
                 "the job manager is not running (not entered yet, or shutting down); "
                 "start jobs inside `async with manager:`"
-            )
-        if self.max_running is not None and self.running >= self.max_running:
-            raise TooManyJobsError(
-                f"{self.running} jobs are running (max_running={self.max_running}); wait for "
-                "one to finish or cancel one"
             )
         stream = EventStream(
             buffer_size=self.buffer_size, events=self.stream_events, history=self.stream_history
@@ -348,6 +346,13 @@ class JobManager:
             )
         if self._closing:  # shutdown began while an async factory ran
             raise ServiceClosedError("the job manager is shutting down; no new jobs")
+        # After the factory: a request with bad parameters gets their error (400) whether
+        # or not the limit is reached; only a valid one is told to retry later (429).
+        if self.max_running is not None and self.running >= self.max_running:
+            raise TooManyJobsError(
+                f"{self.running} jobs are running (max_running={self.max_running}); wait for "
+                "one to finish or cancel one"
+            )
         if self.watch_bus:
             stream.watch(trainer.engine)
         job = Job(ctx, trainer)
