@@ -138,7 +138,8 @@ async def test_an_async_upload_per_batch_overlaps_the_hf_trainer(tmp_path: Path)
             bare.append(timing.elapsed)
             timing = LoopTime()
             upload = Upload(service.url)
-            bridge = TrainbusCallback(callbacks=[upload], warn_slow_callbacks=False)  # load may slow a POST
+            # load may slow a POST
+            bridge = TrainbusCallback(callbacks=[upload], warn_slow_callbacks=False)
             await bridge.train(hf_trainer(tmp_path, [bridge, timing]))
             assert upload.sent == list(range(1, BATCHES + 1))
             assert timing.thread != threading.current_thread().name

@@ -123,7 +123,8 @@ async def test_an_async_upload_per_batch_overlaps_lightnings_loop() -> None:
             bare.append(timing.elapsed)
             timing = LoopTime()
             upload = Upload(service.url)
-            bridge = TrainbusCallback(callbacks=[upload], warn_slow_callbacks=False)  # load may slow a POST
+            # load may slow a POST
+            bridge = TrainbusCallback(callbacks=[upload], warn_slow_callbacks=False)
             await bridge.fit(trainer([bridge, timing]), Tiny(), loader(BATCHES))
             assert upload.sent == list(range(1, BATCHES + 1))
             assert timing.thread != threading.current_thread().name

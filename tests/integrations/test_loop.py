@@ -85,7 +85,8 @@ async def test_an_async_upload_per_batch_overlaps_the_loop_and_inline_it_does_no
         overlapped = []
         for _ in range(2):
             upload = Upload(service.url)
-            loop = Loop(trainbus.Bus(callbacks=[upload], warn_slow_callbacks=False))  # load may slow a POST
+            # load may slow a POST
+            loop = Loop(trainbus.Bus(callbacks=[upload], warn_slow_callbacks=False))
             assert await loop.bus.run(loop.train) == "trained"  # type: ignore[union-attr]
             assert upload.sent == list(range(1, BATCHES + 1))
             overlapped.append(loop.elapsed)
