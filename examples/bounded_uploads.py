@@ -247,7 +247,7 @@ async def main(
             )
             assert each.sent == batches
 
-        uploader = HTTPMetricsUploader(service.url, batch_size=50, flush_interval=0.5)
+        uploader = HTTPMetricsUploader(service.url, batch_size=50, flush_seconds=0.5)
         results["logged, HTTPMetricsUploader batches"] = await timed(
             make_trainer(batches, batch_ms, loggers=[uploader]), batches
         )

@@ -96,18 +96,18 @@ def main(argv: list[str]) -> None:
     saver = CheckpointSaver(workdir / "ckpt", save_interval=f"{every}ba", overwrite=True)
     journal = {} if "--default-journal" in argv else {"journal": True}  # the default: None
     uploader = HTTPMetricsUploader(
-        url, spool_dir=workdir / "spool", batch_size=8, flush_interval=0.2,
+        url, spool_dir=workdir / "spool", batch_size=8, flush_seconds=0.2,
         backoff=0.01, max_backoff=0.05, **journal,
     )  # fmt: skip
-    loggers: list[Any] = [uploader, JSONLinesLogger(workdir / "metrics.jsonl", flush_interval=0.5)]
+    loggers: list[Any] = [uploader, JSONLinesLogger(workdir / "metrics.jsonl", flush_seconds=0.5)]
     if "--mlflow" in argv:  # --mlflow URI EXPERIMENT: an MLflowLogger too (journal by default)
         uri, experiment = argv[argv.index("--mlflow") + 1 : argv.index("--mlflow") + 3]
         loggers.append(MLflowLogger(
             uri, experiment_name=experiment, spool_dir=workdir / "mlflow-spool",
-            flush_interval=0.2, backoff=0.01, max_backoff=0.05,
+            flush_seconds=0.2, backoff=0.01, max_backoff=0.05,
         ))  # fmt: skip
     if "--tensorboard" in argv:
-        loggers.append(TensorBoardLogger(workdir / "tb", flush_secs=0.2))
+        loggers.append(TensorBoardLogger(workdir / "tb", flush_seconds=0.2))
     if "--wandb" in argv:
         loggers.append(WandBLogger("crash", dir=workdir / "wb", mode="offline"))  # defaults
     offset = 0.0

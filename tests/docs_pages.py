@@ -4,8 +4,10 @@ A page runs as a reader runs it: every block, top to bottom, in one namespace, i
 working folder (:meth:`Page.run_all`; the caller chooses the folder). The blocks before the
 first ``## `` heading are the shared setup (``Page.setup``), the others belong to their
 section (``Page.sections``), which :meth:`Page.run` can run alone after the setup to check
-what that section prints. Fence an example as ```text (or anything but ``python``) when it
-is not meant to run.
+what that section prints. Fence an example as ```python-outline (a signature outline, a
+sketch that needs what the tests do not install) or ```text when it is not meant to run:
+``tests/test_docs_standalone.py`` checks that every ```python block of README and docs is
+Python that a test runs.
 """
 
 from __future__ import annotations

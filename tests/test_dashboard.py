@@ -52,7 +52,7 @@ def trainer_with(stream_or_board: Any, batches: int = 20, callbacks: Any = ()) -
 async def test_a_watching_stream_publishes_bus_snapshots_and_a_last_one_before_fit_end() -> None:
     stream = EventStream(history=10_000)
     trainer = trainer_with(stream, batches=30, callbacks=[Sleepy()])
-    stream.watch(trainer.engine, interval=0.01)
+    stream.watch(trainer.engine, snapshot_seconds=0.01)
     await trainer.fit()
     items = [item async for item in stream.subscribe(since=0)]
     snaps = [i for i in items if isinstance(i, StreamBusSnapshot)]
@@ -99,7 +99,7 @@ async def test_no_snapshot_follows_fit_end_when_the_close_comes_long_after_it() 
     stream = EventStream(history=10_000)
     slow = SlowClose(gap=0.2)
     trainer = trainer_with(stream, batches=5, callbacks=[slow])
-    stream.watch(trainer.engine, interval=0.02)  # the gap is ten intervals
+    stream.watch(trainer.engine, snapshot_seconds=0.02)  # the gap is ten intervals
     seen: list[Any] = []
 
     async def watch() -> None:
@@ -122,7 +122,7 @@ async def test_no_snapshot_follows_fit_end_when_the_close_comes_long_after_it() 
 async def test_the_feed_keeps_the_recorder_flat() -> None:
     stream = EventStream()
     trainer = trainer_with(stream, batches=50, callbacks=[Sleepy()])
-    stream.watch(trainer.engine, interval=0.01)
+    stream.watch(trainer.engine, snapshot_seconds=0.01)
     await trainer.fit()
     assert stream._feed is not None
     assert len(list(stream._feed.recorder.spans())) < 50  # taken at each snapshot
@@ -131,8 +131,8 @@ async def test_the_feed_keeps_the_recorder_flat() -> None:
 def test_watch_and_publish_check_their_arguments() -> None:
     stream = EventStream()
     trainer = trainer_with(stream)
-    with pytest.raises(ValueError, match="interval=0"):
-        stream.watch(trainer.engine, interval=0)
+    with pytest.raises(ValueError, match="snapshot_seconds=0"):
+        stream.watch(trainer.engine, snapshot_seconds=0)
     with pytest.raises(TypeError, match="StreamBusSnapshot"):
         stream.publish("batch_end")  # type: ignore[type-var]
     stream = EventStream()  # a fresh one: the trainer's INIT was item 0 of the other
@@ -141,8 +141,8 @@ def test_watch_and_publish_check_their_arguments() -> None:
     assert (first.seq, second.seq) == (0, 1)
     with pytest.raises(ValueError, match="port=70000"):
         Dashboard(port=70000)
-    with pytest.raises(ValueError, match="interval=-1"):
-        Dashboard(interval=-1)
+    with pytest.raises(ValueError, match="snapshot_seconds=-1"):
+        Dashboard(snapshot_seconds=-1)
 
 
 @pytest.mark.asyncio
@@ -187,7 +187,7 @@ async def test_job_dashboard_page_static_files_and_the_bus_opt_in() -> None:
 
 def test_a_tab_that_never_reads_does_not_hold_the_run(no_leaked_threads: None) -> None:
     # Snapshots every 10 ms (tens of KiB each) overflow the socket buffers within a second.
-    with Dashboard(history=64, interval=0.01) as dashboard:
+    with Dashboard(history=64, snapshot_seconds=0.01) as dashboard:
         trainer = trainer_with(dashboard, batches=1500)
         silent = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         silent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -238,7 +238,7 @@ def test_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_a_dashboard_in_loggers_follows_its_trainers_bus_without_attach() -> None:
-    with Dashboard(interval=0.01) as dashboard:
+    with Dashboard(snapshot_seconds=0.01) as dashboard:
         trainer = trainer_with(dashboard, batches=30, callbacks=[Sleepy()])
         trainer.fit_sync()
         snaps = [i for i in dashboard.stream._history if isinstance(i, StreamBusSnapshot)]
@@ -287,7 +287,7 @@ def test_the_recorder_stays_bounded_when_no_snapshot_is_taken() -> None:
 
 def test_rate_coalesces_the_stream_into_at_most_n_messages_a_second() -> None:
     # Snapshots and outbox flushes every 10 ms: ~100 messages a second without ?rate.
-    with Dashboard(interval=0.01) as dashboard:
+    with Dashboard(snapshot_seconds=0.01) as dashboard:
         trainer = trainer_with(dashboard, batches=200, callbacks=[Sleepy()])
         messages: list[list[dict[str, Any]]] = []
         subscribed = threading.Event()
@@ -370,7 +370,7 @@ def test_rate_is_checked() -> None:
 
 
 def test_no_bus_snapshot_is_made_while_nobody_watches() -> None:
-    with Dashboard(interval=0.01) as dashboard:
+    with Dashboard(snapshot_seconds=0.01) as dashboard:
         trainer = trainer_with(dashboard, batches=100, callbacks=[Sleepy()])
         trainer.fit_sync()  # >= 0.2 s: twenty intervals
         snaps = [i for i in dashboard.stream._history if isinstance(i, StreamBusSnapshot)]

@@ -161,7 +161,7 @@ def test_job_page_loads_cleanly_and_its_loss_curve_grows_while_the_job_trains(
 
 
 def test_callbacks_panel_names_the_slow_callback_as_the_slowest(browser: Any) -> None:
-    with Dashboard(interval=0.1) as dashboard:
+    with Dashboard(snapshot_seconds=0.1) as dashboard:
         trainer = local_run(60, [Quick(), SlowPoke()], dashboard)
         watched = Watched(browser)
         watched.page.goto(dashboard.url)
@@ -253,7 +253,7 @@ CANVAS_COLOURS = """() => {
 def test_the_timeline_has_a_legend_for_each_colour_it_draws(browser: Any) -> None:
     """Regression: the timeline's three colours (a batch, a wait, a handler) had no legend."""
     hold = Hold(at=20)
-    with Dashboard(interval=0.05) as dashboard:
+    with Dashboard(snapshot_seconds=0.05) as dashboard:
         trainer = local_run(40, [hold, SlowPoke()], dashboard)
         watched = Watched(browser)
         watched.page.goto(dashboard.url)
@@ -301,7 +301,7 @@ def test_the_callbacks_panel_says_the_batch_its_figures_are_from_as_the_header_d
     in_thread(first.fit_sync).join(timeout=60)  # batches 1-3: the resumed run starts at 4
     assert list(tmp_path.glob("*.pt"))
     hold = Hold(at=6)
-    with Dashboard(interval=0.05) as dashboard:
+    with Dashboard(snapshot_seconds=0.05) as dashboard:
         model = TinyModel()
         trainer = Trainer(model, make_loader(3), "3ep",
                           optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
@@ -331,7 +331,7 @@ def test_the_callbacks_panel_says_the_batch_its_figures_are_from_as_the_header_d
 def test_the_page_draws_at_most_four_frames_a_second_and_keeps_its_table_rows(
     browser: Any,
 ) -> None:
-    with Dashboard(interval=0.05) as dashboard:
+    with Dashboard(snapshot_seconds=0.05) as dashboard:
         trainer = local_run(300, [Quick(), SlowPoke()], dashboard)
         watched = Watched(browser)
         watched.page.goto(dashboard.url)

@@ -72,8 +72,8 @@ def test_demo_bad_arguments_exit_with_usage(
     assert "usage: trainbus" in capsys.readouterr().err
 
 
-def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([]) == 2
+def test_no_command_prints_help_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 0  # as `git` does: the help, not an error
     assert "demo" in capsys.readouterr().out
 
 

@@ -1,8 +1,10 @@
-"""The first ```python example of docs/service.md (EventStream) runs as printed.
+"""The ```python examples of docs/service.md run: the EventStream example as printed, the
+httpx client against the service, and the job factory of ``examples/service/app.py`` (its
+page excerpt, with its imports, builds a trainer that fits).
 
-The page's other blocks are the files of ``examples/service/`` (``tests/test_serve.py`` runs
-them and checks that the page shows them verbatim), the ``trainbus.serve`` job factory
-(also checked there), and an aiohttp sketch that serves until Ctrl-C.
+The page's other ```python blocks are the files of ``examples/service/`` (``tests/test_serve.py``
+runs them and checks that the page shows them verbatim); the aiohttp sketch, which serves
+until Ctrl-C and needs aiohttp, is fenced ``python-outline``.
 """
 
 from __future__ import annotations
@@ -79,3 +81,22 @@ def test_the_httpx_client_example_runs_against_the_service(
         server.should_exit = True
         thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+def test_the_job_factory_excerpt_runs_with_its_imports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the excerpt used ``JobContext`` and ``trainbus`` without importing them."""
+    from trainbus.callbacks import EventStream
+    from trainbus.serve import JobContext
+
+    monkeypatch.chdir(tmp_path)
+    text = DOC.read_text(encoding="utf-8")
+    (code,) = [block for block in BLOCK.findall(text) if "def regression_job" in block]
+    namespace: dict[str, object] = {"__name__": "docs_service_factory"}
+    exec(compile(code, f"{DOC.name}[regression_job]", "exec"), namespace)
+    stream = EventStream()
+    ctx = JobContext("job-1", {"epochs": 1, "batches": 2}, stream)
+    trainer = namespace["regression_job"](ctx)  # type: ignore[operator]
+    trainer.fit_sync()
+    assert int(trainer.state.timer.batch) == 2

@@ -352,3 +352,35 @@ def test_preemption_is_on_by_default_under_a_launcher_with_a_checkpoint_saver(
     assert make_trainer(2, callbacks=[CheckpointSaver(tmp_path / "a")]).preemption is not None
     off = make_trainer(2, callbacks=[CheckpointSaver(tmp_path / "b")], preemption=False)
     assert off.preemption is None
+
+
+def test_a_deadline_already_past_says_so(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 58: with a deadline already past, the watchdog said "did not reach its
+    checkpoint within 0.0 s; abandoning the stuck handler(s) a handler": the reason is the
+    deadline, and the handler it names is the one that holds the run (here the ``@blocking``
+    handler that gave the notice and waits for the watchdog's save), never "a handler"."""
+    import time
+
+    from trainbus import blocking
+
+    saver = CheckpointSaver(tmp_path / "ckpt", save_interval="100ep")
+
+    class NoticeAtBatch2(Callback):
+        @blocking
+        def batch_end(self, state: Any, logger: Any) -> None:
+            if int(state.timer.batch) == 2:
+                assert trainer.preempt("maintenance", deadline=time.monotonic() - 1)
+                assert saver._requested_captured.wait(timeout=60)  # the watchdog saved
+
+    trainer = make_trainer(4, callbacks=[NoticeAtBatch2(), saver])
+    anyio.run(trainer.fit)  # a call never ends the process: fit() returns
+    err = capfd.readouterr().err
+    lines = [ln for ln in err.splitlines() if "did not reach its checkpoint" in ln]
+    assert len(lines) == 1, err
+    assert "handler(s) a handler" not in lines[0] and "within 0.0 s" not in lines[0]
+    assert "handler(s) test_a_deadline_already_past_says_so.<locals>.NoticeAtBatch2" in lines[0]
+    assert "before its deadline, which had already passed when the notice came" in lines[0]
+    assert trainer.preempted
+    assert [p.name for _, [p] in saver.saved_checkpoints] == ["ep0-ba2-rank0.pt"]

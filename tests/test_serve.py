@@ -283,7 +283,7 @@ async def test_a_client_that_never_reads_does_not_hold_training_up() -> None:
     small_rcv = httpx.AsyncHTTPTransport(
         socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)]
     )
-    app = create_app(Factory(), stream_buffer=16, stream_history=5000)
+    app = create_app(Factory(), buffer_size=16, stream_history=5000)
     batches = 800  # 1600 items of ~250 bytes; the socket buffers hold about 450
     with anyio.fail_after(DEADLINE):
         async with (
@@ -379,6 +379,9 @@ async def test_bad_requests_get_errors_that_name_the_fix() -> None:
             r = await c.post("/jobs", json=[1, 2])
             assert r.status_code == 400
             running = (await c.post("/jobs", json={"batches": 1_000_000})).json()["id"]
+            r = await c.post("/jobs", json={"batchez": 3})  # at the limit: still what is wrong
+            assert r.status_code == 400
+            assert "batchez" in r.json()["error"]
             r = await c.post("/jobs", json={})
             assert r.status_code == 429
             assert "max_running=1" in r.json()["error"]

@@ -239,6 +239,13 @@ def test_the_dashboard_refuses_a_foreign_host_and_asks_for_its_token() -> None:
         for path in ("/", "/events?since=0", "/static/dashboard.js"):
             r = httpx.get(base + path, headers={"Host": "evil.example"}, timeout=DEADLINE)
             assert r.status_code == 403, path
+            # Issue 58: the dashboard's refusal names its own option, not the service's jobs
+            assert "Dashboard(allowed_hosts=[...])" in r.json()["error"], r.text
+            assert "trainbus serve" not in r.json()["error"]
+        r = httpx.post(base + "/events", headers={"Origin": "http://evil.example"},
+                       timeout=DEADLINE)  # fmt: skip
+        assert r.status_code == 403 and "this dashboard's server" in r.json()["error"], r.text
+        assert "jobs" not in r.json()["error"]
         assert httpx.get(base + "/", timeout=DEADLINE).status_code == 200
     with Dashboard(port=0, token=TOKEN) as dashboard:
         assert dashboard.url.endswith(f"/?token={TOKEN}")

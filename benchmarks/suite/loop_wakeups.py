@@ -47,7 +47,7 @@ def measure(batches: list[int]) -> dict[str, float]:
 
     def wakeups(loop: str, n: int) -> int:
         callbacks = [Everywhere() for _ in range(10)] if loop == "everywhere" else [Upload()]
-        bus = trainbus.Bus(callbacks=callbacks, warn_slow=False)
+        bus = trainbus.Bus(callbacks=callbacks, warn_slow_callbacks=False)
         x = torch.zeros(8, 4)
 
         def train() -> None:

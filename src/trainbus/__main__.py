@@ -1,4 +1,8 @@
-"""The ``trainbus`` command line: ``trainbus demo`` (or ``python -m trainbus demo``).
+"""The ``trainbus`` command line (or ``python -m trainbus``): ``demo``, ``serve``.
+
+Each subcommand is a row of :data:`COMMANDS`: its arguments are argparse only, and its
+runner imports what it needs (torch, the service) when it runs, so ``trainbus --help``
+and ``trainbus --version`` answer at once.
 
 Example:
     $ trainbus demo --epochs 3 --out runs/demo
@@ -11,9 +15,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-__all__ = ["main"]
+from trainbus import _serve_cli
+
+__all__ = ["COMMANDS", "Command", "main"]
 
 
 def _non_negative_float(text: str) -> float:
@@ -46,22 +53,17 @@ def _port(text: str) -> int:
     return value
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="trainbus",
-        description="trainbus: a PyTorch training loop whose callbacks run on an async bus.",
-    )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = commands.add_parser(
-        "demo",
-        help="train a small MLP on scikit-learn's digits with slow async callbacks",
-        description=(
-            "Train an MLP on scikit-learn's handwritten digits with a progress bar, a "
-            "JSON-lines metrics file and a simulated slow metrics uploader, then report "
-            "the held-out accuracy and how much callback time hid behind training. "
-            "Needs `pip install 'trainbus[demo]'`."
-        ),
-    )
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its help, its arguments, and the runner that imports what it needs."""
+
+    help: str
+    description: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _demo_arguments(demo: argparse.ArgumentParser) -> None:
     demo.add_argument("--epochs", type=_positive_int, default=3, help="epochs (default 3)")
     demo.add_argument(
         "--out",
@@ -88,26 +90,11 @@ def _parser() -> argparse.ArgumentParser:
             "`pip install 'trainbus[service]'`"
         ),
     )
-    return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status.
-
-    Args:
-        argv: The arguments (default ``sys.argv[1:]``).
-
-    Example:
-        >>> main(["demo", "--epochs", "1", "--out", "/tmp/demo"])
-        held-out accuracy: ...
-        0
-    """
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command != "demo":
-        parser.print_help()
-        return 2
+def _run_demo(args: argparse.Namespace) -> int:
     from trainbus._demo import run_demo
+
 
     try:
         board = None
@@ -137,6 +124,74 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("trainbus demo: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+COMMANDS: dict[str, Command] = {
+    "demo": Command(
+        help="train a small MLP on scikit-learn's digits with slow async callbacks",
+        description=(
+            "Train an MLP on scikit-learn's handwritten digits with a progress bar, a "
+            "JSON-lines metrics file and a simulated slow metrics uploader, then report "
+            "the held-out accuracy and how much callback time hid behind training. "
+            "Needs `pip install 'trainbus[demo]'`."
+        ),
+        add_arguments=_demo_arguments,
+        run=_run_demo,
+    ),
+    "serve": Command(
+        help="serve training jobs over HTTP (the demo job), with their live dashboards",
+        description=(
+            "Serve the training service (the same as `python -m trainbus.serve`): POST "
+            "/jobs starts the demo job, GET /jobs/ID/events streams its events, "
+            "/jobs/ID/dashboard shows it live. See docs/service.md. Needs "
+            "`pip install 'trainbus[service,demo]'`."
+        ),
+        add_arguments=_serve_cli.add_arguments,
+        run=_serve_cli.run,
+    ),
+}
+"""The subcommands, in the order ``--help`` lists them: name, arguments, runner."""
+
+
+def _version() -> str:
+    from trainbus import __version__
+
+    return f"trainbus {__version__}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trainbus",
+        description="trainbus: a PyTorch training loop whose callbacks run on an async bus.",
+        epilog="Run `trainbus COMMAND --help` for a command's options.",
+    )
+    parser.add_argument("-V", "--version", action="version", version=_version())
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, command in COMMANDS.items():
+        sub = commands.add_parser(name, help=command.help, description=command.description)
+        command.add_arguments(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status.
+
+    With no command it prints the help and returns 0.
+
+    Args:
+        argv: The arguments (default ``sys.argv[1:]``).
+
+    Example:
+        >>> main(["demo", "--epochs", "1", "--out", "/tmp/demo"])
+        held-out accuracy: ...
+        0
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    return COMMANDS[args.command].run(args)
 
 
 def _wait_for_ctrl_c() -> None:

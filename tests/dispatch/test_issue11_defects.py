@@ -168,7 +168,7 @@ BAD_ARGUMENTS = [
     pytest.param({"max_lag": -1}, ValueError, id="max_lag=-1"),
     pytest.param({"max_lag": 1.5}, (TypeError, ValueError), id="max_lag=1.5"),
     pytest.param({"close_timeout": math.nan}, ValueError, id="close_timeout=nan"),
-    pytest.param({"wait_warning": -1}, ValueError, id="wait_warning=-1"),
+    pytest.param({"wait_warning_seconds": -1}, ValueError, id="wait_warning_seconds=-1"),
     pytest.param({"barriers": ("batch_ends",)}, ValueError, id="barriers=('batch_ends',)"),
 ]
 

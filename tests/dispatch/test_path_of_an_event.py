@@ -39,7 +39,7 @@ class Awaits(Callback):
 async def test_batch_end_to_an_async_handler_and_back_passes_few_modules() -> None:
     state = State(model=torch.nn.Linear(1, 1), max_duration="1ep")
     callback = Awaits()
-    engine = Engine(state, Logger(state), [callback], warn_slow=False)
+    engine = Engine(state, Logger(state), [callback], warn_slow_callbacks=False)
     recording = threading.Event()
     modules: set[str] = set()
 

@@ -232,7 +232,7 @@ def test_a_full_disk_leaves_no_empty_spool_file(tmp_path: Path) -> None:
         with tmpfs(tmp_path / "disk", "256k") as disk:
             spool = disk / "spool"
             up = HTTPMetricsUploader(
-                server.url, spool_dir=spool, journal=False, batch_size=2, flush_interval=0.01,
+                server.url, spool_dir=spool, journal=False, batch_size=2, flush_seconds=0.01,
                 close_timeout=0.5, backoff=0.01,
             )  # fmt: skip
             trainer = make_trainer(
@@ -260,7 +260,7 @@ def test_a_full_disk_under_the_journal_is_named_in_the_undelivered_warning(
         with tmpfs(tmp_path / "disk", "256k") as disk:
             up = HTTPMetricsUploader(
                 server.url, spool_dir=disk / "spool", journal=True, batch_size=2,
-                flush_interval=0.01, close_timeout=0.5, backoff=0.01,
+                flush_seconds=0.01, close_timeout=0.5, backoff=0.01,
             )  # fmt: skip
             trainer = make_trainer(
                 8, callbacks=[LogEachBatch(disk / "filler", 3)], loggers=[up], device="cpu"

@@ -106,9 +106,9 @@ def test_close_raising_a_base_exception_closes_everything_else_then_raises_it(
             ],
             loggers=[
                 RecordingDestination(order),
-                JSONLinesLogger(jsonl, flush_interval=60.0),  # written out only by close
+                JSONLinesLogger(jsonl, flush_seconds=60.0),  # written out only by close
                 HTTPMetricsUploader(
-                    server.url, spool_dir=spool, flush_interval=60.0, backoff=0.01,
+                    server.url, spool_dir=spool, flush_seconds=60.0, backoff=0.01,
                     close_timeout=5.0,
                 ),
             ],

@@ -98,9 +98,9 @@ def run_fault_case(
             eval_dataloader=make_loader(1, seed=1),
             callbacks=callbacks,
             loggers=[
-                JSONLinesLogger(jsonl, flush_interval=60.0),  # written out only by close
+                JSONLinesLogger(jsonl, flush_seconds=60.0),  # written out only by close
                 HTTPMetricsUploader(
-                    server.url, spool_dir=spool, flush_interval=0.05, backoff=0.01,
+                    server.url, spool_dir=spool, flush_seconds=0.05, backoff=0.01,
                     close_timeout=5.0,
                 ),
             ],

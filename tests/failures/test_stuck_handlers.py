@@ -132,9 +132,9 @@ def test_cancelled_fit_with_a_stuck_callback_returns_and_closes_the_others(
             ],
             loggers=[
                 RecordingDestination(order),
-                JSONLinesLogger(jsonl, flush_interval=60.0),  # written out only by close
+                JSONLinesLogger(jsonl, flush_seconds=60.0),  # written out only by close
                 HTTPMetricsUploader(
-                    server.url, spool_dir=spool, flush_interval=0.05, backoff=0.01,
+                    server.url, spool_dir=spool, flush_seconds=0.05, backoff=0.01,
                     close_timeout=5.0,
                 ),
             ],

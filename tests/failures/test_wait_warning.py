@@ -50,7 +50,7 @@ def _messages(record: pytest.WarningsRecorder) -> list[str]:
 def test_a_long_barrier_wait_names_the_callback_and_the_event(callback: type[Callback]) -> None:
     cb = callback()
     with pytest.warns(CallbackTimeoutWarning) as record:
-        make_trainer(1, callbacks=[cb], wait_warning=THRESHOLD, warn_slow_callbacks=False
+        make_trainer(1, callbacks=[cb], wait_warning_seconds=THRESHOLD, warn_slow_callbacks=False
                      ).fit_sync()
     (message,) = _messages(record)
     assert "barrier of Event.BATCH_END" in message, message
@@ -63,17 +63,17 @@ def test_a_long_barrier_wait_names_the_callback_and_the_event(callback: type[Cal
 def test_a_long_close_names_the_callback_and_still_closes_it() -> None:
     cb = SlowClose()
     with pytest.warns(CallbackTimeoutWarning) as record:
-        make_trainer(1, callbacks=[cb], wait_warning=THRESHOLD).fit_sync()
+        make_trainer(1, callbacks=[cb], wait_warning_seconds=THRESHOLD).fit_sync()
     (message,) = _messages(record)
     assert "closing has waited" in message and "SlowClose.close" in message, message
     assert "abandoned" not in message.split(";")[0]  # a warning, not an abandonment
 
 
 def test_no_warning_under_the_threshold() -> None:
-    make_trainer(1, callbacks=[SlowClose()], wait_warning=math.inf).fit_sync()
+    make_trainer(1, callbacks=[SlowClose()], wait_warning_seconds=math.inf).fit_sync()
 
 
 @pytest.mark.parametrize("value", [0, -1.0, math.nan, "10", True])
 def test_wait_warning_must_be_positive_seconds(value: Any) -> None:
     with pytest.raises(ValueError, match="wait_warning"):
-        make_trainer(1, wait_warning=value)
+        make_trainer(1, wait_warning_seconds=value)

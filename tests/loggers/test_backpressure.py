@@ -90,7 +90,7 @@ DESTS = pytest.mark.parametrize("make", [Held, HeldAsync], ids=["plain", "async"
 
 @DESTS
 def test_drop_oldest_keeps_the_newest_records_within_the_limit(make: type[Held]) -> None:
-    dest = make(Backpressure.drop_oldest(limit=3))  # one being received, two waiting
+    dest = make(Backpressure.drop_oldest(queue_size=3))  # one being received, two waiting
     with _dropping("drop_oldest") as caught:
         trainer = _fit(dest, [(k, {"a": float(k)}) for k in range(1, 11)])
     assert [step for step, _ in dest.got] == [0, 9, 10]
@@ -105,7 +105,7 @@ def test_drop_oldest_keeps_the_newest_records_within_the_limit(make: type[Held])
 
 @DESTS
 def test_latest_keeps_the_latest_value_of_each_name(make: type[Held]) -> None:
-    dest = make(Backpressure.latest(limit=3))
+    dest = make(Backpressure.latest(queue_size=3))
     more = [(1, {"once": 1.0})] + [(k, {"a": float(k)}) for k in range(2, 11)]
     with _dropping("latest"):
         trainer = _fit(dest, more)
@@ -116,7 +116,7 @@ def test_latest_keeps_the_latest_value_of_each_name(make: type[Held]) -> None:
 
 
 def test_latest_drops_the_oldest_when_no_waiting_record_is_superseded() -> None:
-    dest = Held(Backpressure.latest(limit=3))  # one being received, two waiting
+    dest = Held(Backpressure.latest(queue_size=3))  # one being received, two waiting
     more = [(1, {"a": 1.0, "b": 1.0}), (2, {"c": 2.0}), (3, {"a": 3.0}), (4, {"c": 4.0})]
     with _dropping("latest"):
         _fit(dest, more)
@@ -129,7 +129,7 @@ def test_latest_drops_the_oldest_when_no_waiting_record_is_superseded() -> None:
 def test_coalesce_merges_records_of_one_step_and_loses_no_other_step(
     make: type[Held],
 ) -> None:
-    dest = make(Backpressure.coalesce(limit=3))
+    dest = make(Backpressure.coalesce(queue_size=3))
     more = [(5, {f"m{k}": float(k)}) for k in range(10)] + [(5, {"m9": 99.0})]
     with _dropping("coalesce") as caught:
         trainer = _fit(dest, more, after=[(6, {"next": 6.0}), (7, {"next": 7.0})])
@@ -145,7 +145,7 @@ def test_coalesce_merges_records_of_one_step_and_loses_no_other_step(
 
 @DESTS
 def test_block_with_a_limit_loses_nothing_and_warns_nothing(make: type[Held]) -> None:
-    dest = make(Backpressure.block(limit=2))
+    dest = make(Backpressure.block(queue_size=2))
     dest.release.set()  # a held destination would hold the training thread too (D12)
     trainer = _fit(dest, [(k, {"a": float(k)}) for k in range(1, 50)])
     assert [step for step, _ in dest.got] == list(range(50))
@@ -156,7 +156,7 @@ def test_block_with_a_limit_loses_nothing_and_warns_nothing(make: type[Held]) ->
 
 def test_a_lossy_destination_keeps_up_and_warns_nothing() -> None:
     memory = InMemoryLogger()
-    memory.backpressure = Backpressure.drop_oldest(limit=8)
+    memory.backpressure = Backpressure.drop_oldest(queue_size=8)
     trainer = make_trainer(4, loggers=[memory])
     trainer.fit_sync()
     assert memory.get_timeseries("loss/train")["step"] == [1, 2, 3, 4]
@@ -165,10 +165,10 @@ def test_a_lossy_destination_keeps_up_and_warns_nothing() -> None:
 
 def test_a_lossy_policy_on_the_uploader_is_refused_when_the_trainer_is_built() -> None:
     uploader = HTTPMetricsUploader("http://127.0.0.1:9/metrics")
-    uploader.backpressure = Backpressure.latest(limit=10)
+    uploader.backpressure = Backpressure.latest(queue_size=10)
     with pytest.raises(ValueError, match=r"HTTPMetricsUploader takes only Backpressure\.block"):
         make_trainer(1, loggers=[uploader])
-    uploader.backpressure = Backpressure.block(limit=10)
+    uploader.backpressure = Backpressure.block(queue_size=10)
     make_trainer(1, loggers=[uploader])  # block is fine
 
 
@@ -182,10 +182,10 @@ def test_a_backpressure_that_is_not_a_policy_is_refused() -> None:
 @pytest.mark.parametrize(
     ("build", "match"),
     [
-        (lambda: Backpressure.drop_oldest(1), r"limit must be an int >= 2"),
-        (lambda: Backpressure.latest(0), r"limit must be an int >= 2"),
-        (lambda: Backpressure.coalesce(2.5), r"limit must be an int >= 2"),  # type: ignore[arg-type]
-        (lambda: Backpressure.block(0), r"limit must be an int >= 1"),
+        (lambda: Backpressure.drop_oldest(1), r"queue_size must be an int >= 2"),
+        (lambda: Backpressure.latest(0), r"queue_size must be an int >= 2"),
+        (lambda: Backpressure.coalesce(2.5), r"queue_size must be an int >= 2"),  # type: ignore[arg-type]
+        (lambda: Backpressure.block(0), r"queue_size must be an int >= 1"),
         (lambda: Backpressure("newest", 4), r"is not a policy"),  # type: ignore[arg-type]
     ],
 )
@@ -196,7 +196,7 @@ def test_bad_policies_name_the_fix(build: Any, match: str) -> None:
 
 def test_repr_reads_as_the_call_that_builds_it() -> None:
     assert repr(Backpressure()) == "Backpressure.block()"
-    assert repr(Backpressure.latest(64)) == "Backpressure.latest(limit=64)"
+    assert repr(Backpressure.latest(64)) == "Backpressure.latest(queue_size=64)"
 
 
 class Keep(LoggerDestination):
@@ -222,7 +222,7 @@ def test_threads_logging_into_a_lossy_destination_lose_only_what_is_counted(
     make: type[Keep], policy: str
 ) -> None:
     threads, points = 8, 2_000
-    dest = make(getattr(Backpressure, policy)(limit=4))
+    dest = make(getattr(Backpressure, policy)(queue_size=4))
 
     class FromThreads(Callback):
         @blocking
@@ -276,7 +276,7 @@ async def test_records_logged_without_pause_do_not_starve_the_destinations_event
         def batch_end(self, state: Any, logger: Any) -> None:
             seen.append(int(state.timer.batch))
 
-    dest = Echo(Backpressure.drop_oldest(limit=4))
+    dest = Echo(Backpressure.drop_oldest(queue_size=4))
     trainer = make_trainer(5, loggers=[dest], warn_slow_callbacks=False, close_timeout=5.0)
     with anyio.fail_after(WATCHDOG), warnings.catch_warnings():
         warnings.simplefilter("ignore", RecordsDroppedWarning)

@@ -31,8 +31,8 @@ from trainbus.loggers._delivery import retry_after
 from trainbus.loggers._spool import Batch, Spool
 
 REPO = Path(__file__).resolve().parents[2]
-FAST = {"backoff": 0.001, "max_backoff": 0.01, "flush_interval": 0.05}
-SLOW_FLUSH = {**FAST, "flush_interval": 60.0}  # batches sealed only when full, and by close
+FAST = {"backoff": 0.001, "max_backoff": 0.01, "flush_seconds": 0.05}
+SLOW_FLUSH = {**FAST, "flush_seconds": 60.0}  # batches sealed only when full, and by close
 
 
 # -- a metrics server ----------------------------------------------------------------------
@@ -534,7 +534,7 @@ async def test_retry_after_is_honoured(
 
     server = servers(busy_once)
     uploader = HTTPMetricsUploader(server.url, backoff=0.001, max_backoff=0.002,
-                                   flush_interval=0.05)
+                                   flush_seconds=0.05)
     await make_trainer(1, loggers=[uploader]).fit()
     first, second = server.requests
     assert first.key == second.key
@@ -600,7 +600,7 @@ async def test_credentials_go_only_to_the_configured_host(
         ({"url": "ftp://example.com/"}, "url="),
         ({"url": "not a url"}, "url="),
         ({"batch_size": 0}, "batch_size="),
-        ({"flush_interval": 0}, "flush_interval="),
+        ({"flush_seconds": 0}, "flush_seconds="),
         ({"timeout": -1}, "timeout="),
         ({"close_timeout": -1}, "close_timeout="),
         ({"backoff": 2.0, "max_backoff": 1.0}, "max_backoff="),

@@ -30,9 +30,9 @@ def metric(lines: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 async def test_every_loss_point_is_on_disk_in_order_when_fit_returns(tmp_path: Path) -> None:
     path = tmp_path / "runs" / "a" / "m.jsonl"  # parent folders do not exist yet
     memory = InMemoryLogger()
-    # flush_interval=inf: nothing is flushed while training, so the content below is
+    # flush_seconds=inf: nothing is flushed while training, so the content below is
     # complete only because close() flushed (and fsync-ed) before fit() returned.
-    trainer = make_trainer(4, 2, loggers=[JSONLinesLogger(path, flush_interval=math.inf), memory])
+    trainer = make_trainer(4, 2, loggers=[JSONLinesLogger(path, flush_seconds=math.inf), memory])
     await trainer.fit()
     lines = read(path)
     loss = metric(lines, "loss/train")
@@ -58,7 +58,7 @@ class FailsAtBatch(Callback):
 def test_a_failure_mid_run_loses_no_logged_point(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     trainer = make_trainer(
-        10, 1, [FailsAtBatch(3)], loggers=[JSONLinesLogger(path, flush_interval=math.inf)]
+        10, 1, [FailsAtBatch(3)], loggers=[JSONLinesLogger(path, flush_seconds=math.inf)]
     )
     with pytest.raises(RuntimeError, match="callback failed"):
         trainer.fit_sync()
@@ -143,7 +143,7 @@ def _record(step: int) -> LogRecord:
 
 def test_flush_interval_zero_flushes_every_record(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
-    dest = JSONLinesLogger(path, flush_interval=0)
+    dest = JSONLinesLogger(path, flush_seconds=0)
     dest.log_record(_record(1))
     assert [p["step"] for p in read(path)] == [1]  # readable by another process now
     dest.log_record(_record(2))
@@ -153,7 +153,7 @@ def test_flush_interval_zero_flushes_every_record(tmp_path: Path) -> None:
 
 def test_buffered_until_the_interval_or_close(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
-    dest = JSONLinesLogger(path, flush_interval=math.inf)
+    dest = JSONLinesLogger(path, flush_seconds=math.inf)
     dest.log_record(_record(1))
     assert path.read_text(encoding="utf-8") == ""
     dest.close(None, None)  # type: ignore[arg-type]
@@ -163,8 +163,8 @@ def test_buffered_until_the_interval_or_close(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", [-1, "1s", float("nan"), True])
 def test_bad_flush_interval(tmp_path: Path, bad: Any) -> None:
-    with pytest.raises(ValueError, match="flush_interval"):
-        JSONLinesLogger(tmp_path / "m.jsonl", flush_interval=bad)
+    with pytest.raises(ValueError, match="flush_seconds"):
+        JSONLinesLogger(tmp_path / "m.jsonl", flush_seconds=bad)
 
 
 def test_bad_path() -> None:

@@ -36,7 +36,7 @@ def _no_mlflow_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-FAST = {"backoff": 0.01, "max_backoff": 0.2, "flush_interval": 0.05}
+FAST = {"backoff": 0.01, "max_backoff": 0.2, "flush_seconds": 0.05}
 
 
 def client(server: MLflowServer) -> Any:
@@ -286,13 +286,13 @@ def test_server_stopped_mid_run_and_restarted_loses_nothing(
     mlflow_logger = MLflowLogger(mlflow_server.url, experiment_name=experiment(),
                                  spool_dir=tmp_path / "spool", close_timeout=300,
                                  batch_size=4, backoff=0.05, max_backoff=0.5,
-                                 flush_interval=0.05)
+                                 flush_seconds=0.05)
     memory = InMemoryLogger()
     trainer = make_trainer(20, callbacks=[LogExtras(), Outage()],
                            loggers=[memory, mlflow_logger], warn_slow_callbacks=False,
                            # close waits for the restart on purpose (tens of seconds on a
                            # loaded machine): that wait is this test's subject, not a hang
-                           wait_warning=math.inf)
+                           wait_warning_seconds=math.inf)
     try:
         trainer.fit_sync()
     finally:

@@ -65,11 +65,11 @@ def test_records_are_encoded_off_the_loop_which_wakes_once_per_request(
     mlflow_server: MLflowServer,
 ) -> None:
     # 20 records of 10 points, 50 points per request: the loop takes the records' points
-    # when a request's worth has come (4 times; flush_interval is longer than the run),
+    # when a request's worth has come (4 times; flush_seconds is longer than the run),
     # not once per record, and never encodes a record itself.
     ten = TenPerBatch()
     mlflow_logger = Watched(mlflow_server.url, experiment_name=experiment(), batch_size=50,
-                            flush_interval=60, backoff=0.01)
+                            flush_seconds=60, backoff=0.01)
     make_trainer(20, callbacks=[ten], loggers=[mlflow_logger], log_train_loss=False,
                  warn_slow_callbacks=False).fit_sync()
     assert ten.loop_thread is not None

@@ -71,7 +71,7 @@ class FailsAtBatch(Callback):
 
 def test_close_after_a_failure_keeps_every_point(tmp_path: Path) -> None:
     trainer = make_trainer(
-        8, 1, [FailsAtBatch()], loggers=[TensorBoardLogger(tmp_path, flush_secs=3600)]
+        8, 1, [FailsAtBatch()], loggers=[TensorBoardLogger(tmp_path, flush_seconds=3600)]
     )
     with pytest.raises(RuntimeError, match="callback failed"):
         trainer.fit_sync()
@@ -107,8 +107,8 @@ def test_import_trainbus_loggers_does_not_import_tensorboard() -> None:
 
 @pytest.mark.parametrize("bad", [0, -1, "10", float("nan")])
 def test_bad_flush_secs(tmp_path: Path, bad: Any) -> None:
-    with pytest.raises(ValueError, match="flush_secs"):
-        TensorBoardLogger(tmp_path, flush_secs=bad)
+    with pytest.raises(ValueError, match="flush_seconds"):
+        TensorBoardLogger(tmp_path, flush_seconds=bad)
 
 
 def test_bad_log_dir() -> None:

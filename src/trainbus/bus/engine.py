@@ -47,6 +47,7 @@ from trainbus.core.exceptions import (
     FitInProgressError,
     add_thread_bound_hint,
 )
+from trainbus.core.renamed import renamed_option
 
 if TYPE_CHECKING:
     from trainbus.bus.lanes import Lane
@@ -84,10 +85,12 @@ class Engine:
         barriers: Events at which the training thread waits for all earlier handlers.
         max_lag: Batches by which handlers may trail the ``BATCH_END`` barrier.
         queue_size: Handler calls that may wait per callback before the producer waits.
-        warn_slow: Whether to warn when a callback is slower than the batches.
+        warn_slow_callbacks: Whether to warn when a callback is slower than the batches.
+        warn_slow: Deprecated name of ``warn_slow_callbacks`` (warns once).
+        wait_warning: Deprecated name of ``wait_warning_seconds`` (warns once).
         close_timeout: Seconds each callback's ``close`` and ``post_close`` may take (and
             a cancelled ``fit()`` waits for a stuck handler) before it is abandoned.
-        wait_warning: Seconds a barrier or a close may wait for a callback before a
+        wait_warning_seconds: Seconds a barrier or a close may wait for a callback before a
             :class:`~trainbus.CallbackTimeoutWarning` names it (``math.inf``: never).
         lane_threads: Threads in the pool that runs plain callbacks (each pinned to one
             for the whole run; ``own_thread = True`` callbacks get one of their own).
@@ -113,18 +116,26 @@ class Engine:
         barriers: Iterable[Event | str] = (Event.BATCH_END,),
         max_lag: int = 0,
         queue_size: int = 128,
-        warn_slow: bool = True,
+        warn_slow_callbacks: bool = True,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
-        wait_warning: float = DEFAULT_WAIT_WARNING,
+        wait_warning_seconds: float = DEFAULT_WAIT_WARNING,
         lane_threads: int = DEFAULT_LANE_THREADS,
+        warn_slow: bool | None = None,
+        wait_warning: float | None = None,
     ) -> None:
         self.options = BusOptions.validated(
             barriers=barriers,
             max_lag=max_lag,
             queue_size=queue_size,
-            warn_slow=warn_slow,
+            warn_slow=renamed_option(
+                "Engine", "warn_slow", warn_slow, "warn_slow_callbacks", warn_slow_callbacks,
+                default=True,
+            ),
             close_timeout=close_timeout,
-            wait_warning=wait_warning,
+            wait_warning=renamed_option(
+                "Engine", "wait_warning", wait_warning, "wait_warning_seconds",
+                wait_warning_seconds, default=DEFAULT_WAIT_WARNING,
+            ),
             lane_threads=lane_threads,
         )
         self.state = state

@@ -248,7 +248,8 @@ class Lane:
         policy = member.backpressure
         #: For a destination: records logged and not yet delivered at which it is behind
         #: (its ``backpressure`` limit, else ``queue_size``; D12, ``docs/loggers.md``).
-        self.log_limit = queue_size if policy is None or policy.limit is None else policy.limit
+        own = None if policy is None else policy.queue_size
+        self.log_limit = queue_size if own is None else own
         #: For a destination with a lossy policy: where its records wait (``mailbox.py``);
         #: its FIFO then gets markers only. ``None`` for every other lane.
         self.mailbox = Mailbox(self, policy) if policy is not None and policy.lossy else None

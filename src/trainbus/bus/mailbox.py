@@ -64,11 +64,11 @@ class Mailbox:
 
     def __init__(self, lane: _Owner, policy: Backpressure) -> None:
         assert policy.lossy, "block needs no mailbox"
-        assert policy.limit is not None
+        assert policy.queue_size is not None
         self._lane = lane
         self._lock = lane.count_lock
         self.policy = policy
-        self.limit = policy.limit
+        self.limit = policy.queue_size
         self._waiting: deque[LogRecord] = deque()
         self._armed = False  # a marker is queued on the lane and not yet taken to the end
         self._in_flight = 0

@@ -81,11 +81,15 @@ class BusOptions:
         _seconds(close_timeout, "close_timeout", "seconds > 0, e.g. 30.0 or math.inf")
         if close_timeout == 0:
             raise ValueError(f"close_timeout={close_timeout!r} must be > 0 seconds, e.g. 30.0")
-        _seconds(wait_warning, "wait_warning", "seconds > 0, e.g. 10.0, or math.inf for never")
+        _seconds(
+            wait_warning, "wait_warning_seconds", "seconds > 0, e.g. 10.0, or math.inf for never"
+        )
         if wait_warning == 0:
-            raise ValueError(f"wait_warning={wait_warning!r} must be > 0 seconds, e.g. 10.0")
+            raise ValueError(
+                f"wait_warning_seconds={wait_warning!r} must be > 0 seconds, e.g. 10.0"
+            )
         if not isinstance(warn_slow, bool):
-            raise TypeError(f"warn_slow={warn_slow!r} must be True or False")
+            raise TypeError(f"warn_slow_callbacks={warn_slow!r} must be True or False")
         return cls(
             barriers=frozenset(_barrier_events(barriers)),
             max_lag=max_lag,

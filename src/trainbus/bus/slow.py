@@ -113,7 +113,7 @@ def long_wait_message(kind: str, event: Event | None, lanes: list[Lane], seconds
     )
     return (
         f"the training thread has waited {seconds:g} s {at} for "
-        f"{names or 'its callbacks'}; it keeps waiting (Trainer(wait_warning=...) sets "
+        f"{names or 'its callbacks'}; it keeps waiting (Trainer(wait_warning_seconds=...) sets "
         "when this warns)"
     )
 

@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 from starlette.responses import JSONResponse
@@ -59,11 +59,26 @@ class Access:
         allowed_hosts: ``Host`` names accepted besides loopback and the connection's own
             address (lower case, without brackets or port); ``"*"`` accepts any.
         insecure_no_token: Answer requests from other machines without a token.
+        server: Which server it guards, for the fixes its refusals name: ``"service"``
+            (``trainbus serve``, ``create_app``) or ``"dashboard"`` (``Dashboard``).
     """
 
     token: str | None = None
     allowed_hosts: frozenset[str] = frozenset()
     insecure_no_token: bool = False
+    server: Literal["service", "dashboard"] = "service"
+
+    @property
+    def _options(self) -> dict[str, str]:
+        """How a user sets each option of this server, for the messages."""
+        if self.server == "dashboard":
+            return {"hosts": "Dashboard(allowed_hosts=[...])", "token": "Dashboard(token=...)",
+                    "writes": "this dashboard's server"}  # fmt: skip
+        return {
+            "hosts": "create_app(allowed_hosts=[...]) (trainbus serve --allow-host NAME)",
+            "token": "trainbus serve --token, create_app(token=...)",
+            "writes": "this server's jobs",
+        }
 
 
 def _bare(host: str) -> str:
@@ -93,7 +108,10 @@ def is_loopback(host: str) -> bool:
 
 
 def access_options(
-    token: str | None, allowed_hosts: Iterable[str], insecure_no_token: bool
+    token: str | None,
+    allowed_hosts: Iterable[str],
+    insecure_no_token: bool,
+    server: Literal["service", "dashboard"] = "service",
 ) -> Access:
     """Validate a server's access options (``create_app`` and ``Dashboard`` alike)."""
     if token is not None and (not isinstance(token, str) or not _TOKEN.fullmatch(token)):
@@ -115,7 +133,7 @@ def access_options(
                 "scheme or port, e.g. 'trainer.example.com' or '10.0.0.5' ('*': any host)"
             )
         hosts.add(bare)
-    return Access(token, frozenset(hosts), bool(insecure_no_token))
+    return Access(token, frozenset(hosts), bool(insecure_no_token), server)
 
 
 def _is_ip(host: str) -> bool:
@@ -219,7 +237,7 @@ class Guard:
                 f"Host {host_header!r} is not this server's name; it answers to localhost, "
                 "127.0.0.1, [::1] and the address it listens on (a page whose domain "
                 "resolves here is refused: DNS rebinding). To serve under another name, "
-                "list it: allowed_hosts=[...] (python -m trainbus.serve --allow-host NAME)",
+                f"list it: {access._options['hosts']}",
             ), None
         cookie = None
         if access.token is not None:
@@ -239,8 +257,8 @@ class Guard:
             return _refuse(
                 403,
                 f"this server has no token, so it answers only on loopback (this request came "
-                f"in on {local}); set a token (python -m trainbus.serve --token, "
-                "create_app(token=...)) or pass insecure_no_token=True",
+                f"in on {local}); set a token ({access._options['token']}) or pass "
+                "insecure_no_token=True",
             ), None
         method = scope.get("method", "GET")
         if method in _SAFE_METHODS or scope["type"] == "websocket":
@@ -250,8 +268,8 @@ class Guard:
             return _refuse(
                 403,
                 f"{method} from another site refused (Origin {origin!r}); a page on another "
-                "site cannot change this server's jobs; send it from this server's own page "
-                "or from a client without an Origin header (curl, httpx)",
+                f"site cannot change {access._options['writes']}; send it from this server's "
+                "own page or from a client without an Origin header (curl, httpx)",
             ), None
         media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if method in _BODY_METHODS and media != "application/json":

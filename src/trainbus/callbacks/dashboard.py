@@ -10,7 +10,7 @@ server's loop publishes what waits there into an
 :class:`~trainbus.callbacks.EventStream` whose subscribers have bounded buffers; the
 run's end wakes that loop through the bridge (:class:`~trainbus.bus.bridge.LoopHandle`).
 The bus snapshots (callbacks panel, timeline) are taken on the server's thread every
-``interval`` seconds while a tab watches (and once at the end of the run).
+``snapshot_seconds`` while a tab watches (and once at the end of the run).
 Needs ``pip install 'trainbus[service]'`` (Starlette, uvicorn).
 """
 
@@ -34,6 +34,7 @@ from trainbus.callbacks.event_stream import DEFAULT_STREAM_EVENTS, EventStream
 from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
 from trainbus.core.logger import LogRecord
+from trainbus.core.renamed import renamed_option
 
 if TYPE_CHECKING:
     from trainbus.bus.engine import Engine
@@ -80,14 +81,15 @@ class Dashboard(LoggerDestination):
     Args:
         host: The interface to listen on (default ``127.0.0.1``: this machine only).
         port: The port (``0``: any free port; read :attr:`url`).
-        interval: Seconds between two bus snapshots (callbacks panel, timeline), taken
-            while a tab watches.
+        snapshot_seconds: Seconds between two bus snapshots (callbacks panel, timeline),
+            taken while a tab watches.
         history: Items kept for tabs that open (or reconnect) later.
         token: Required on every request when set (:attr:`url` carries it; the page sets
             a cookie from it). On a ``host`` other than loopback one is generated when
             none is given, unless ``insecure_no_token=True``.
         allowed_hosts: ``Host`` names it answers besides ``localhost``, ``127.0.0.1``,
             ``[::1]`` and the address a request arrived on; ``["*"]``: any.
+        interval: Deprecated name of ``snapshot_seconds`` (warns once).
         insecure_no_token: Serve other machines without a token (anyone who reaches the
             port reads the run).
 
@@ -111,29 +113,33 @@ class Dashboard(LoggerDestination):
         *,
         host: str = "127.0.0.1",
         port: int = 0,
-        interval: float = 0.5,
+        snapshot_seconds: float = 0.5,
         history: int = 20_000,
         token: str | None = None,
         allowed_hosts: Iterable[str] = (),
         insecure_no_token: bool = False,
+        interval: float | None = None,
     ) -> None:
+        interval = renamed_option(
+            "Dashboard", "interval", interval, "snapshot_seconds", snapshot_seconds, default=0.5
+        )
         try:
             from trainbus.callbacks._guard import access_options, is_loopback
         except ImportError as exc:
             raise _missing_extra(exc) from exc
         if token is None and not is_loopback(host) and not insecure_no_token:
             token = secrets.token_urlsafe(32)  # printed with the url, as Jupyter does
-        self._access = access_options(token, allowed_hosts, insecure_no_token)
+        self._access = access_options(token, allowed_hosts, insecure_no_token, "dashboard")
         self.token = token
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port={port!r} must be an int from 0 to 65535 (0: any free port)")
         if isinstance(interval, bool) or not isinstance(interval, int | float) or not (
             interval > 0
         ):
-            raise ValueError(f"interval={interval!r} must be seconds > 0, e.g. 0.5")
+            raise ValueError(f"snapshot_seconds={interval!r} must be seconds > 0, e.g. 0.5")
         self.host = host
         self.port = port
-        self.interval = float(interval)
+        self.snapshot_seconds = float(interval)
         self.stream = EventStream(history=history, buffer_size=history)
         self._feed: BusFeed | None = None
         self._running = False
@@ -232,13 +238,13 @@ class Dashboard(LoggerDestination):
         self._server = server
 
         async def ticker() -> None:
-            tick = min(_FLUSH_S, self.interval)
-            next_snapshot = time.monotonic() + self.interval
+            tick = min(_FLUSH_S, self.snapshot_seconds)
+            next_snapshot = time.monotonic() + self.snapshot_seconds
             while True:
                 await anyio.sleep(tick)
                 self._flush()
                 if time.monotonic() >= next_snapshot:
-                    next_snapshot = time.monotonic() + self.interval
+                    next_snapshot = time.monotonic() + self.snapshot_seconds
                     # Nobody watches: no snapshot (a tab that opens gets one at its first
                     # tick; the recorder is bounded meanwhile).
                     feed, watched = self._feed, self.stream.statistics().subscribers > 0

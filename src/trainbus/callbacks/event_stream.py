@@ -46,6 +46,7 @@ from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
 from trainbus.core.exceptions import StreamOverflowError
 from trainbus.core.logger import LogRecord
+from trainbus.core.renamed import renamed_option
 
 if TYPE_CHECKING:
     from trainbus.bus.engine import Engine
@@ -196,11 +197,13 @@ class EventStream(LoggerDestination):
 
     # -- bus snapshots ----------------------------------------------------------------------
 
-    def watch(self, engine: Engine, *, interval: float = 0.5) -> None:
-        """Also publish the bus's statistics and timeline, every ``interval`` seconds.
+    def watch(
+        self, engine: Engine, *, snapshot_seconds: float = 0.5, interval: float | None = None
+    ) -> None:
+        """Also publish the bus's statistics and timeline, every ``snapshot_seconds``.
 
         From now on the stream's handlers publish a :class:`StreamBusSnapshot` of
-        ``engine`` (``trainer.engine``) at most every ``interval`` seconds of the run, and
+        ``engine`` (``trainer.engine``) at most every ``snapshot_seconds`` of the run, and
         a last one at ``FIT_END`` (or at ``close`` after an error or a cancellation). It
         starts recording the engine's timeline (``engine.record_trace()``) and keeps only
         its latest spans. The snapshots are taken on the event loop, never on the
@@ -208,17 +211,24 @@ class EventStream(LoggerDestination):
 
         Args:
             engine: The trainer's engine.
-            interval: Seconds between snapshots (> 0), e.g. 0.5.
+            snapshot_seconds: Seconds between snapshots (> 0), e.g. 0.5.
+            interval: Deprecated name of ``snapshot_seconds`` (warns once).
 
         Example:
             >>> stream = EventStream(history=1024)
             >>> trainer = Trainer(model, loader, "2ep", loggers=[stream])
             >>> stream.watch(trainer.engine)
         """
+        interval = renamed_option(
+            "EventStream.watch", "interval", interval, "snapshot_seconds", snapshot_seconds,
+            default=0.5,
+        )
         if isinstance(interval, bool) or not isinstance(interval, int | float) or not (
             interval > 0
         ):
-            raise ValueError(f"interval={interval!r} must be a number of seconds > 0, e.g. 0.5")
+            raise ValueError(
+                f"snapshot_seconds={interval!r} must be a number of seconds > 0, e.g. 0.5"
+            )
         from trainbus.callbacks._bus_feed import BusFeed
 
         self._feed = BusFeed(engine)

@@ -27,9 +27,11 @@ class BusKeywords(TypedDict, total=False):
     barriers: Iterable[Event | str]
     max_lag: int
     queue_size: int
-    warn_slow: bool
+    warn_slow_callbacks: bool
+    warn_slow: bool  # deprecated: warn_slow_callbacks
     close_timeout: float | None
-    wait_warning: float | None
+    wait_warning_seconds: float | None
+    wait_warning: float | None  # deprecated: wait_warning_seconds
     lane_threads: int | None
 
 

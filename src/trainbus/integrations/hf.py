@@ -62,8 +62,8 @@ class TrainbusCallback(transformers.TrainerCallback):
         loggers: trainbus :class:`~trainbus.LoggerDestination` instances; they also
             receive every ``on_log`` as a record (its real-number values).
         run_name: ``state.run_name``; default: the Trainer's ``args.run_name``.
-        **bus_options: ``barriers``, ``max_lag``, ``queue_size``, ``warn_slow``,
-            ``close_timeout``, ``wait_warning``: as for :class:`~trainbus.Bus`, handed to it
+        **bus_options: ``barriers``, ``max_lag``, ``queue_size``, ``warn_slow_callbacks``,
+            ``close_timeout``, ``wait_warning_seconds``: as for :class:`~trainbus.Bus`, handed to it
             unchanged.
 
     Attributes:

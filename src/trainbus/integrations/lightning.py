@@ -109,8 +109,8 @@ class TrainbusCallback(pl.Callback):
             still names the checkpoint folder). With ``logger=False`` pass
             ``logger=bridge.lightning_logger`` to the trainer instead.
         run_name: ``state.run_name``.
-        **bus_options: ``barriers``, ``max_lag``, ``queue_size``, ``warn_slow``,
-            ``close_timeout``, ``wait_warning``: as for :class:`~trainbus.Bus`, handed to it
+        **bus_options: ``barriers``, ``max_lag``, ``queue_size``, ``warn_slow_callbacks``,
+            ``close_timeout``, ``wait_warning_seconds``: as for :class:`~trainbus.Bus`, handed to it
             unchanged.
 
     Attributes:

@@ -40,6 +40,7 @@ from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
 from trainbus.core.exceptions import EngineThreadError
 from trainbus.core.logger import Logger
+from trainbus.core.renamed import renamed_option
 from trainbus.core.state import State
 from trainbus.core.time import Time
 from trainbus.training.checks import check_callbacks
@@ -91,10 +92,12 @@ class Bus:
         barriers: Events at which the training thread waits for every earlier handler.
         max_lag: Batches by which handlers may trail the ``BATCH_END`` barrier.
         queue_size: Handler calls that may wait per callback before training waits.
-        warn_slow: Warn when a callback's handlers are slower than the batches.
+        warn_slow_callbacks: Warn when a callback's handlers are slower than the batches.
+        warn_slow: Deprecated name of ``warn_slow_callbacks`` (warns once).
+        wait_warning: Deprecated name of ``wait_warning_seconds`` (warns once).
         close_timeout: Seconds each ``close``/``post_close`` may take before it is
             abandoned (the engine's default when ``None``).
-        wait_warning: Seconds a barrier may wait for a callback before a warning names it
+        wait_warning_seconds: Seconds a barrier may wait for a callback before a warning names it
             (the engine's default when ``None``).
         lane_threads: Threads in the pool that runs plain callbacks (the engine's
             default, 8, when ``None``); ``own_thread = True`` callbacks get their own.
@@ -124,10 +127,12 @@ class Bus:
         barriers: Iterable[Event | str] = (Event.BATCH_END,),
         max_lag: int = 0,
         queue_size: int = 128,
-        warn_slow: bool = True,
+        warn_slow_callbacks: bool = True,
         close_timeout: float | None = None,
-        wait_warning: float | None = None,
+        wait_warning_seconds: float | None = None,
         lane_threads: int | None = None,
+        warn_slow: bool | None = None,
+        wait_warning: float | None = None,
     ) -> None:
         callback_list = [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
         logger_list = [loggers] if isinstance(loggers, Callback) else list(loggers)
@@ -157,8 +162,12 @@ class Bus:
         options: dict[str, Any] = {}
         if close_timeout is not None:
             options["close_timeout"] = close_timeout
-        if wait_warning is not None:
-            options["wait_warning"] = wait_warning
+        wait_warning_seconds = renamed_option(
+            "Bus", "wait_warning", wait_warning, "wait_warning_seconds", wait_warning_seconds,
+            default=None,
+        )
+        if wait_warning_seconds is not None:
+            options["wait_warning_seconds"] = wait_warning_seconds
         if lane_threads is not None:
             options["lane_threads"] = lane_threads
         self.engine = Engine(
@@ -168,7 +177,10 @@ class Bus:
             barriers=barriers,
             max_lag=max_lag,
             queue_size=queue_size,
-            warn_slow=warn_slow,
+            warn_slow_callbacks=renamed_option(
+                "Bus", "warn_slow", warn_slow, "warn_slow_callbacks", warn_slow_callbacks,
+                default=True,
+            ),
             **options,
         )
         self._init_published = False

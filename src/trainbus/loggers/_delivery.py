@@ -106,7 +106,7 @@ def checked_options(
         )
     return (
         batch_size,
-        positive("flush_interval", flush_interval, "1.0"),
+        positive("flush_seconds", flush_interval, "1.0"),
         positive("timeout", timeout, "10.0"),
         float(close_timeout),
         low,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from trainbus.core.renamed import renamed_option
 from trainbus.loggers._batching import BatchingDestination
 from trainbus.loggers._delivery import (
     MetricsUploadWarning,
@@ -57,7 +58,8 @@ class HTTPMetricsUploader(BatchingDestination):
     Args:
         url: The endpoint that receives ``POST`` requests (``http`` or ``https``).
         batch_size: Points per request at most; a full buffer is sealed at once.
-        flush_interval: Seconds; the partial buffer is sealed and sent this often.
+        flush_seconds: Seconds; the partial buffer is sealed and sent this often.
+        flush_interval: Deprecated name of ``flush_seconds`` (warns once).
         spool_dir: A directory where each batch is written before its first attempt
             and deleted after a 2xx; batches left there by an earlier run are resent
             when the uploader starts. ``None`` keeps batches in memory only.
@@ -129,7 +131,7 @@ class HTTPMetricsUploader(BatchingDestination):
         url: str,
         *,
         batch_size: int = 100,
-        flush_interval: float = 1.0,
+        flush_seconds: float = 1.0,
         spool_dir: str | os.PathLike[str] | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float = 10.0,
@@ -138,6 +140,7 @@ class HTTPMetricsUploader(BatchingDestination):
         max_backoff: float = 30.0,
         run_name: str | None = None,
         journal: bool | None = None,
+        flush_interval: float | None = None,
     ) -> None:
         httpx = require_httpx("HTTPMetricsUploader")
         try:
@@ -162,7 +165,10 @@ class HTTPMetricsUploader(BatchingDestination):
         super().__init__(
             str(parsed),
             batch_size=batch_size,
-            flush_interval=flush_interval,
+            flush_interval=renamed_option(
+                "HTTPMetricsUploader", "flush_interval", flush_interval, "flush_seconds",
+                flush_seconds, default=1.0,
+            ),
             spool_dir=spool_dir,
             journal=journal,
             timeout=timeout,

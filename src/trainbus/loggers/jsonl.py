@@ -10,7 +10,7 @@ Each line is ``{"name", "value", "step", "wall_time", "level", "kind"}``:
 - ``kind``: ``"metric"``, or ``"hyperparameter"`` for ``log_hyperparameters`` values.
 
 The file is opened (append mode, parent folders created) at ``fit_start``, written
-through a buffer off the event loop, flushed when ``flush_interval`` seconds
+through a buffer off the event loop, flushed when ``flush_seconds`` seconds
 have passed since the last flush and a point is written, and flushed and ``fsync``-ed at
 ``close``, which runs also when training fails: a failure loses no logged point.
 
@@ -50,6 +50,7 @@ import torch
 from trainbus.core.destination import LoggerDestination
 from trainbus.core.exceptions import TrainbusWarning
 from trainbus.core.logger import LogRecord
+from trainbus.core.renamed import renamed_option
 
 if TYPE_CHECKING:
     from trainbus.core.logger import Logger
@@ -171,8 +172,9 @@ class JSONLinesLogger(LoggerDestination):
     Args:
         path: The file; parent folders are created. Each ``fit()`` appends to it,
             after moving a torn last line (no newline) aside to ``<path>.torn``.
-        flush_interval: Seconds between flushes of the write buffer while training
+        flush_seconds: Seconds between flushes of the write buffer while training
             (checked whenever a point is written); ``0`` flushes after every record.
+        flush_interval: Deprecated name of ``flush_seconds`` (warns once).
 
     Example:
         >>> trainer = Trainer(model, loader, "1ep", loggers=[JSONLinesLogger("runs/m.jsonl")])
@@ -187,22 +189,32 @@ class JSONLinesLogger(LoggerDestination):
     #: "Trailing handlers"). A subclass that reads live state sets ``trailing = None``.
     trailing = 2
 
-    def __init__(self, path: str | os.PathLike[str], *, flush_interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        flush_seconds: float = 1.0,
+        flush_interval: float | None = None,
+    ) -> None:
+        flush_seconds = renamed_option(
+            "JSONLinesLogger", "flush_interval", flush_interval, "flush_seconds", flush_seconds,
+            default=1.0,
+        )
         if not isinstance(path, str | os.PathLike):
             raise TypeError(
                 f"path={path!r} must be a str or a path, e.g. JSONLinesLogger('runs/m.jsonl')"
             )
         if (
-            isinstance(flush_interval, bool)
-            or not isinstance(flush_interval, int | float)
-            or not flush_interval >= 0
+            isinstance(flush_seconds, bool)
+            or not isinstance(flush_seconds, int | float)
+            or not flush_seconds >= 0
         ):
             raise ValueError(
-                f"flush_interval={flush_interval!r} must be a number of seconds >= 0, "
+                f"flush_seconds={flush_seconds!r} must be a number of seconds >= 0, "
                 "e.g. 1.0 (0 flushes after every record)"
             )
         self.path = Path(path)
-        self.flush_interval = float(flush_interval)
+        self.flush_seconds = float(flush_seconds)
         self._file: IO[str] | None = None
         self._last_flush = 0.0
         self._opened_size: int | None = None  # the file's length when this logger opened it
@@ -251,7 +263,7 @@ class JSONLinesLogger(LoggerDestination):
             }
             file.write(json.dumps(line, allow_nan=False, separators=(",", ":")) + "\n")
         now = time.monotonic()
-        if now - self._last_flush >= self.flush_interval:
+        if now - self._last_flush >= self.flush_seconds:
             file.flush()
             self._last_flush = now
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from trainbus.core.exceptions import TrackingServerError
+from trainbus.core.renamed import renamed_option
 from trainbus.loggers._batching import BatchingDestination
 from trainbus.loggers._delivery import (
     MetricsUploadWarning,
@@ -94,7 +95,8 @@ class MLflowLogger(BatchingDestination):
         tags: Tags of the run (names to strings).
         token: A bearer token; default ``MLFLOW_TRACKING_TOKEN``.
         batch_size: Metrics per request at most (MLflow's limit: 1000).
-        flush_interval: Seconds; buffered points are sent at least this often.
+        flush_seconds: Seconds; buffered points are sent at least this often.
+        flush_interval: Deprecated name of ``flush_seconds`` (warns once).
         spool_dir: A directory where each batch is written before its first attempt
             (resent by the next logger started on it, to the same run).
         journal: Keep a write-ahead journal of every metric point in ``spool_dir`` (which
@@ -140,13 +142,14 @@ class MLflowLogger(BatchingDestination):
         tags: Mapping[str, str] | None = None,
         token: str | None = None,
         batch_size: int = MAX_METRICS,
-        flush_interval: float = 1.0,
+        flush_seconds: float = 1.0,
         spool_dir: str | os.PathLike[str] | None = None,
         timeout: float = 10.0,
         close_timeout: float = 30.0,
         backoff: float = 0.5,
         max_backoff: float = 30.0,
         journal: bool | None = None,
+        flush_interval: float | None = None,
     ) -> None:
         httpx = require_httpx("MLflowLogger")
         if journal is not None and not isinstance(journal, bool):
@@ -187,7 +190,10 @@ class MLflowLogger(BatchingDestination):
         super().__init__(
             str(parsed),
             batch_size=batch_size,
-            flush_interval=flush_interval,
+            flush_interval=renamed_option(
+                "MLflowLogger", "flush_interval", flush_interval, "flush_seconds", flush_seconds,
+                default=1.0,
+            ),
             spool_dir=spool_dir,
             journal=journal,
             timeout=timeout,

@@ -32,6 +32,7 @@ import torch
 from trainbus.core.destination import LoggerDestination
 from trainbus.core.exceptions import TrainbusWarning
 from trainbus.core.logger import LogRecord
+from trainbus.core.renamed import renamed_option
 from trainbus.loggers._tfevents import event_files, events_after
 
 if TYPE_CHECKING:
@@ -75,7 +76,9 @@ class TensorBoardLogger(LoggerDestination):
     Args:
         log_dir: The run's folder (created if missing); point ``tensorboard --logdir``
             at it or at its parent.
-        flush_secs: Seconds between flushes of pending events to disk while training.
+        flush_seconds: Seconds between flushes of pending events to disk while training
+            (``SummaryWriter``'s ``flush_secs``).
+        flush_secs: Deprecated name of ``flush_seconds`` (warns once).
 
     Raises:
         ImportError: The ``tensorboard`` package is not installed (the message says how
@@ -92,28 +95,40 @@ class TensorBoardLogger(LoggerDestination):
     #: "Trailing handlers"). A subclass that reads live state sets ``trailing = None``.
     trailing = 2
 
-    def __init__(self, log_dir: str | os.PathLike[str], *, flush_secs: float = 30.0) -> None:
+    def __init__(
+        self,
+        log_dir: str | os.PathLike[str],
+        *,
+        flush_seconds: float = 30.0,
+        flush_secs: float | None = None,
+    ) -> None:
+        flush_seconds = renamed_option(
+            "TensorBoardLogger", "flush_secs", flush_secs, "flush_seconds", flush_seconds,
+            default=30.0,
+        )
         if not isinstance(log_dir, str | os.PathLike):
             raise TypeError(
                 f"log_dir={log_dir!r} must be a str or a path, e.g. TensorBoardLogger('runs/a')"
             )
         if (
-            isinstance(flush_secs, bool)
-            or not isinstance(flush_secs, int | float)
-            or not (flush_secs > 0)
+            isinstance(flush_seconds, bool)
+            or not isinstance(flush_seconds, int | float)
+            or not (flush_seconds > 0)
         ):
-            raise ValueError(f"flush_secs={flush_secs!r} must be a number of seconds > 0, e.g. 30")
+            raise ValueError(
+                f"flush_seconds={flush_seconds!r} must be a number of seconds > 0, e.g. 30"
+            )
         if importlib.util.find_spec("tensorboard") is None:
             raise ImportError(_MISSING)
         self.log_dir = Path(log_dir)
-        self.flush_secs = float(flush_secs)
+        self.flush_seconds = float(flush_seconds)
         self._writer: Any = None
         self._replayed: Counter[tuple[str, int]] = Counter()  # dropped once each on resume
 
     def _open(self) -> Any:
         if self._writer is None:
             writer_class = _summary_writer_class()
-            self._writer = writer_class(log_dir=str(self.log_dir), flush_secs=self.flush_secs)
+            self._writer = writer_class(log_dir=str(self.log_dir), flush_secs=self.flush_seconds)
         return self._writer
 
     def fit_start(self, state: State, logger: Logger) -> None:

@@ -477,12 +477,24 @@ class _Watchdog(threading.Thread):
             # The checkpoint is taken (or there is none to take: without a saver nothing
             # tells a stuck run from one still closing): only the last bound applies.
             return
-        waiting = self.engine._describe_waiting() or "a handler"
-        self._say(
-            f"{name}: the run did not reach its checkpoint within {self.patience:.1f} s; "
-            f"abandoning the stuck handler(s) {waiting}, writing the checkpoint now and "
-            "closing the other callbacks"
+        waiting = self.engine._describe_waiting()
+        late = self.started_at >= self.notice.deadline - EXIT_MARGIN
+        within = (
+            "before its deadline, which had already passed when the notice came"
+            if late
+            else f"within {self.patience:.1f} s"
         )
+        if waiting:
+            self._say(
+                f"{name}: the run did not reach its checkpoint {within}; abandoning the "
+                f"stuck handler(s) {waiting}, writing the checkpoint now and closing the "
+                "other callbacks"
+            )
+        else:
+            self._say(
+                f"{name}: the run did not reach its checkpoint {within}; writing the "
+                "checkpoint now and closing the callbacks"
+            )
         for saver in savers:
             try:
                 path = saver.save_now(self.state, max(0.0, self.deadline - time.monotonic()))

@@ -43,6 +43,7 @@ from trainbus.callbacks._dashboard_page import (
 )
 from trainbus.callbacks._guard import Guard, access_options
 from trainbus.callbacks.event_stream import Subscription
+from trainbus.core.renamed import renamed_option
 from trainbus.serve._body import parse_params
 from trainbus.serve._jobs import (
     Job,
@@ -187,7 +188,7 @@ def create_app(
     max_running: int | Literal["auto"] | None = "auto",
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     keep_finished: int = 100,
-    stream_buffer: int = 256,
+    buffer_size: int = 256,
     stream_events: Any = None,
     stream_history: int = 1024,
     dashboard: bool = True,
@@ -195,6 +196,7 @@ def create_app(
     allowed_hosts: Iterable[str] = (),
     insecure_no_token: bool = False,
     debug: bool = False,
+    stream_buffer: int | None = None,
 ) -> Starlette:
     """A Starlette application that runs training jobs and streams their events.
 
@@ -208,7 +210,7 @@ def create_app(
         max_body_bytes: The largest ``POST /jobs`` body accepted; larger ones get 413
             before they are read whole (default 1 MiB).
         keep_finished: Finished jobs kept for the status endpoints.
-        stream_buffer: Items each SSE client may have waiting server-side; a client that
+        buffer_size: Items each SSE client may have waiting server-side; a client that
             reads slower loses its oldest items (an ``event: gap`` tells how many).
         stream_events: The events streamed (see :class:`~trainbus.callbacks.EventStream`).
         stream_history: Items each job keeps for clients that connect late (an SSE client
@@ -225,6 +227,7 @@ def create_app(
         insecure_no_token: Answer requests from other machines without a token: anyone
             who reaches the port can then start, read and cancel jobs.
         debug: Starlette's debug mode.
+        stream_buffer: Deprecated name of ``buffer_size`` (warns once).
 
     Every request passes the checks of ``docs/service.md`` ("Who can reach it"): its
     ``Host`` names this server, it carries the token if there is one, and a write
@@ -250,7 +253,9 @@ def create_app(
         job_factory,
         max_running=max_running,
         keep_finished=keep_finished,
-        stream_buffer=stream_buffer,
+        buffer_size=renamed_option(
+            "create_app", "stream_buffer", stream_buffer, "buffer_size", buffer_size, default=256
+        ),
         stream_events=stream_events,
         stream_history=stream_history,
         watch_bus=dashboard,

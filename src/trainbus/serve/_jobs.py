@@ -24,6 +24,7 @@ from trainbus.callbacks._stream_items import json_ready
 from trainbus.callbacks.event_stream import EventStream
 from trainbus.core.destination import LoggerDestination
 from trainbus.core.logger import LogRecord
+from trainbus.core.renamed import renamed_option
 from trainbus.serve._status import (
     JobFactoryError,
     JobStatus,
@@ -192,7 +193,8 @@ class JobManager:
             :class:`TooManyJobsError` (``"auto"``: :func:`default_max_running`, one per
             usable CPU core; ``None``: no limit).
         keep_finished: Finished jobs kept for ``get``/``jobs`` (oldest forgotten first).
-        stream_buffer: Items each event-stream subscriber may have waiting.
+        buffer_size: Items each event-stream subscriber may have waiting.
+        stream_buffer: Deprecated name of ``buffer_size``.
         stream_events: The events jobs' streams publish (see :class:`EventStream`).
         stream_history: Items each job's stream keeps for late subscribers (``since=``).
         watch_bus: Whether each job's stream also publishes bus snapshots
@@ -213,10 +215,11 @@ class JobManager:
         *,
         max_running: int | Literal["auto"] | None = "auto",
         keep_finished: int = 100,
-        stream_buffer: int = 256,
+        buffer_size: int = 256,
         stream_events: Any = None,
         stream_history: int = 1024,
         watch_bus: bool = False,
+        stream_buffer: int | None = None,
     ) -> None:
         if not callable(job_factory):
             raise TypeError(
@@ -233,12 +236,15 @@ class JobManager:
             )
         if not isinstance(keep_finished, int) or keep_finished < 0:
             raise ValueError(f"keep_finished={keep_finished!r} must be an int >= 0")
+        buffer_size = renamed_option(
+            "JobManager", "stream_buffer", stream_buffer, "buffer_size", buffer_size, default=256
+        )
         # Validate the stream's arguments now rather than at the first job.
-        EventStream(buffer_size=stream_buffer, events=stream_events, history=stream_history)
+        EventStream(buffer_size=buffer_size, events=stream_events, history=stream_history)
         self.job_factory = job_factory
         self.max_running: int | None = max_running
         self.keep_finished = keep_finished
-        self.stream_buffer = stream_buffer
+        self.buffer_size = buffer_size
         self.stream_events = stream_events
         self.stream_history = stream_history
         self.watch_bus = bool(watch_bus)
@@ -302,6 +308,9 @@ class JobManager:
     async def start(self, params: Mapping[str, Any] | None = None) -> Job:
         """Build a job with the factory and start its ``fit()`` in the manager's group.
 
+        The factory runs first, so its parameter errors come before the job limit: a
+        request with bad parameters is told what is wrong even while the service is full.
+
         Raises:
             ServiceClosedError: The manager is not running or is shutting down.
             TooManyJobsError: ``max_running`` jobs are running.
@@ -315,13 +324,8 @@ class JobManager:
                 "the job manager is not running (not entered yet, or shutting down); "
                 "start jobs inside `async with manager:`"
             )
-        if self.max_running is not None and self.running >= self.max_running:
-            raise TooManyJobsError(
-                f"{self.running} jobs are running (max_running={self.max_running}); wait for "
-                "one to finish or cancel one"
-            )
         stream = EventStream(
-            buffer_size=self.stream_buffer, events=self.stream_events, history=self.stream_history
+            buffer_size=self.buffer_size, events=self.stream_events, history=self.stream_history
         )
         ctx = JobContext(secrets.token_hex(6), dict(params or {}), stream)
         trainer = self.job_factory(ctx)
@@ -342,6 +346,13 @@ class JobManager:
             )
         if self._closing:  # shutdown began while an async factory ran
             raise ServiceClosedError("the job manager is shutting down; no new jobs")
+        # After the factory: a request with bad parameters gets their error (400) whether
+        # or not the limit is reached; only a valid one is told to retry later (429).
+        if self.max_running is not None and self.running >= self.max_running:
+            raise TooManyJobsError(
+                f"{self.running} jobs are running (max_running={self.max_running}); wait for "
+                "one to finish or cancel one"
+            )
         if self.watch_bus:
             stream.watch(trainer.engine)
         job = Job(ctx, trainer)

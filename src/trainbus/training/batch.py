@@ -53,6 +53,55 @@ def _describe_value(value: Any) -> str:
     return f"a {type(value).__qualname__}"
 
 
+#: Losses that compare outputs and targets element by element: targets of another shape
+#: are broadcast (torch warns, then fails or silently computes the wrong loss).
+_ELEMENTWISE = tuple(
+    getattr(torch.nn.functional, name)
+    for name in ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
+)
+_ELEMENTWISE_MODULES = (
+    torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.SmoothL1Loss, torch.nn.HuberLoss,
+)  # fmt: skip
+
+
+def _class_indices_for(outputs: Any, targets: Any) -> bool:
+    """Whether ``targets`` look like class indices for ``outputs`` (logits)."""
+    return (
+        isinstance(outputs, torch.Tensor)
+        and isinstance(targets, torch.Tensor)
+        and not targets.is_floating_point()
+        and outputs.dim() == targets.dim() + 1
+    )
+
+
+def _check_regression_shapes(loss_fn: Any, outputs: Any, targets: Any) -> None:
+    """An element-wise loss (``mse_loss``, ...) given targets of another shape: the fix,
+    before torch's broadcast warning and shape error."""
+    if not (loss_fn in _ELEMENTWISE or isinstance(loss_fn, _ELEMENTWISE_MODULES)):
+        return
+    if not isinstance(outputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
+        return
+    if outputs.shape == targets.shape:
+        return
+    name = getattr(loss_fn, "__name__", type(loss_fn).__qualname__)
+    said = (
+        f"loss_fn={name} compares outputs and targets element by element, but the model's "
+        f"outputs have shape {tuple(outputs.shape)} and the targets shape "
+        f"{tuple(targets.shape)} ({targets.dtype})"
+    )
+    if _class_indices_for(outputs, targets):
+        raise ValueError(
+            f"{said}: the targets look like class indices. Use a classification loss, "
+            "e.g. loss_fn=F.cross_entropy, or one-hot float targets "
+            "(F.one_hot(y, num_classes).float())"
+        )
+    raise ValueError(
+        f"{said}: they must have the same shape (torch would broadcast them and compute "
+        "the wrong loss); e.g. return outputs.squeeze(-1) from forward, or reshape the "
+        "targets in the dataset"
+    )
+
+
 class BatchCalls:
     """Calls the model and the loss on a batch by the trainer's convention.
 
@@ -157,8 +206,20 @@ class BatchCalls:
                 args, second = "loss_fn(outputs, batch)", batch
             else:
                 args, second = "loss_fn(outputs, targets)", batch[1]
+        if call is self.loss_fn:
+            _check_regression_shapes(call, outputs, second)
         try:
             loss: Any = call(outputs, second)
+        except RuntimeError as exc:
+            if not _class_indices_for(outputs, second):
+                raise
+            raise ValueError(
+                f"{args} failed: {exc}. The targets look like class indices "
+                f"({_describe_value(second)}, {second.dtype}) for outputs of shape "
+                f"{tuple(outputs.shape)}: use a classification loss, e.g. "
+                "loss_fn=F.cross_entropy, or give targets of the outputs' shape (e.g. "
+                "F.one_hot(y, num_classes).float())"
+            ) from exc
         except TypeError as exc:
             if not isinstance(outputs, tuple | list | Mapping):
                 raise

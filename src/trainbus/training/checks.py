@@ -6,6 +6,7 @@ any callback sees ``INIT``, so a bad argument costs nothing but the error.
 
 from __future__ import annotations
 
+import inspect
 import math
 import secrets
 import time
@@ -15,16 +16,23 @@ from typing import Any
 import torch
 
 from trainbus.core.callback import Callback
+from trainbus.core.destination import LoggerDestination
 from trainbus.core.time import Time, TimeUnit, ensure_time
 
 __all__ = [
     "check_callbacks",
     "check_eval_interval",
     "check_grad_clip_norm",
+    "check_loss",
     "check_max_duration",
+    "check_model",
     "check_optimizers",
     "check_optimizers_train_the_model",
+    "check_preempt_deadline",
     "check_run_name",
+    "check_schedulers",
+    "check_schedulers_step_the_optimizers",
+    "destinations_first",
 ]
 
 
@@ -97,8 +105,11 @@ def _is_callback_class(obj: object) -> bool:
 
 
 def check_callbacks(callbacks: Sequence[Any], loggers: Sequence[Any]) -> None:
-    """No callback class instead of an instance; no instance given twice."""
+    """No callback class instead of an instance; no instance given twice (a destination in
+    both ``callbacks`` and ``loggers`` is one destination: :func:`destinations_first`)."""
     seen: dict[int, str] = {}
+    in_both = {id(d) for d in loggers if isinstance(d, LoggerDestination)}
+    in_both &= {id(cb) for cb in callbacks}
     named = [(f"callbacks[{i}]", cb) for i, cb in enumerate(callbacks)]
     named += [(f"loggers[{i}]", dest) for i, dest in enumerate(loggers)]
     for where, cb in named:
@@ -108,11 +119,26 @@ def check_callbacks(callbacks: Sequence[Any], loggers: Sequence[Any]) -> None:
                 f"{cb.__qualname__}()"
             )
         first = seen.setdefault(id(cb), where)
-        if first != where:
+        if first != where and not (id(cb) in in_both and where.startswith("loggers")):
             raise ValueError(
                 f"{where} is the same {type(cb).__qualname__} instance as {first}, so it would "
                 "see every event twice; pass it once (or create a second instance)"
             )
+
+
+def destinations_first(
+    callbacks: Sequence[Any], loggers: Sequence[Any]
+) -> tuple[list[Any], list[Any]]:
+    """``(callbacks, loggers)`` with every :class:`LoggerDestination` of ``callbacks`` among
+    the loggers: a destination is one wherever it is passed (Lightning users put loggers
+    beside callbacks), and receives every record, ``loss/train`` included. One passed in
+    both lists is registered once, where ``loggers`` has it."""
+    in_loggers = {id(d) for d in loggers}
+    plain = [cb for cb in callbacks if not isinstance(cb, LoggerDestination)]
+    moved = [
+        cb for cb in callbacks if isinstance(cb, LoggerDestination) and id(cb) not in in_loggers
+    ]
+    return plain, [*loggers, *moved]
 
 
 def check_optimizers(optimizers: Sequence[torch.optim.Optimizer]) -> None:
@@ -152,6 +178,34 @@ def check_optimizers_train_the_model(
     )
 
 
+def check_preempt_deadline(deadline: object, timeout: object) -> float | None:
+    """``preempt()``'s deadline as a ``time.monotonic()`` value (``None``: the grace
+    period): ``deadline`` is one already, ``timeout`` is seconds from now."""
+    if deadline is not None and (
+        isinstance(deadline, bool)
+        or not isinstance(deadline, int | float)
+        or deadline != deadline
+    ):
+        raise TypeError(
+            f"deadline={deadline!r} must be a time.monotonic() value, e.g. "
+            "time.monotonic() + 60 (or timeout=60), or None for the grace period"
+        )
+    if timeout is not None:
+        if deadline is not None:
+            raise TypeError(
+                "preempt() got both deadline= and timeout=; pass one: timeout= in "
+                "seconds from now, or deadline= a time.monotonic() value"
+            )
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
+            timeout >= 0
+        ):
+            raise ValueError(
+                f"timeout={timeout!r} must be seconds from now >= 0, e.g. timeout=60"
+            )
+        deadline = time.monotonic() + timeout
+    return deadline
+
+
 def _resolve_device(device: str | torch.device) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -168,7 +222,130 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     return resolved
 
 
+def check_model(model: object, train_dataloader: object) -> None:
+    """``model`` is a ``torch.nn.Module``; the hint says what to do with what it is."""
+    if isinstance(model, torch.nn.Module):
+        return
+    got = type(model).__qualname__
+    if isinstance(train_dataloader, torch.nn.Module):
+        raise TypeError(
+            f"model is a {got} and train_dataloader a {type(train_dataloader).__qualname__} "
+            "(an nn.Module): they look swapped; the order is Trainer(model, "
+            "train_dataloader, max_duration), e.g. Trainer(model, loader, '2ep', ...)"
+        )
+    if isinstance(model, Iterable | torch.utils.data.Dataset):
+        hint = "pass the model first: Trainer(model, train_dataloader, max_duration)"
+    elif callable(model):
+        hint = "wrap your function in an nn.Module (its forward calls the function)"
+    else:
+        hint = "pass the torch.nn.Module to train, e.g. Trainer(torch.nn.Linear(4, 2), ...)"
+    raise TypeError(f"model must be a torch.nn.Module, got {got}; {hint}")
+
+
+def _accepts_two(fn: Any) -> bool | None:
+    """Whether ``fn(a, b)`` binds; ``None`` when its signature cannot be read."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        return False
+    return True
+
+
+def _params(fn: Any) -> str:
+    """``fn``'s parameters as a user wrote them, names only: ``(outputs)``."""
+    return "(" + ", ".join(inspect.signature(fn).parameters) + ")"
+
+
+def check_loss(model: torch.nn.Module, loss_fn: Any) -> None:
+    """The loss takes ``(outputs, targets)`` (or ``(outputs, batch)``): checked now,
+    from its signature, rather than as torch's ``TypeError`` at the first batch."""
+    model_loss = getattr(model, "loss", None)
+    if callable(model_loss):
+        if _accepts_two(model_loss) is False:
+            raise TypeError(
+                f"model.loss{_params(model_loss)} must take (outputs, batch): "
+                "trainbus calls model.loss(outputs, batch) (Composer's convention), e.g. "
+                "def loss(self, outputs, batch): return F.cross_entropy(outputs, batch[1])"
+            )
+        return
+    if loss_fn is not None and _accepts_two(loss_fn) is False:
+        name = getattr(loss_fn, "__name__", type(loss_fn).__qualname__)
+        raise TypeError(
+            f"loss_fn={name}{_params(loss_fn)} must take two arguments: trainbus "
+            "calls loss_fn(outputs, targets) for (inputs, targets) batches and "
+            "loss_fn(outputs, batch) for dict batches, e.g. loss_fn=F.cross_entropy or "
+            "def loss(outputs, targets): ...; for a loss of the whole batch define "
+            "model.loss(outputs, batch) instead"
+        )
+
+
+def check_schedulers(schedulers: object) -> list[Any]:
+    """``schedulers`` as a list of objects with a ``step()``; a bare function (an lr
+    lambda) or a scheduler class gets the wrapping that makes it one."""
+    if schedulers is None:
+        return []
+    items = list(schedulers) if isinstance(schedulers, list | tuple) else [schedulers]
+    for i, sched in enumerate(items):
+        where = f"schedulers[{i}]" if isinstance(schedulers, list | tuple) else "schedulers"
+        if isinstance(sched, type):
+            raise TypeError(
+                f"{where} is the class {sched.__qualname__}, not a scheduler; build it over "
+                f"the optimizer: {sched.__qualname__}(optimizer, ...)"
+            )
+        if callable(getattr(sched, "step", None)):
+            continue
+        if callable(sched):
+            raise TypeError(
+                f"{where} is a function, not a learning-rate scheduler (the trainer calls "
+                "its step() after every batch); wrap it: torch.optim.lr_scheduler.LambdaLR("
+                "optimizer, lr_lambda=fn), where fn(step) returns a factor of the "
+                "optimizer's lr (pass that optimizer as optimizers= too)"
+            )
+        raise TypeError(
+            f"{where} is a {type(sched).__qualname__}, which has no step(); pass a "
+            "torch.optim.lr_scheduler scheduler (or a list of them), e.g. "
+            "torch.optim.lr_scheduler.StepLR(optimizer, step_size=100)"
+        )
+    return items
+
+
+def check_schedulers_step_the_optimizers(
+    schedulers: Sequence[Any], optimizers: Sequence[torch.optim.Optimizer]
+) -> None:
+    """A scheduler built over an optimizer the trainer does not step changes no lr that
+    matters: refuse it, naming the fix (``optimizers=`` that optimizer)."""
+    mine = {id(o) for o in optimizers}
+    for i, sched in enumerate(schedulers):
+        opt = getattr(sched, "optimizer", None)
+        if isinstance(opt, torch.optim.Optimizer) and id(opt) not in mine:
+            given = "the default AdamW" if not optimizers else "other optimizers"
+            raise ValueError(
+                f"schedulers[{i}] ({type(sched).__qualname__}) adjusts an optimizer that the "
+                f"trainer does not step (it steps {given}), so its schedule would change "
+                "nothing; pass that optimizer too: optimizers=optimizer, "
+                "schedulers=Scheduler(optimizer, ...)"
+            )
+
+
 def _check_loader(loader: Any, name: str) -> None:
+    if isinstance(loader, torch.utils.data.Dataset) and not isinstance(
+        loader, torch.utils.data.IterableDataset | Iterable
+    ):
+        raise TypeError(
+            f"{name} is a {type(loader).__qualname__}, a map-style Dataset: iterating it "
+            "gives one sample at a time, not batches; wrap it in a DataLoader, e.g. "
+            f"{name}=DataLoader(dataset, batch_size=32"
+            f"{', shuffle=True' if name == 'train_dataloader' else ''})"
+        )
+    if isinstance(loader, torch.nn.Module):
+        raise TypeError(
+            f"{name} is a {type(loader).__qualname__} (an nn.Module), not batches; pass "
+            "the model first: Trainer(model, train_dataloader, max_duration)"
+        )
     if not isinstance(loader, Iterable):
         raise TypeError(
             f"{name} must be iterable (a torch DataLoader or any iterable of batches), "

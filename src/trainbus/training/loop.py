@@ -312,17 +312,20 @@ class TrainingLoop:
         return True
 
     @torch.no_grad()
-    def evaluate(self) -> None:
-        """One pass over ``eval_dataloader``: mean loss and model metrics, logged."""
+    def evaluate(self, dataloader: Any = None) -> None:
+        """One pass over ``dataloader`` (default ``eval_dataloader``): mean loss and model
+        metrics, logged."""
         state, publish = self.state, self.publish
+        loader = state.eval_dataloader if dataloader is None else dataloader
         model = self.model
         model.eval()
         publish(E.EVAL_START)
         total = 0
         sums: dict[str, torch.Tensor] = {}
         metric_fn = getattr(model, "eval_metrics", None)
-        for raw in state.eval_dataloader:
-            self.calls.check(raw, "eval_dataloader")
+        where = "eval_dataloader" if dataloader is None else "dataloader"
+        for raw in loader:
+            self.calls.check(raw, where)
             batch = to_device(raw, state.device)
             n = batch_size_of(batch)
             state.batch = batch

@@ -28,6 +28,7 @@ from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
 from trainbus.core.exceptions import EngineThreadError, FitInProgressError
 from trainbus.core.logger import Logger
+from trainbus.core.renamed import renamed_option
 from trainbus.core.state import State
 from trainbus.core.time import Time
 from trainbus.loggers._exactly_once import plan_exactly_once
@@ -61,13 +62,20 @@ from trainbus.training.checks import (
     check_callbacks,
     check_eval_interval,
     check_grad_clip_norm,
+    check_loss,
     check_max_duration,
+    check_model,
     check_optimizers,
     check_optimizers_train_the_model,
+    check_preempt_deadline,
     check_run_name,
+    check_schedulers,
+    check_schedulers_step_the_optimizers,
+    destinations_first,
 )
 from trainbus.training.fit_call import FitCall
 from trainbus.training.loop import LoopConfig, TrainingLoop
+from trainbus.training.outside_fit import OutsideFit
 from trainbus.training.rank_stops import RankStops
 
 __all__ = ["Trainer"]
@@ -89,7 +97,7 @@ def _reached(state: State) -> bool:
     return bool(state.timestamp.get(end.unit).value >= end.value)
 
 
-class Trainer:
+class Trainer(OutsideFit):
     """Trains a model on a worker thread while callbacks run on the event loop.
 
     Args:
@@ -105,7 +113,9 @@ class Trainer:
         eval_interval: How often to evaluate: ``"1ep"``, ``"100ba"``, or an int (epochs).
         optimizers: An optimizer or a list; default ``torch.optim.AdamW(lr=1e-3)``.
         schedulers: A scheduler or a list; stepped after every batch.
-        callbacks: :class:`Callback` instances, offered events in this order.
+        callbacks: :class:`Callback` instances, offered events in this order. A
+            :class:`LoggerDestination` here is a destination as in ``loggers`` (and one
+            passed in both is registered once).
         loggers: :class:`LoggerDestination` instances (offered events after callbacks).
         loss_fn: The loss for models without a ``loss`` method: ``loss_fn(outputs,
             targets)`` for pairs, ``loss_fn(outputs, batch)`` for dict batches.
@@ -130,9 +140,9 @@ class Trainer:
             a cancelled ``fit()`` waits for a stuck handler, before it is reported
             (:class:`~trainbus.CallbackTimeoutWarning`) and abandoned; every other
             callback still closes. ``math.inf`` waits for ever.
-        wait_warning: Seconds the training thread may wait at a barrier (or a close for a
-            callback) before a :class:`~trainbus.CallbackTimeoutWarning` names the callback
-            and the handler it waits for; ``math.inf`` never warns.
+        wait_warning_seconds: Seconds the training thread may wait at a barrier (or a
+            close for a callback) before a :class:`~trainbus.CallbackTimeoutWarning` names
+            the callback and the handler it waits for; ``math.inf`` never warns.
         lane_threads: Threads in the pool that runs plain callbacks' handlers (default
             8): each plain callback is pinned to one of them for the whole run, and
             several share one; a callback that sets ``own_thread = True`` gets a thread
@@ -152,12 +162,16 @@ class Trainer:
             ``torchrun`` or in a SLURM job and a ``CheckpointSaver`` is among the
             callbacks, off otherwise; ``False`` turns it off. :meth:`preempt` works in
             every case. See ``docs/preemption.md``.
+        wait_warning: Deprecated name of ``wait_warning_seconds`` (warns once; option
+            names follow one rule, ``CONTRIBUTING.md``).
 
     Example:
         >>> trainer = Trainer(model, loader, "2ep", loss_fn=F.cross_entropy,
         ...                   callbacks=[Upload()], loggers=[JSONLinesLogger("m.jsonl")])
         >>> await trainer.fit()          # in async code
         >>> trainer.fit_sync()           # in a script
+        >>> trainer.eval_sync(test_loader)  # an evaluation pass outside fit()
+        >>> trainer.save_checkpoint("final.pt")
     """
 
     def __init__(
@@ -185,17 +199,14 @@ class Trainer:
         log_train_loss: bool = True,
         warn_slow_callbacks: bool = True,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
-        wait_warning: float = DEFAULT_WAIT_WARNING,
+        wait_warning_seconds: float = DEFAULT_WAIT_WARNING,
         lane_threads: int = DEFAULT_LANE_THREADS,
         load_path: str | os.PathLike[str] | None = None,
         dist_timeout: float = DEFAULT_DIST_TIMEOUT,
         preemption: Preemption | bool | None = None,
+        wait_warning: float | None = None,
     ) -> None:
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(
-                f"model must be a torch.nn.Module, got {type(model).__qualname__}; "
-                "wrap your function in an nn.Module"
-            )
+        check_model(model, train_dataloader)
         model, ddp_wrapper = unwrap(model)  # state.model is the user's module, never DDP
         if not callable(getattr(model, "loss", None)) and loss_fn is None:
             raise ValueError(
@@ -207,6 +218,7 @@ class Trainer:
                 f"loss_fn must be callable, got {type(loss_fn).__qualname__}; "
                 "pass a function (outputs, targets) -> loss, e.g. F.cross_entropy"
             )
+        check_loss(model, loss_fn)
         _check_loader(train_dataloader, "train_dataloader")
         if eval_dataloader is not None:
             _check_loader(eval_dataloader, "eval_dataloader")
@@ -227,13 +239,17 @@ class Trainer:
             queue_size=queue_size,
             warn_slow=warn_slow_callbacks,
             close_timeout=close_timeout,
-            wait_warning=wait_warning,
+            wait_warning=renamed_option(
+                "Trainer", "wait_warning", wait_warning, "wait_warning_seconds",
+                wait_warning_seconds, default=DEFAULT_WAIT_WARNING,
+            ),
             lane_threads=lane_threads,
         )
         resolved_device = _resolve_device(device)
         callbacks = _as_list(callbacks, "callbacks")
         loggers = _as_list(loggers, "loggers")
         check_callbacks(callbacks, loggers)
+        callbacks, loggers = destinations_first(callbacks, loggers)
         self.preemption = check_preemption(
             preemption,
             auto=launched_by_a_scheduler() and takes_checkpoints([*callbacks, *loggers]),
@@ -241,9 +257,11 @@ class Trainer:
         # trainer.preempt() gives the same notice with or without signals handled.
         self._notices = self.preemption or Preemption(signals=())
         check_checkpointing(model, callbacks)
+        sched_list = check_schedulers(schedulers)
         opt_list = [] if optimizers is None else _optimizer_list(optimizers)
         check_optimizers(opt_list)
         check_optimizers_train_the_model(opt_list, model)
+        check_schedulers_step_the_optimizers(sched_list, opt_list)
         for i, dest in enumerate(loggers):
             if not isinstance(dest, LoggerDestination):
                 resolve_callback(dest, where=f"loggers[{i}]")  # raises for non-callbacks
@@ -267,13 +285,6 @@ class Trainer:
         ddp_model = wrap_model(model, ddp_wrapper, dist_info, resolved_device)
         if not opt_list:
             opt_list = [torch.optim.AdamW(model.parameters(), lr=1e-3)]
-        if schedulers is None:
-            sched_list: list[Any] = []
-        elif isinstance(schedulers, list | tuple):
-            sched_list = list(schedulers)
-        else:
-            sched_list = [schedulers]
-
         self.state = State(
             model=model,
             max_duration=duration,
@@ -312,9 +323,9 @@ class Trainer:
             barriers=bus_options.barriers,
             max_lag=bus_options.max_lag,
             queue_size=bus_options.queue_size,
-            warn_slow=bus_options.warn_slow,
+            warn_slow_callbacks=bus_options.warn_slow,
             close_timeout=bus_options.close_timeout,
-            wait_warning=bus_options.wait_warning,
+            wait_warning_seconds=bus_options.wait_warning,
             lane_threads=bus_options.lane_threads,
         )
         self._config = LoopConfig(
@@ -454,7 +465,9 @@ class Trainer:
         the running or last ``fit()``; ``state.preemption`` is that notice."""
         return self.state.preemption is not None
 
-    def preempt(self, reason: str, deadline: float | None = None) -> bool:
+    def preempt(
+        self, reason: str, deadline: float | None = None, *, timeout: float | None = None
+    ) -> bool:
         """Tell the run that it will be stopped: the same notice as a preemption signal.
 
         Safe from any thread and from any task (a web request, a spot-notice poller, a Ray
@@ -470,10 +483,12 @@ class Trainer:
         Args:
             reason: Why, for ``state.preemption.reason`` and the stderr line,
                 e.g. ``"maintenance"``.
-            deadline: A :func:`time.monotonic` value by which the run must have stopped;
-                default: the preemption's grace period from now (``Preemption(grace=...)``,
-                else the environment's, else 30 s). From a wall-clock deadline ``t``:
+            deadline: A :func:`time.monotonic` value (not seconds from now: see
+                ``timeout``) by which the run must have stopped; default: the preemption's
+                grace period from now (``Preemption(grace=...)``, else the environment's,
+                else 30 s). From a wall-clock deadline ``t``:
                 ``time.monotonic() + (t - time.time())``.
+            timeout: The same deadline as seconds from now, e.g. ``timeout=60``.
 
         Returns:
             Whether this call gave the notice (``False``: a notice was already given).
@@ -487,15 +502,7 @@ class Trainer:
                 f"reason={reason!r} must be a non-empty string saying why, e.g. "
                 'trainer.preempt("maintenance")'
             )
-        if deadline is not None and (
-            isinstance(deadline, bool)
-            or not isinstance(deadline, int | float)
-            or deadline != deadline
-        ):
-            raise TypeError(
-                f"deadline={deadline!r} must be a time.monotonic() value, e.g. "
-                "time.monotonic() + 60, or None for the grace period"
-            )
+        deadline = check_preempt_deadline(deadline, timeout)
         notices = self._notices
         return notices.give(self.state, notices.notice(reason, deadline=deadline))
 

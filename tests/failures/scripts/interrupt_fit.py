@@ -88,7 +88,7 @@ def main() -> int:
     callbacks: list[Callback] = [probe]
     if args.stuck:
         callbacks.append(StuckBatchEnd())
-    destination = SlowClose(args.out, flush_interval=60.0)  # written out by close
+    destination = SlowClose(args.out, flush_seconds=60.0)  # written out by close
     destination.slow = args.slow_close
     trainer = Trainer(
         Model(),

@@ -1,7 +1,7 @@
 """A child for tests/failures/test_spinning_handler.py: an ``async def`` handler that spins.
 
 ``spinning_handler.py batch_end|close fit_sync|anyio.run`` trains 3 batches with
-``close_timeout=5`` and ``wait_warning=5``; the callback's handler of that name runs
+``close_timeout=5`` and ``wait_warning_seconds=5``; the callback's handler of that name runs
 ``while True: pass`` (no await). It prints ``spinning`` when it starts, and ``fit
 returned`` / ``fit raised <type>`` at the end.
 """
@@ -39,7 +39,7 @@ trainer = Trainer(
     loss_fn=torch.nn.functional.cross_entropy,
     callbacks=[Spins()],
     close_timeout=5,
-    wait_warning=5,
+    wait_warning_seconds=5,
     warn_slow_callbacks=False,
 )
 try:
