@@ -51,9 +51,9 @@ class FailAt(Callback):
 def attempt(tmp_path: Path, url: str, *, fail_at: int, offset: float) -> None:
     folder = tmp_path / "ckpt"
     loggers = [
-        JSONLinesLogger(tmp_path / "m.jsonl", flush_interval=0),
-        TensorBoardLogger(tmp_path / "tb", flush_secs=0.1),
-        HTTPMetricsUploader(url, spool_dir=tmp_path / "spool", flush_interval=0.05),
+        JSONLinesLogger(tmp_path / "m.jsonl", flush_seconds=0),
+        TensorBoardLogger(tmp_path / "tb", flush_seconds=0.1),
+        HTTPMetricsUploader(url, spool_dir=tmp_path / "spool", flush_seconds=0.05),
     ]
     saver = CheckpointSaver(folder, filename="ba{batch}.pt", save_interval="4ba")
     trainer = make_trainer(
@@ -128,7 +128,7 @@ def test_a_restart_before_the_first_checkpoint_continues_the_mlflow_run(
     for fail_at, offset in ((3, 0.0), (99, 1000.0)):
         mlflow_logger = MLflowLogger(
             mlflow_server.url, experiment_name=exp, spool_dir=tmp_path / "spool",
-            backoff=0.01, max_backoff=0.2, flush_interval=0.05,
+            backoff=0.01, max_backoff=0.2, flush_seconds=0.05,
         )  # fmt: skip
         saver = CheckpointSaver(folder, filename="ba{batch}.pt", save_interval="4ba")
         trainer = make_trainer(
