@@ -66,6 +66,7 @@ __all__ = [
     "find_checkpoint",
     "find_checkpoints",
     "folder_name",
+    "folder_name_template",
     "is_complete",
     "is_interrupted",
     "is_sharded",
@@ -119,9 +120,13 @@ def folder_name(filename: str, timestamp: Timestamp) -> str:
     Every rank writes into the same folder, so ``-rank{rank}`` (or ``{rank}``) is dropped:
     the default ``ep{epoch}-ba{batch}-rank{rank}.pt`` gives ``ep1-ba4``.
     """
+    return folder_name_template(filename).format(**timestamp.state_dict()) or "checkpoint"
+
+
+def folder_name_template(filename: str) -> str:
+    """The template of :func:`folder_name`: ``filename`` without ``{rank}`` and ``.pt``."""
     name = filename.replace("-rank{rank}", "").replace("_rank{rank}", "")
-    name = name.replace("{rank}", "").removesuffix(".pt")
-    return name.format(**timestamp.state_dict()) or "checkpoint"
+    return name.replace("{rank}", "").removesuffix(".pt")
 
 
 def is_complete(path: pathlib.Path) -> bool:
