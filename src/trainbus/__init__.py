@@ -36,6 +36,7 @@ from trainbus.core.exceptions import FitNotAwaitedWarning as FitNotAwaitedWarnin
 from trainbus.core.exceptions import HandlerInterrupted as HandlerInterrupted
 from trainbus.core.exceptions import RecordsDroppedWarning as RecordsDroppedWarning
 from trainbus.core.exceptions import SlowCallbackWarning as SlowCallbackWarning
+from trainbus.core.exceptions import ThreadStartError as ThreadStartError
 from trainbus.core.exceptions import TrainbusError as TrainbusError
 from trainbus.core.exceptions import TrainbusWarning as TrainbusWarning
 from trainbus.core.exceptions import UnknownHandlerWarning as UnknownHandlerWarning
@@ -87,6 +88,7 @@ __all__ = (
     "Serializable",
     "SlowCallbackWarning",
     "State",
+    "ThreadStartError",
     "Time",
     "TimeUnit",
     "Timer",

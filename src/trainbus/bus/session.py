@@ -120,6 +120,8 @@ class Session:
         Raises:
             LaneThreadError: The operating system refused to start a lane thread (the
                 ones already started are stopped first).
+            ThreadStartError: It refused the watch thread of the close's deadlines
+                (``bus/watchdog.py``): raised once every callback has closed without it.
         """
         threads_done: list[tuple[LaneThread, anyio.Event]] = []
         loop_done: list[tuple[Lane, anyio.Event]] = []
@@ -174,6 +176,8 @@ class Session:
                     internal.cancel()
                     for lane in self.lanes:  # the queue's peak outlives the session
                         lane.member.peak = max(lane.member.peak, lane.counts.peak)
+        if self.watch.refused is not None:  # every callback closed unwatched: now say so
+            raise self.watch.refused
 
     def _put(self, lane: Lane, item: Any) -> None:
         """Queue an item on ``lane`` from the loop (close calls, drain marks; a loop

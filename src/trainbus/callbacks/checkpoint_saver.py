@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from trainbus.bus.threads import start_thread
 from trainbus.callbacks._interval import Interval
 from trainbus.checkpoint import abandoned as _abandoned
 from trainbus.checkpoint import sharded as _dcp
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CheckpointSaver", "SaverStatistics"]
 
+_WRITER_ROLE = "It writes the CheckpointSaver's checkpoints beside training"
 _INTERVAL_EVENT = {Event.BATCH_CHECKPOINT: Event.BATCH_END, Event.EPOCH_CHECKPOINT: Event.EPOCH_END}
 
 
@@ -394,13 +396,13 @@ class CheckpointSaver(Callback):
         self, cap: Capture | _dcp.ShardedSave, timestamp: Timestamp, path: pathlib.Path
     ) -> None:
         with self._lock:
-            self._job = (cap, timestamp, path)
             if self._thread is None:
                 self._closing = False
-                self._thread = threading.Thread(
+                thread = threading.Thread(
                     target=self._work, name="trainbus-checkpoint-writer", daemon=True
-                )
-                self._thread.start()
+                )  # refused: a ThreadStartError from this checkpoint event, nothing queued
+                self._thread = start_thread(thread, needed=_WRITER_ROLE)
+            self._job = (cap, timestamp, path)
             self._lock.notify_all()
 
     def _work(self) -> None:
