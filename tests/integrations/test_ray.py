@@ -213,6 +213,18 @@ def _in_storage(results: Path, name: str) -> bool:
     return any(results.rglob(name))
 
 
+def _registered(results: Path) -> int | None:
+    """The batch of the latest checkpoint Ray registered (its checkpoint manager's snapshot,
+    ``checkpoint_manager_snapshot.json``, which Ray restarts from), or ``None``."""
+    for snapshot in results.rglob("checkpoint_manager_snapshot.json"):
+        try:
+            latest = json.loads(snapshot.read_text()).get("latest_checkpoint_result")
+        except (OSError, ValueError):  # being written
+            return None
+        return None if latest is None else int(latest["metrics"]["batch"])
+    return None
+
+
 def _wait(what: str, done: Any, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
     while not done():
@@ -268,27 +280,30 @@ def test_a_worker_killed_before_and_after_ray_registered_a_checkpoint_finishes_l
     )
     kills: list[str] = []
 
+    names = {2: "ep0-ba2-rank0.pt", 4: "ep0-ba4-rank0.pt", 6: "ep1-ba6-rank0.pt",
+             8: "ep1-ba8-rank0.pt"}  # fmt: skip
+    registered: list[int] = []
+
     def kill() -> None:
-        kills.append(_kill_before_ray_has(ckpt, results, metrics, ["ep0-ba2-rank0.pt"]))
+        kills.append(_kill_before_ray_has(ckpt, results, metrics, [names[2]]))
         _wait("the restart's move", lambda: (ckpt / "abandoned" / "after-ba0").exists())
-        _wait("a registered checkpoint", lambda: _in_storage(results, "ep0-ba4-rank0.pt"))
-        kills.append(_kill_before_ray_has(
-            ckpt, results, metrics, ["ep1-ba6-rank0.pt", "ep1-ba8-rank0.pt"]
-        ))  # fmt: skip
+        _wait("a checkpoint Ray registered", lambda: _registered(results) is not None)
+        registered.append(_registered(results) or 0)  # of the second attempt: the first
+        later = [name for batch, name in names.items() if batch > registered[0]]  # uploaded none
+        kills.append(_kill_before_ray_has(ckpt, results, metrics, later))
 
     killer = threading.Thread(target=kill, daemon=True)
     killer.start()
     result = trainer.fit()
     killer.join(60)
-    assert kills[0] == "ep0-ba2-rank0.pt" and len(kills) == 2, kills
+    assert kills[0] == names[2] and len(kills) == 2 and len(registered) == 1, kills
     assert result.error is None and result.metrics["batch"] == 8
     # each restart moved the saver's later files aside: the first started from nothing, the
-    # second from Ray's last registered checkpoint (batch 2 or 4), older than the killed
-    # rank's newest file
+    # second from Ray's registered checkpoint, older than the killed rank's newest file
     moved = {p.name: sorted(q.name for q in p.iterdir()) for p in (ckpt / "abandoned").iterdir()}
-    assert moved.pop("after-ba0") == ["ep0-ba2-rank0.pt"], moved
-    ((second, files),) = moved.items()
-    assert second in ("after-ba2", "after-ba4") and kills[1] in files, moved
+    assert moved.pop("after-ba0") == [names[2]], moved
+    assert kills[1] in moved.pop(f"after-ba{registered[0]}"), (registered, kills, moved)
+    assert not moved
     whole, _ = docs_run
     with safe_globals():
         expected = torch.load(whole / "run" / "ckpt" / "ep1-ba8-rank0.pt", weights_only=True)

@@ -31,6 +31,7 @@ from trainbus.bus.producer import Producer
 from trainbus.bus.records import Records
 from trainbus.bus.runners import fail_lane_thread, run_lane_thread, run_loop_lane
 from trainbus.bus.slow import long_wait_message, warn_at
+from trainbus.bus.threads import run_in_thread
 from trainbus.bus.watchdog import LoopWatch
 from trainbus.core.exceptions import (
     CallbackTimeoutWarning,
@@ -407,7 +408,8 @@ class Session:
         with anyio.move_on_after(timeout) as scope:
             self._bounded.add(scope)
             try:  # the worker thread ends by itself within ``timeout`` when cut short
-                await anyio.to_thread.run_sync(hub.wait_idle, timeout, abandon_on_cancel=True)
+                await run_in_thread(hub.wait_idle, timeout, abandon_on_cancel=True,
+                                    needed="It waits for the logger's intake at close")  # fmt: skip
             finally:
                 self._bounded.discard(scope)
 

@@ -7,7 +7,8 @@ When the operating system refuses a thread (``ulimit -u``, a container's pids li
 and the limits it can read; the caller then stops what it had started and lets the error
 reach the user's call (``Trainer(...)``, ``fit()``). The lanes, the training thread, the
 loop watch, the engine's loop thread, the saver's writer, the preemption watchdog, W&B's
-opener and Ray's reporter all start their threads through it.
+opener and Ray's reporter all start their threads through it; the bus's and the
+``CheckpointUploader``'s calls into anyio's worker threads go through :func:`run_in_thread`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import anyio
+import anyio.to_thread
+
 from trainbus.core.exceptions import ThreadStartError
 
-__all__ = ["limits", "start_thread"]
+__all__ = ["limits", "run_in_thread", "start_thread"]
 
 T = TypeVar("T", bound=threading.Thread)
+R = TypeVar("R")
+#: The name anyio gives the worker threads of ``anyio.to_thread.run_sync``.
+ANYIO_WORKER = "AnyIO worker thread"
 
 
 def start_thread(
@@ -55,15 +62,38 @@ def start_thread(
     except RuntimeError as exc:  # "can't start new thread": the OS refused (EAGAIN)
         if str(exc).startswith("threads can only be started once"):
             raise
-        why = f" {needed}." if needed else ""
-        raise error(
-            f"the operating system refused to start thread {thread.name!r} ({exc}).{why} "
-            f"{threading.active_count()} threads already run in this process; the limits "
-            f"here are {limits()}. Raise the limit (ulimit -u, the container's pids limit) "
-            "or run fewer threads in this process",
-            thread.name,
-        ) from exc
+        raise _refused(thread.name, exc, needed, error) from exc
     return thread
+
+
+async def run_in_thread(
+    fn: Callable[..., R], *args: object, needed: str = "", abandon_on_cancel: bool = False
+) -> R:
+    """``anyio.to_thread.run_sync(fn, *args)``, a refused worker thread a ThreadStartError.
+
+    anyio starts its worker threads on demand; when the system refuses one, its
+    ``RuntimeError("can't start new thread")`` becomes a :class:`ThreadStartError` naming
+    anyio's worker thread, ``needed`` and the limits, as :func:`start_thread` does.
+    """
+    try:
+        return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=abandon_on_cancel)
+    except RuntimeError as exc:
+        if "can't start new thread" not in str(exc):
+            raise
+        raise _refused(ANYIO_WORKER, exc, needed, ThreadStartError) from exc
+
+
+def _refused(
+    name: str, exc: RuntimeError, needed: str, error: type[ThreadStartError]
+) -> ThreadStartError:
+    why = f" {needed}." if needed else ""
+    return error(
+        f"the operating system refused to start thread {name!r} ({exc}).{why} "
+        f"{threading.active_count()} threads already run in this process; the limits "
+        f"here are {limits()}. Raise the limit (ulimit -u, the container's pids limit) "
+        "or run fewer threads in this process",
+        name,
+    )
 
 
 def limits() -> str:
