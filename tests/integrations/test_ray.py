@@ -310,6 +310,7 @@ def test_a_worker_killed_before_and_after_ray_registered_a_checkpoint_finishes_l
     assert kills[0] == (names[2], None), kills  # before Ray had any checkpoint
     assert kills[1] is not None, f"Ray registered no checkpoint before the last file: {kills}"
     (killed_at, registered) = kills[1]
+    print(f"killed at {kills[0][0]} (Ray had none), at {killed_at} (Ray had batch {registered})")
     assert result.error is None and result.metrics["batch"] == 8
     # the first restart resumed from the saver's batch 2 (nothing later to move); the second
     # from Ray's registered checkpoint, older than the killed rank's newest file, which the
