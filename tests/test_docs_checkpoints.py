@@ -23,6 +23,10 @@ EXPECTED = {
         "same weights: True",
         "resumed at batch 6",
     ],
+    "Restarting from an older checkpoint": [
+        "['ep0-ba3-rank0.pt', 'ep1-ba4-rank0.pt', 'ep1-ba5-rank0.pt', 'ep1-ba6-rank0.pt']",
+        "ran to batch 6 warned: True",
+    ],
     "Uploading to S3": [
         "['ep1-ba4-rank0.pt', 'ep1-ba6-rank0.pt']",
         "resumed from s3 at batch 6",

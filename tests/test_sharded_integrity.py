@@ -4,8 +4,9 @@ One process (a plain model saved through the sharded path, as an FSDP rank write
 flipped bit in a shard or in the trainer state blob is refused at load, and a saver's folder
 falls back to the newest intact checkpoint with a warning; a hostile ``.metadata`` (its
 unpickling would create a file) is refused without running, passed as ``load_path`` or
-planted in a saver's folder under a newer name. The two-process FSDP case is in
-``tests/test_fsdp.py``.
+planted in a saver's folder under a newer name; so is a DCP folder whose ``.metadata`` is
+DCP's own but whose shard file carries a hostile byte item (``trainer.rank0``). The
+two-process FSDP case is in ``tests/test_fsdp.py``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import pathlib
 import pickle
 import threading
+import warnings
 from typing import Any
 
 import pytest
@@ -149,6 +151,70 @@ def test_a_hostile_metadata_planted_in_a_saver_folder_does_not_run(
     with pytest.raises(CheckpointLoadError, match=r"ep9-ba999-rank0'?: its \.metadata names"):
         _trainer(load_path=folder, callbacks=[CheckpointSaver(folder)])
     assert not marker.exists()
+
+
+def _plant_item(trainer: Trainer, folder: pathlib.Path, marker: pathlib.Path) -> pathlib.Path:
+    """A DCP checkpoint written by DCP itself (its ``.metadata`` DCP's own, ``.crc32`` files
+    in trainbus's format) whose byte item ``trainer.rank0`` is a hostile pickle."""
+    from torch.distributed.checkpoint import state_dict_saver
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from trainbus.checkpoint.dcp_files import ChecksumWriter
+
+    model_sd, optim_sd = get_state_dict(trainer.state.model, trainer.state.optimizers)
+    to_save = {"model": model_sd, "optimizers": optim_sd, "trainer.rank0": _Hostile(marker)}
+    with warnings.catch_warnings():  # DCP warns that it runs without a process group
+        warnings.simplefilter("ignore", UserWarning)
+        state_dict_saver.save(to_save, storage_writer=ChecksumWriter(str(folder)), no_dist=True)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        ".metadata", ".metadata.crc32", "__0_0.distcp", "__0_0.distcp.crc32",
+    ]  # fmt: skip
+    return folder
+
+
+def test_a_hostile_byte_item_passed_as_load_path_does_not_run(
+    tmp_path: pathlib.Path, one_epoch: Trainer
+) -> None:
+    marker = tmp_path / "marker"
+    hostile = _plant_item(one_epoch, tmp_path / "ckpt", marker)
+    with pytest.raises(
+        CheckpointLoadError, match=r"its item 'trainer\.rank0' names _?io\.open, .*refused unread"
+    ):
+        _trainer(load_path=hostile)
+    assert not marker.exists()
+
+
+def test_a_hostile_byte_item_planted_in_a_saver_folder_does_not_run(
+    tmp_path: pathlib.Path, one_epoch: Trainer
+) -> None:
+    marker = tmp_path / "marker"
+    folder = tmp_path / "ckpt"
+    _save(one_epoch, folder / "ep1-ba4", mtime_ns=10**18)
+    _plant_item(one_epoch, folder / "ep9-ba999", marker)  # newer by name and by time
+    with pytest.raises(CheckpointLoadError, match=r"ep9-ba999'?: its item 'trainer\.rank0' names"):
+        _trainer(load_path=folder, callbacks=[CheckpointSaver(folder)])
+    assert not marker.exists()
+
+
+def test_the_byte_items_trainbus_writes_pass_the_allow_list(
+    tmp_path: pathlib.Path, one_epoch: Trainer
+) -> None:
+    """Every byte item of a real save (trainer blob, Adam's plain values) loads through it."""
+    from trainbus.checkpoint.dcp_files import load_item
+
+    path = _save(one_epoch, tmp_path / "ep1-ba4")
+    meta = read_metadata(path)
+    shard = (path / "__0_0.distcp").read_bytes()
+    items = {
+        k.fqn: shard[int(v.offset) : int(v.offset) + int(v.length)]
+        for k, v in meta.storage_data.items()
+        if type(meta.state_dict_metadata[k.fqn]).__name__ == "BytesStorageMetadata"
+    }
+    assert "trainer.rank0" in items and len(items) > 1, sorted(items)
+    loaded = {k: load_item(v, k) for k, v in items.items()}
+    assert isinstance(loaded["trainer.rank0"], bytes)
+    resumed = _trainer(load_path=path)  # and the whole load goes through it
+    assert int(resumed.state.timer.batch) == 4
 
 
 # -- the saver: one save in flight, memory flat ----------------------------------------------

@@ -39,6 +39,7 @@ if _typing.TYPE_CHECKING:
     from trainbus.core.exceptions import HandlerInterrupted as HandlerInterrupted
     from trainbus.core.exceptions import RecordsDroppedWarning as RecordsDroppedWarning
     from trainbus.core.exceptions import SlowCallbackWarning as SlowCallbackWarning
+    from trainbus.core.exceptions import ThreadStartError as ThreadStartError
     from trainbus.core.exceptions import TrainbusError as TrainbusError
     from trainbus.core.exceptions import TrainbusWarning as TrainbusWarning
     from trainbus.core.exceptions import UnknownHandlerWarning as UnknownHandlerWarning
@@ -84,6 +85,7 @@ _HOMES: dict[str, str] = {  # each public name and the module that defines it
     "HandlerInterrupted": "trainbus.core.exceptions",
     "RecordsDroppedWarning": "trainbus.core.exceptions",
     "SlowCallbackWarning": "trainbus.core.exceptions",
+    "ThreadStartError": "trainbus.core.exceptions",
     "TrainbusError": "trainbus.core.exceptions",
     "TrainbusWarning": "trainbus.core.exceptions",
     "UnknownHandlerWarning": "trainbus.core.exceptions",
@@ -134,6 +136,7 @@ __all__ = (
     "Serializable",
     "SlowCallbackWarning",
     "State",
+    "ThreadStartError",
     "Time",
     "TimeUnit",
     "Timer",

@@ -155,11 +155,13 @@ def test_weights_only(tmp_path: pathlib.Path) -> None:
 
 
 def test_overwrite(tmp_path: pathlib.Path) -> None:
-    (tmp_path / "ep1-ba3-rank0.pt").write_bytes(b"old")
-    with pytest.raises(FileExistsError, match=r"ep1-ba3-rank0.pt' exists; pass overwrite=True"):
-        fit([CheckpointSaver(tmp_path)], epochs=1)
-    fit([CheckpointSaver(tmp_path, overwrite=True)], epochs=1)
-    assert load(tmp_path / "ep1-ba3-rank0.pt")["timer"]["batch"] == 3
+    """A name the run itself saves twice (no batch in it) needs overwrite=True; a name of a
+    later batch than the run's start is another attempt's future, moved aside (below)."""
+    with pytest.raises(FileExistsError, match=r"ep0.pt' exists; pass overwrite=True"):
+        fit([CheckpointSaver(tmp_path, "ep{epoch}.pt", save_interval="1ba")], epochs=1)
+    assert load(tmp_path / "ep0.pt")["timer"]["batch"] == 1  # the first save, kept
+    fit([CheckpointSaver(tmp_path, "ep{epoch}.pt", save_interval="1ba", overwrite=True)], epochs=1)
+    assert load(tmp_path / "ep0.pt")["timer"]["batch"] == 3  # the last save replaced it
 
 
 def test_write_error_is_raised_from_fit(tmp_path: pathlib.Path, no_leaked_threads: None) -> None:

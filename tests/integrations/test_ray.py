@@ -7,6 +7,10 @@ the module; each ``TorchTrainer`` runs 2 CPU workers on gloo. No part of Ray is 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -151,17 +155,174 @@ def test_a_rank_zero_only_reporter_is_refused_on_every_rank_without_a_hang(
         fit(cluster, "refused", {"out": str(out), "rank_zero_reporter": True})
 
 
-def test_the_docs_example_runs_and_prints_what_the_page_says(
-    cluster: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _docs_code() -> tuple[Any, str]:
     from tests.docs_pages import Page
 
     page = Page.read("distributed.md")
     (code,) = page.sections["Ray Train"]
+    return page, code
+
+
+@pytest.fixture(scope="module")
+def docs_run(cluster: Path) -> tuple[Path, str]:
+    """The page's example run as the page runs it: its folder and what it printed last."""
+    import contextlib
+    import io
+
+    _, code = _docs_code()
     work = cluster / "docs"
     work.mkdir()
-    monkeypatch.chdir(work)
-    exec(compile(code, "distributed.md[Ray Train]", "exec"), {"__name__": "docs_ray"})
-    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    printed = io.StringIO()
+    cwd = Path.cwd()
+    os.chdir(work)
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(compile(code, "distributed.md[Ray Train]", "exec"), {"__name__": "docs_ray"})
+    finally:
+        os.chdir(cwd)
+    return work, printed.getvalue().strip().splitlines()[-1]
+
+
+def test_the_docs_example_runs_and_prints_what_the_page_says(docs_run: tuple[Path, str]) -> None:
+    page, _ = _docs_code()
+    _, printed = docs_run
     assert printed == "8 ['ep1-ba8-rank0.pt']"
     assert f"prints `{printed}`" in page.text
+
+
+# -- a worker SIGKILLed before and after Ray registered a checkpoint (issue 53, item 2) --------
+
+
+def _rank_zero(metrics: Path) -> int:
+    """The pid of the worker that holds ``metrics`` open (rank zero's JSONLinesLogger)."""
+    target = str(metrics.resolve())
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) == target for fd in (proc / "fd").iterdir()):
+                return int(proc.name)
+        except OSError:
+            continue
+    raise LookupError(f"no process holds {target} open")
+
+
+def _in_storage(results: Path, name: str) -> bool:
+    """Whether a checkpoint holding the file ``name`` is in Ray's storage (being or been
+    uploaded: a report of it reached Ray; while its uploader is stopped, none is registered)."""
+    return any(results.rglob(name))
+
+
+def _registered(results: Path) -> int | None:
+    """The batch of the latest checkpoint Ray registered (its checkpoint manager's snapshot,
+    ``checkpoint_manager_snapshot.json``, which Ray restarts from), or ``None``."""
+    for snapshot in results.rglob("checkpoint_manager_snapshot.json"):
+        try:
+            latest = json.loads(snapshot.read_text()).get("latest_checkpoint_result")
+        except (OSError, ValueError):  # being written
+            return None
+        return None if latest is None else int(latest["metrics"]["batch"])
+    return None
+
+
+def _wait(what: str, done: Any, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout:g} s")
+        time.sleep(0.005)
+
+
+def _kill_before_ray_has(
+    ckpt: Path, results: Path, metrics: Path, names: dict[int, str], *, registered: bool
+) -> tuple[str, int | None] | None:
+    """SIGKILL rank zero once the saver wrote one of ``names`` (by batch, in order) that
+    Ray's storage does not hold, and (``registered``) once Ray registered an older one.
+
+    Rank zero is stopped (SIGSTOP) at each file while Ray's storage is read, so no report
+    of that file reaches Ray after the check; waiting for a registration, it stays stopped
+    up to 30 s (Ray's controller registers what both ranks reported before). Returns the
+    file killed at and the batch Ray had registered, or ``None`` if no file qualified.
+    """
+    for batch, name in sorted(names.items()):
+        _wait(f"the saver's {name}", lambda n=name: (ckpt / n).exists())
+        try:
+            pid = _rank_zero(metrics)
+        except LookupError:  # the run is closing: no later file comes
+            return None
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + (30.0 if registered else 0.0)
+        while (at := _registered(results)) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not _in_storage(results, name) and (not registered or (at is not None and at < batch)):
+            os.kill(pid, signal.SIGKILL)
+            return name, at
+        os.kill(pid, signal.SIGCONT)  # Ray has it already, or no older one: the next file
+    return None
+
+
+def test_a_worker_killed_before_and_after_ray_registered_a_checkpoint_finishes_like_the_whole_run(
+    cluster: Path, docs_run: tuple[Path, str]
+) -> None:
+    """The page's own ``train_loop`` (unchanged), ``FailureConfig(max_failures=2)``: rank zero
+    is SIGKILLed once its saver wrote batch 2's file before Ray had any checkpoint (the
+    restart resumes from the saver's folder), and once the saver wrote a file newer than
+    Ray's last registered checkpoint (the restart resumes from Ray's older one and moves the
+    saver's later files aside). The run finishes with the uninterrupted run's weights and
+    each metric once."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from trainbus.checkpoint.format import safe_globals
+
+    _, code = _docs_code()
+    namespace: dict[str, Any] = {"__name__": "docs_ray"}
+    exec(compile(code.split("\nresult = ")[0], "distributed.md[Ray Train]", "exec"), namespace)
+    out, results = cluster / "restarts", cluster / "restarts-results"
+    out.mkdir()
+    ckpt, metrics = out / "ckpt", out / "metrics.jsonl"
+    trainer = TorchTrainer(
+        namespace["train_loop"],
+        train_loop_config={"out": str(out)},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(
+            storage_path=str(results),
+            name="restarts",
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+            failure_config=FailureConfig(max_failures=2),
+        ),
+    )
+
+    names = {2: "ep0-ba2-rank0.pt", 4: "ep0-ba4-rank0.pt", 6: "ep1-ba6-rank0.pt",
+             8: "ep1-ba8-rank0.pt"}  # fmt: skip
+    kills: list[tuple[str, int | None] | None] = []
+
+    def kill() -> None:
+        kills.append(_kill_before_ray_has(ckpt, results, metrics, {2: names[2]},
+                                          registered=False))  # fmt: skip
+        later = {b: n for b, n in names.items() if b > 2}  # the restart resumes at batch 2
+        kills.append(_kill_before_ray_has(ckpt, results, metrics, later, registered=True))
+
+    killer = threading.Thread(target=kill, daemon=True)
+    killer.start()
+    result = trainer.fit()
+    killer.join(60)
+    assert kills[0] == (names[2], None), kills  # before Ray had any checkpoint
+    assert kills[1] is not None, f"Ray registered no checkpoint before the last file: {kills}"
+    (killed_at, registered) = kills[1]
+    print(f"killed at {kills[0][0]} (Ray had none), at {killed_at} (Ray had batch {registered})")
+    assert result.error is None and result.metrics["batch"] == 8
+    # the first restart resumed from the saver's batch 2 (nothing later to move); the second
+    # from Ray's registered checkpoint, older than the killed rank's newest file, which the
+    # saver moved aside with the rest of that attempt's later files
+    moved = {p.name: sorted(q.name for q in p.iterdir()) for p in (ckpt / "abandoned").iterdir()}
+    assert list(moved) == [f"after-ba{registered}"] and killed_at in moved[f"after-ba{registered}"]
+    whole, _ = docs_run
+    with safe_globals():
+        expected = torch.load(whole / "run" / "ckpt" / "ep1-ba8-rank0.pt", weights_only=True)
+        got = torch.load(ckpt / "ep1-ba8-rank0.pt", weights_only=True)
+    for name, value in expected["model"].items():
+        assert torch.equal(got["model"][name], value), name
+    logged = Counter((p["name"], p["step"]) for p in points(metrics))
+    assert max(logged.values()) == 1, logged  # exactly once, though batches ran again
+    assert {step for name, step in logged if name == "loss/train"} == set(range(1, 9))

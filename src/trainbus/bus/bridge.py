@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from trainbus.bus.lanes import WAKE_END
+from trainbus.bus.threads import start_thread
 
 if TYPE_CHECKING:
     from trainbus.bus.lanes import Counters, Lane, LoopEvent, WorkItem
@@ -268,6 +269,9 @@ class LoopThread:
     Args:
         name: The thread's name.
         backend: The loop's anyio backend, ``"asyncio"`` or ``"trio"``.
+
+    Raises:
+        ThreadStartError: The operating system refused the thread (nothing was started).
     """
 
     def __init__(self, name: str, backend: str = "asyncio") -> None:
@@ -278,7 +282,7 @@ class LoopThread:
         self.backend = backend
         self.loop: LoopHandle | None = None
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
-        self._thread.start()
+        start_thread(self._thread, needed="It runs an event loop for calls from plain code")
         self._started.wait()
 
     def _main(self) -> None:

@@ -44,14 +44,14 @@ for the producer's next wake-up, as its rule says.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainbus.bus.lanes import STOP, Counts
+from trainbus.bus.threads import start_thread as _start
+from trainbus.core.exceptions import ThreadStartError
 
 if TYPE_CHECKING:
     from trainbus.bus.lanes import Lane, WorkItem
@@ -65,8 +65,9 @@ __all__ = ["LaneThread", "LaneThreadError", "Sub", "WakeChain", "place", "start_
 #: (``Producer``), not once a call.
 Sub = tuple["Lane", "Slot", Callable[..., Any], bool, bool]
 
-class LaneThreadError(RuntimeError):
-    """The operating system refused to start a thread the bus needs for a fit."""
+class LaneThreadError(ThreadStartError):
+    """The operating system refused to start a lane thread (or the training thread) of a fit
+    (a :class:`~trainbus.ThreadStartError`)."""
 
 
 class LaneThread:
@@ -216,45 +217,14 @@ def start_thread(target: Callable[..., None], args: tuple[Any, ...], name: str,
     limit the operating system enforces (``needed``: the threads this fit starts).
 
     Raises:
-        LaneThreadError: The thread could not be started.
+        LaneThreadError: The thread could not be started (``bus.threads.start_thread``).
     """
     thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-    try:
-        thread.start()
-    except RuntimeError as exc:  # "can't start new thread": the OS refused (EAGAIN)
-        raise LaneThreadError(
-            f"the operating system refused to start thread {name!r} ({exc}); this fit "
-            f"needs {needed} threads of the bus with {threading.active_count()} threads "
-            f"already running in this process, and the limits here are {_limits()}. "
-            "Lower Trainer(lane_threads=...) (the pool of threads plain callbacks share; "
-            "callbacks that set own_thread = True add one each), or raise the limit"
-        ) from exc
-    return thread
-
-
-def _limits() -> str:
-    """The process's thread limits, as far as they can be read."""
-    found = []
-    try:
-        import resource
-
-        soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
-        found.append(f"ulimit -u (RLIMIT_NPROC) {'unlimited' if soft < 0 else soft}")
-    except (ImportError, OSError, ValueError, AttributeError):
-        pass
-    for path in ("/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"):
-        try:
-            found.append(f"the container's pids limit ({path}) {Path(path).read_text().strip()}")
-            break
-        except OSError:
-            continue
-    try:
-        found.append(
-            f"kernel.threads-max {Path('/proc/sys/kernel/threads-max').read_text().strip()}"
-        )
-    except OSError:
-        pass
-    if os.name == "nt" or not found:
-        found.append("the system's (unknown here)")
-    return ", ".join(found)
+    return _start(
+        thread,
+        needed=f"This fit needs {needed} threads of the bus: lower Trainer(lane_threads=...) "
+        "(the pool of threads plain callbacks share; callbacks that set own_thread = True "
+        "add one each)",
+        error=LaneThreadError,
+    )
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from trainbus.bus.lanes import STOP, WAKE_END, CallItem, EventItem, LogItem, would_deadlock
+from trainbus.bus.threads import run_in_thread
 from trainbus.core.scalars import all_ready
 
 if TYPE_CHECKING:
@@ -48,6 +49,9 @@ if TYPE_CHECKING:
     from trainbus.core.logger import LogRecord
 
 __all__ = ["CURRENT_RUNNER", "account", "fail_lane_thread", "run_lane_thread", "run_loop_lane"]
+
+_RESOLVE_ROLE = "It waits for a record's device values off the event loop"
+_CALL_ROLE = "It runs a plain close call of a callback whose lane is on the event loop"
 
 _perf = time.perf_counter
 
@@ -397,7 +401,7 @@ async def _deliver(lane: Lane, record: LogRecord, counters: Counters) -> None:
     t0 = _perf()
     try:
         if not all_ready(record.metrics):  # D14: wait for the device off the loop
-            await anyio.to_thread.run_sync(record.resolve)
+            await run_in_thread(record.resolve, needed=_RESOLVE_ROLE)
         result = slot.fn(record.resolve())
         if slot.is_async:
             await result
@@ -416,7 +420,7 @@ async def _call(lane: Lane, item: CallItem) -> None:
         elif item.is_async:
             await item.fn()
         else:  # a plain call never runs on the loop's thread (D7)
-            await anyio.to_thread.run_sync(item.fn)
+            await run_in_thread(item.fn, needed=_CALL_ROLE)
     except anyio.get_cancelled_exc_class():
         lane.current = None
         item.on_done(None)

@@ -31,6 +31,7 @@ from trainbus.bus.producer import Producer
 from trainbus.bus.records import Records
 from trainbus.bus.runners import fail_lane_thread, run_lane_thread, run_loop_lane
 from trainbus.bus.slow import long_wait_message, warn_at
+from trainbus.bus.threads import run_in_thread
 from trainbus.bus.watchdog import LoopWatch
 from trainbus.core.exceptions import (
     CallbackTimeoutWarning,
@@ -120,6 +121,8 @@ class Session:
         Raises:
             LaneThreadError: The operating system refused to start a lane thread (the
                 ones already started are stopped first).
+            ThreadStartError: It refused the watch thread of the close's deadlines
+                (``bus/watchdog.py``): raised once every callback has closed without it.
         """
         threads_done: list[tuple[LaneThread, anyio.Event]] = []
         loop_done: list[tuple[Lane, anyio.Event]] = []
@@ -174,6 +177,8 @@ class Session:
                     internal.cancel()
                     for lane in self.lanes:  # the queue's peak outlives the session
                         lane.member.peak = max(lane.member.peak, lane.counts.peak)
+        if self.watch.refused is not None:  # every callback closed unwatched: now say so
+            raise self.watch.refused
 
     def _put(self, lane: Lane, item: Any) -> None:
         """Queue an item on ``lane`` from the loop (close calls, drain marks; a loop
@@ -403,7 +408,8 @@ class Session:
         with anyio.move_on_after(timeout) as scope:
             self._bounded.add(scope)
             try:  # the worker thread ends by itself within ``timeout`` when cut short
-                await anyio.to_thread.run_sync(hub.wait_idle, timeout, abandon_on_cancel=True)
+                await run_in_thread(hub.wait_idle, timeout, abandon_on_cancel=True,
+                                    needed="It waits for the logger's intake at close")  # fmt: skip
             finally:
                 self._bounded.discard(scope)
 

@@ -35,7 +35,8 @@ from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
-from trainbus.core.exceptions import HandlerInterrupted
+from trainbus.bus.threads import start_thread
+from trainbus.core.exceptions import HandlerInterrupted, ThreadStartError
 
 if TYPE_CHECKING:
     from trainbus.bus.bridge import LoopHandle
@@ -49,6 +50,7 @@ OWN_LOOP: ContextVar[bool] = ContextVar("trainbus_own_loop", default=False)
 CONFIRM_S = 1.0
 #: Seconds after a close deadline that its watch looks (the loop's own cancel comes first).
 CLOSE_MARGIN_S = 0.5
+_WATCH_ROLE = "It keeps the bus's close deadlines (every callback was closed without it)"
 _IDLE = ("/selectors.py", "/asyncio/", "/trio/", "/anyio/", "/threading.py", "/selectors")
 
 
@@ -66,6 +68,8 @@ class LoopWatch:
         self._tokens = itertools.count()
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None  # runs while something is armed
+        #: The system refused the watch thread: the session raises it once it has closed.
+        self.refused: ThreadStartError | None = None
 
     def check(self, deadline: str) -> None:
         """The ``deadline`` passed: name a handler that holds the loop, interrupt it if ours.
@@ -119,11 +123,14 @@ class LoopWatch:
         token = next(self._tokens)
         with self._changed:
             self._armed[token] = (time.monotonic() + seconds + CLOSE_MARGIN_S, deadline)
-            if self._thread is None:
-                self._thread = threading.Thread(
+            if self._thread is None and self.refused is None:
+                watcher = threading.Thread(
                     target=self._watch, name="trainbus-loop-watch", daemon=True
                 )
-                self._thread.start()
+                try:  # refused: the block runs unwatched, the session raises at its end
+                    self._thread = start_thread(watcher, needed=_WATCH_ROLE)
+                except ThreadStartError as exc:
+                    self.refused = exc
             self._changed.notify()
         try:
             yield

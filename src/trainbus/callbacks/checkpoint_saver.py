@@ -13,17 +13,21 @@ from __future__ import annotations
 import pathlib
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from trainbus.bus.threads import start_thread
 from trainbus.callbacks._interval import Interval
+from trainbus.checkpoint import abandoned as _abandoned
 from trainbus.checkpoint import sharded as _dcp
 from trainbus.checkpoint.cleanup import remove_checkpoint, remove_stale_partials, template_folders
 from trainbus.checkpoint.format import BufferPool, Capture, capture
 from trainbus.checkpoint.resume import epoch_rng, wait_for_handlers
 from trainbus.core.callback import Callback, blocking
 from trainbus.core.events import Event
+from trainbus.core.exceptions import CheckpointWarning
 from trainbus.core.time import Time
 from trainbus.core.timer import Timestamp
 from trainbus.runtime import gloo_exit as _gloo_exit
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CheckpointSaver", "SaverStatistics"]
 
+_WRITER_ROLE = "It writes the CheckpointSaver's checkpoints beside training"
 _INTERVAL_EVENT = {Event.BATCH_CHECKPOINT: Event.BATCH_END, Event.EPOCH_CHECKPOINT: Event.EPOCH_END}
 
 
@@ -263,9 +268,30 @@ class CheckpointSaver(Callback):
 
     @blocking
     def fit_start(self, state: State, logger: Logger) -> None:
-        """Delete temporary files that killed writes left in the folder (ours only)."""
+        """Delete temporary files that killed writes left in the folder (ours only); move
+        the checkpoints later than where this fit starts aside (``checkpoint/abandoned.py``).
+        """
         if self.folder.is_dir() and _rank() == 0:
             remove_stale_partials(self.folder, time.time_ns(), self._subfolders)
+            self._abandon_later(state.timestamp)
+
+    def _abandon_later(self, start: Timestamp) -> None:
+        """Move this folder's checkpoints named after ``start`` into ``abandoned/``."""
+        names = (self.filename, _dcp.folder_name_template(self.filename))
+        later = _abandoned.later_checkpoints(self.folder, names, start)
+        if not later:
+            return
+        target = _abandoned.move_aside(self.folder, later, start)
+        shown = ", ".join(repr(p.relative_to(self.folder).as_posix()) for p in later[:3])
+        more = f" and {len(later) - 3} more" if len(later) > 3 else ""
+        warnings.warn(
+            f"CheckpointSaver: this run starts at batch {int(start.batch)} but "
+            f"{str(self.folder)!r} holds {len(later)} checkpoint(s) of later batches ({shown}"
+            f"{more}), the future of an abandoned attempt; moved to {str(target)!r} (nothing "
+            "deleted), so this run saves its own",
+            CheckpointWarning,
+            stacklevel=2,
+        )
 
     @blocking
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
@@ -370,13 +396,13 @@ class CheckpointSaver(Callback):
         self, cap: Capture | _dcp.ShardedSave, timestamp: Timestamp, path: pathlib.Path
     ) -> None:
         with self._lock:
-            self._job = (cap, timestamp, path)
             if self._thread is None:
                 self._closing = False
-                self._thread = threading.Thread(
+                thread = threading.Thread(
                     target=self._work, name="trainbus-checkpoint-writer", daemon=True
-                )
-                self._thread.start()
+                )  # refused: a ThreadStartError from this checkpoint event, nothing queued
+                self._thread = start_thread(thread, needed=_WRITER_ROLE)
+            self._job = (cap, timestamp, path)
             self._lock.notify_all()
 
     def _work(self) -> None:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from trainbus.bus.bridge import LoopHandle
+from trainbus.bus.threads import run_in_thread
 from trainbus.callbacks.checkpoint_saver import CheckpointSaver, _rank
 from trainbus.checkpoint.s3 import (
     MANIFEST_FORMAT,
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
     from trainbus.core.state import State
 
 __all__ = ["CheckpointUploader", "UploaderStatistics"]
+
+_ROLE = "It runs the CheckpointUploader's blocking calls (object store, the saver's wait)"
 
 _MiB = 1024 * 1024
 
@@ -264,8 +267,8 @@ class CheckpointUploader(Callback):
         complete checkpoints) and reported with a ``TimeoutError``.
         """
         deadline = anyio.current_time() + self.close_timeout
-        await anyio.to_thread.run_sync(
-            self.saver.wait_written, self.close_timeout, abandon_on_cancel=True
+        await run_in_thread(
+            self.saver.wait_written, self.close_timeout, abandon_on_cancel=True, needed=_ROLE
         )
         self.saver.remove_listener(self._hand_over)
         with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
@@ -352,7 +355,7 @@ class CheckpointUploader(Callback):
         if self._loop is not None and self._loop.backend == "asyncio":
             return await getattr(obstore, f"{name}_async")(*args, **kwargs)
         call = functools.partial(getattr(obstore, name), *args, **kwargs)
-        return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+        return await run_in_thread(call, abandon_on_cancel=True, needed=_ROLE)
 
     async def _read(self, key: str) -> bytes:
         import obstore
@@ -361,7 +364,7 @@ class CheckpointUploader(Callback):
             got = await obstore.get_async(self._store, key)
             return bytes(await got.bytes_async())
         read = lambda: bytes(obstore.get(self._store, key).bytes())  # noqa: E731
-        return await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
+        return await run_in_thread(read, abandon_on_cancel=True, needed=_ROLE)
 
     async def _upload(self, key: str, source: PinnedFile, timestamp: Timestamp, seq: int) -> None:
         t0 = time.perf_counter()

@@ -18,6 +18,12 @@ state blob inside it) loads silently, and ``FileSystemReader`` unpickles ``.meta
 - :class:`SafeReader` / :func:`read_metadata`: ``.metadata`` is unpickled with an allow-list
   of DCP's metadata classes (:data:`ALLOWED`); any other global is refused with
   :class:`UnsafeMetadata`, nothing of it imported or called.
+- :class:`SafePlanner` / :func:`load_item`: the byte items of the shard files (the trainer
+  state blob ``trainer.rank<r>``, the optimizers' plain values) are ``torch.save`` archives that
+  DCP's ``DefaultLoadPlanner.load_bytes`` loads with ``torch.load(weights_only=False)``, which
+  runs whatever a hostile pickle asks for. trainbus unpickles them through the same allow-list
+  (plus ``_codecs.encode`` for ``latin1``, how protocol 2 pickles ``bytes``); any other global
+  is refused with :class:`UnsafeItem`, and no tensor storage is read from a byte item.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ import zlib
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 
 from trainbus.checkpoint.format import ArchiveDamaged, temp_path_for
@@ -39,8 +47,12 @@ __all__ = [
     "ALLOWED",
     "CHECKSUM_SUFFIX",
     "ChecksumWriter",
+    "SafePlanner",
     "SafeReader",
+    "UnsafeGlobal",
+    "UnsafeItem",
     "UnsafeMetadata",
+    "load_item",
     "read_metadata",
     "verify",
 ]
@@ -69,12 +81,33 @@ ALLOWED = frozenset({
 })  # fmt: skip
 
 
-class UnsafeMetadata(pickle.UnpicklingError):
-    """A ``.metadata`` names a global that a DCP metadata never holds (refused, not loaded)."""
+class UnsafeGlobal(pickle.UnpicklingError):
+    """A pickle in a sharded checkpoint names a global outside :data:`ALLOWED` (refused unread).
+
+    Attributes:
+        global_name: ``module.name`` of the refused global (nothing of it was imported).
+    """
 
     def __init__(self, module: str, name: str) -> None:
         super().__init__(f"{module}.{name}")
         self.global_name = f"{module}.{name}"
+
+
+class UnsafeMetadata(UnsafeGlobal):
+    """A ``.metadata`` names a global that a DCP metadata never holds (refused, not loaded)."""
+
+
+class UnsafeItem(UnsafeGlobal):
+    """A byte item of a shard file names a global outside the allow-list (refused, not loaded).
+
+    Attributes:
+        item: The item's key in the checkpoint (``trainer.rank0``, say).
+    """
+
+    def __init__(self, module: str, name: str, item: str) -> None:
+        super().__init__(module, name)
+        self.item = item
+        self.args = (f"{item}: {module}.{name}",)
 
 
 class _Unpickler(pickle.Unpickler):
@@ -84,6 +117,57 @@ class _Unpickler(pickle.Unpickler):
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype | torch.layout):
             return getattr(torch, name)
         raise UnsafeMetadata(module, name)
+
+
+def _latin1(text: str, encoding: str = "utf-8") -> bytes:
+    """``_codecs.encode`` as protocol 2 uses it for ``bytes``: ``latin1`` only."""
+    if not isinstance(text, str) or encoding != "latin1":
+        raise pickle.UnpicklingError(f"_codecs.encode called with {encoding!r}; only latin1")
+    return text.encode("latin1")
+
+
+class _ItemUnpickler(_Unpickler):
+    """The allow-list of ``.metadata`` for one byte item; its refusals name the item."""
+
+    def __init__(self, file: io.BytesIO, item: str) -> None:
+        super().__init__(file)
+        self.item = item
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("_codecs", "encode"):
+            return _latin1
+        try:
+            return super().find_class(module, name)
+        except UnsafeMetadata:
+            raise UnsafeItem(module, name, self.item) from None
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError(
+            f"{self.item}: a byte item holds a tensor storage, which trainbus never writes there"
+        )
+
+
+def load_item(data: bytes, item: str) -> Any:
+    """Unpickle the byte item ``item`` (a ``torch.save`` archive) through the allow-list.
+
+    Raises:
+        UnsafeItem: it names a global outside the allow-list (nothing of it was imported or
+            called).
+        pickle.UnpicklingError: it is not a ``torch.save`` archive, or holds a tensor.
+    """
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            names = [n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+            if len(names) != 1:
+                raise pickle.UnpicklingError(f"{item}: no single data.pkl in its archive")
+            pickled = archive.read(names[0])
+    except zipfile.BadZipFile:
+        raise pickle.UnpicklingError(
+            f"{item}: not a torch.save archive (DCP writes byte items as one)"
+        ) from None
+    return _ItemUnpickler(io.BytesIO(pickled), item).load()
 
 
 def read_metadata(path: pathlib.Path) -> Any:
@@ -109,6 +193,19 @@ class SafeReader(FileSystemReader):
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+
+class SafePlanner(DefaultLoadPlanner):
+    """DCP's ``DefaultLoadPlanner`` whose byte items are read by :func:`load_item`."""
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        """Unpickle one byte item through the allow-list and put it into the state dict."""
+        fqn = read_item.dest_index.fqn
+        obj = load_item(value.getvalue(), fqn)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
+        else:
+            self.state_dict[fqn] = obj
 
 
 def _crc32(path: pathlib.Path) -> tuple[int, int]:

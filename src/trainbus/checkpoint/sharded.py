@@ -24,7 +24,9 @@ runs on every rank and each save is a folder that every rank writes its shards i
   trainer state, which ``trainbus.checkpoint.resume`` restores as it does a single file's.
 
 The ``.metadata`` file is a pickle (DCP's format); trainbus unpickles it through an allow-list
-of DCP's metadata classes, so a hostile one is refused before any of its code runs.
+of DCP's metadata classes, so a hostile one is refused before any of its code runs. The byte
+items of the shard files (the trainer state blob, the optimizers' plain values) go through the
+same allow-list (``dcp_files.SafePlanner``), not DCP's ``torch.load(weights_only=False)``.
 """
 
 from __future__ import annotations
@@ -41,7 +43,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from trainbus.checkpoint.dcp_files import ChecksumWriter, SafeReader, UnsafeMetadata
+from trainbus.checkpoint.dcp_files import (
+    ChecksumWriter,
+    SafePlanner,
+    SafeReader,
+    UnsafeItem,
+    UnsafeMetadata,
+)
 from trainbus.checkpoint.dcp_files import read_metadata as _read_metadata
 from trainbus.checkpoint.format import TEMP_MARKER, BufferPool, capture, safe_globals
 from trainbus.core.exceptions import CheckpointLoadError, CheckpointWarning
@@ -58,6 +66,7 @@ __all__ = [
     "find_checkpoint",
     "find_checkpoints",
     "folder_name",
+    "folder_name_template",
     "is_complete",
     "is_interrupted",
     "is_sharded",
@@ -111,9 +120,13 @@ def folder_name(filename: str, timestamp: Timestamp) -> str:
     Every rank writes into the same folder, so ``-rank{rank}`` (or ``{rank}``) is dropped:
     the default ``ep{epoch}-ba{batch}-rank{rank}.pt`` gives ``ep1-ba4``.
     """
+    return folder_name_template(filename).format(**timestamp.state_dict()) or "checkpoint"
+
+
+def folder_name_template(filename: str) -> str:
+    """The template of :func:`folder_name`: ``filename`` without ``{rank}`` and ``.pt``."""
     name = filename.replace("-rank{rank}", "").replace("_rank{rank}", "")
-    name = name.replace("{rank}", "").removesuffix(".pt")
-    return name.format(**timestamp.state_dict()) or "checkpoint"
+    return name.replace("{rank}", "").removesuffix(".pt")
 
 
 def is_complete(path: pathlib.Path) -> bool:
@@ -366,6 +379,24 @@ def check(path: pathlib.Path, state: State) -> None:
         )
 
 
+def _unsafe_item(exc: BaseException) -> UnsafeItem | None:
+    """The :class:`UnsafeItem` inside DCP's ``CheckpointException`` (its ranks' failures)."""
+    for failure in getattr(exc, "failures", {}).values():
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, UnsafeItem):
+            return inner
+    return None
+
+
+def _refused(path: pathlib.Path, exc: UnsafeItem) -> CheckpointLoadError:
+    return CheckpointLoadError(
+        f"load_path={str(path)!r}: its item {exc.item!r} names {exc.global_name}, which "
+        "trainbus never writes into a checkpoint; it was refused unread (nothing of it ran): "
+        f"the folder was not written by trainbus, or is hostile. Remove {str(path)!r} (or "
+        "pass another load_path)"
+    )
+
+
 def load(path: pathlib.Path, state: State) -> dict[str, Any]:
     """Load the model's and optimizers' shards into ``state`` (every rank); the trainer state.
 
@@ -377,6 +408,7 @@ def load(path: pathlib.Path, state: State) -> dict[str, Any]:
         CheckpointLoadError: The checkpoint holds another number of optimizers than the
             trainer, or cannot be read.
     """
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
@@ -391,12 +423,16 @@ def load(path: pathlib.Path, state: State) -> dict[str, Any]:
         to_load["optimizers"] = optim_sd
     try:
         with _one_process() as kwargs:
-            dcp_load(to_load, storage_reader=SafeReader(str(path)), **kwargs)
+            dcp_load(to_load, storage_reader=SafeReader(str(path)), planner=SafePlanner(), **kwargs)
         with safe_globals():
             trainer: dict[str, Any] = torch.load(
                 io.BytesIO(to_load[key]), map_location="cpu", weights_only=True
             )
-    except Exception as exc:
+    except UnsafeItem as exc:
+        raise _refused(path, exc) from None
+    except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
+        if (unsafe := _unsafe_item(exc)) is not None:
+            raise _refused(path, unsafe) from None
         raise CheckpointLoadError(
             f"load_path={str(path)!r} cannot be loaded into this run "
             f"({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''})"

@@ -4,6 +4,7 @@ Hierarchy::
 
     TrainbusError (Exception)
     ├── EngineThreadError (TrainbusError, RuntimeError)   wrong thread: would deadlock
+    ├── ThreadStartError (TrainbusError, RuntimeError)    the system refused a thread trainbus needs
     ├── FitInProgressError (TrainbusError, RuntimeError)  fit() while a fit is running
     ├── CallbackSignatureError (TrainbusError, TypeError) a handler cannot be called
     ├── CheckpointLoadError (TrainbusError, RuntimeError) a checkpoint cannot be resumed from
@@ -37,6 +38,7 @@ __all__ = [
     "RecordsDroppedWarning",
     "SlowCallbackWarning",
     "StreamOverflowError",
+    "ThreadStartError",
     "TrackingServerError",
     "TrainbusError",
     "TrainbusWarning",
@@ -50,6 +52,22 @@ class TrainbusError(Exception):
 
 class EngineThreadError(TrainbusError, RuntimeError):
     """A blocking engine call was made from a thread where it would deadlock."""
+
+
+class ThreadStartError(TrainbusError, RuntimeError):
+    """The operating system refused to start a thread trainbus needs (``ulimit -u``, a
+    container's pids limit): the message names the thread and the limits read here.
+
+    Raised where the user called (``Trainer(...)``, ``fit()``), with nothing of the call
+    left running. ``trainbus.bus.LaneThreadError`` (a lane thread) is a subclass.
+
+    Attributes:
+        thread_name: The name of the thread that could not be started.
+    """
+
+    def __init__(self, message: str, thread_name: str = "") -> None:
+        super().__init__(message)
+        self.thread_name = thread_name
 
 
 class FitInProgressError(TrainbusError, RuntimeError):
@@ -119,6 +137,7 @@ class CheckpointWarning(TrainbusWarning):
 for _cls in (
     TrainbusError,
     EngineThreadError,
+    ThreadStartError,
     FitInProgressError,
     CallbackSignatureError,
     TrainbusWarning,

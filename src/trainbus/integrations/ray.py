@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import ray.train
 import torch
 
+from trainbus.bus.threads import start_thread
 from trainbus.callbacks._interval import Interval
 from trainbus.callbacks.checkpoint_saver import CheckpointSaver
 from trainbus.core.callback import blocking
@@ -447,10 +448,8 @@ class RayReporter(LoggerDestination):
                 if saver.folder.parent.is_dir()
                 else tempfile.mkdtemp(prefix="trainbus-ray-")
             )
-        self._thread = threading.Thread(
-            target=self._work, name="trainbus-ray-reporter", daemon=True
-        )
-        self._thread.start()
+        thread = threading.Thread(target=self._work, name="trainbus-ray-reporter", daemon=True)
+        self._thread = start_thread(thread, needed="It makes RayReporter's ray.train.report calls")
 
     # -- Ray's drain notice (the training thread, each batch boundary) -----------------------
 

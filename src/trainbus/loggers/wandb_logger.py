@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainbus.bus.threads import start_thread
 from trainbus.core.destination import LoggerDestination
 from trainbus.core.logger import LogRecord
 from trainbus.loggers.jsonl import to_json_value
@@ -338,10 +339,8 @@ class WandBLogger(LoggerDestination):
     def _start(self) -> None:
         """Open the run on a thread of its own (once per ``fit()``)."""
         if self._opener is None:
-            self._opener = threading.Thread(
-                target=self._opening, name="trainbus-wandb-init", daemon=True
-            )
-            self._opener.start()
+            opener = threading.Thread(target=self._opening, name="trainbus-wandb-init", daemon=True)
+            self._opener = start_thread(opener, needed="It opens the W&B run beside training")
 
     def _held_step(self, run: Any) -> int | None:
         """The last step the W&B run holds already (killed runs' rows), or ``None``."""

@@ -75,6 +75,8 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from trainbus.bus.session import ABANDON_TIMEOUT
+from trainbus.bus.threads import start_thread
+from trainbus.core.exceptions import ThreadStartError
 from trainbus.core.notice import NoticeSource, PreemptionNotice
 from trainbus.runtime.stop_report import say as _say
 from trainbus.runtime.stop_report import stop_summary
@@ -237,6 +239,8 @@ class Preemption:
     seconds: float = field(default=DEFAULT_GRACE, init=False)
     seconds_from: str = field(default="default", init=False)
     _watchdog: _Watchdog | None = field(default=None, init=False, repr=False)
+    #: The system refused the watchdog's thread at the last notice (said on stderr).
+    watchdog_refused: ThreadStartError | None = field(default=None, init=False, repr=False)
     _fit: _Fit | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -426,6 +430,9 @@ def _preempted(code: int, reason: str) -> TrainingPreempted:
     return exc
 
 
+_WATCHDOG_ROLE = "It bounds a preempted run's stop by the notice's deadline"
+
+
 class _Watchdog(threading.Thread):
     """Bounds a preempted run's stop by its deadline when a handler is stuck (module doc)."""
 
@@ -455,9 +462,19 @@ class _Watchdog(threading.Thread):
             self._last.name = "trainbus-preemption-deadline"
 
     def start(self) -> None:
-        if self._last is not None:
-            self._last.start()
-        super().start()
+        """Start the deadline's timer, then this thread (``bus.threads.start_thread``).
+
+        Refused by the system: neither runs (the timer is cancelled), the stop goes on
+        unwatched, and the refusal is said on stderr and kept in ``owner.watchdog_refused``.
+        """
+        try:
+            if self._last is not None:
+                start_thread(self._last, needed=_WATCHDOG_ROLE)
+            start_thread(self, needed=_WATCHDOG_ROLE, start=super().start)
+        except ThreadStartError as exc:
+            self.finish()
+            self.owner.watchdog_refused = exc
+            self._say(f"{exc}; the preemption's stop goes on without it")
 
     def finish(self) -> None:
         with self._sending:
