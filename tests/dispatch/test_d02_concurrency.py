@@ -70,5 +70,5 @@ async def test_d2_plain_handler_that_was_fast_once_still_runs_concurrently() -> 
 
     cbs: list[Callback] = [Waits(i) for i in range(partners)]
     cbs += [Partner(i) for i in range(partners)]
-    await fit(make_trainer(2, callbacks=cbs, warn_slow_callbacks=False))
+    await fit(make_trainer(2, callbacks=cbs))
     assert waited == [True] * partners

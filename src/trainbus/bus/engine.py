@@ -19,9 +19,9 @@ thread may be waiting at, at a barrier.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -29,12 +29,7 @@ import anyio.lowlevel
 from trainbus.bus.bridge import LoopThread, no_running_loop
 from trainbus.bus.lanes import Counters, Stopped
 from trainbus.bus.members import Member
-from trainbus.bus.options import (
-    DEFAULT_CLOSE_TIMEOUT,
-    DEFAULT_LANE_THREADS,
-    DEFAULT_WAIT_WARNING,
-    BusOptions,
-)
+from trainbus.bus.options import BusOptions
 from trainbus.bus.session import ABANDON_TIMEOUT, Session
 from trainbus.bus.statistics import BusStatistics, collect_statistics
 from trainbus.bus.trace import TraceRecorder
@@ -81,16 +76,11 @@ class Engine:
         state: The training state handlers read.
         logger: The logger handlers write to.
         callbacks: The callbacks (loggers last), in the order they are offered events.
-        barriers: Events at which the training thread waits for all earlier handlers.
-        max_lag: Batches by which handlers may trail the ``BATCH_END`` barrier.
-        queue_size: Handler calls that may wait per callback before the producer waits.
-        warn_slow: Whether to warn when a callback is slower than the batches.
-        close_timeout: Seconds each callback's ``close`` and ``post_close`` may take (and
-            a cancelled ``fit()`` waits for a stuck handler) before it is abandoned.
-        wait_warning: Seconds a barrier or a close may wait for a callback before a
-            :class:`~trainbus.CallbackTimeoutWarning` names it (``math.inf``: never).
-        lane_threads: Threads in the pool that runs plain callbacks (each pinned to one
-            for the whole run; ``own_thread = True`` callbacks get one of their own).
+        options: The bus's options, already validated (what the Trainer passes); or
+        **bus_options: The same as keywords, validated here by
+            :meth:`BusOptions.validated <trainbus.bus.options.BusOptions.validated>`, the
+            one place that knows them: ``barriers``, ``max_lag``, ``queue_size``,
+            ``warn_slow``, ``close_timeout``, ``wait_warning``, ``lane_threads``.
 
     Raises:
         TypeError: A callback is not a :class:`~trainbus.Callback`, or an option has the
@@ -110,23 +100,23 @@ class Engine:
         logger: Logger,
         callbacks: Sequence[object],
         *,
-        barriers: Iterable[Event | str] = (Event.BATCH_END,),
-        max_lag: int = 0,
-        queue_size: int = 128,
-        warn_slow: bool = True,
-        close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
-        wait_warning: float = DEFAULT_WAIT_WARNING,
-        lane_threads: int = DEFAULT_LANE_THREADS,
+        options: BusOptions | None = None,
+        **bus_options: Any,
     ) -> None:
-        self.options = BusOptions.validated(
-            barriers=barriers,
-            max_lag=max_lag,
-            queue_size=queue_size,
-            warn_slow=warn_slow,
-            close_timeout=close_timeout,
-            wait_warning=wait_warning,
-            lane_threads=lane_threads,
-        )
+        if options is None:
+            options = BusOptions.validated(**bus_options)
+        elif bus_options:
+            raise TypeError(
+                f"Engine(options=..., {', '.join(bus_options)}=...): pass the bus's options "
+                "either as one BusOptions or as keywords, not both"
+            )
+        elif not isinstance(options, BusOptions):
+            raise TypeError(
+                f"options={options!r} must be a BusOptions (BusOptions.validated(...)), or "
+                "leave it out and pass the options as keywords"
+            )
+        self.options = options
+        max_lag = options.max_lag
         self.state = state
         self.logger = logger
         self._counters = Counters()
@@ -229,19 +219,32 @@ class Engine:
         """
         self._running_session().producer.wait_all(records=records)
 
+    def _refuse_while_running(self, what: str = "") -> None:
+        """Raise :class:`~trainbus.FitInProgressError` if a cycle is running now: the one
+        place that refuses a second ``fit()`` (or, with ``what``, another call) meanwhile.
+
+        Raises:
+            FitInProgressError: A cycle (``fit()``) is running.
+        """
+        if not self._running:
+            return
+        if what:
+            raise FitInProgressError(f"cannot {what} while fit() is running")
+        raise FitInProgressError(
+            "this trainer is already fitting; await the running fit() before starting "
+            "another, or create a second Trainer"
+        )
+
     def _running_session(self) -> Session:
         session = self._session
         if session is None:
             raise RuntimeError("the engine has no running cycle (call it from run_cycle)")
         return session
 
-    def _run_once(self, event: Event) -> None:
-        """Run ``event``'s handlers from plain code on a session of its own (no standing)."""
-        self._refuse_blocking_call("run_event", f"await engine.arun_event(Event.{event.name})")
-        anyio.run(self.arun_event, event)
-
     async def arun_event(self, event: Event | str) -> None:
-        """Run the handlers of ``event`` and wait for them, from async code."""
+        """Run the handlers of ``event`` and wait for them, from async code, in a cycle of
+        its own (no ``close``): the Trainer's ``INIT`` in its constructor runs this way
+        (``anyio.run(engine.arun_event, Event.INIT)``)."""
         event = Event(event)
 
         def produce() -> None:
@@ -297,11 +300,7 @@ class Engine:
         Raises:
             FitInProgressError: The engine is already running a cycle.
         """
-        if self._running:
-            raise FitInProgressError(
-                "this trainer is already fitting; await the running fit() before starting "
-                "another, or create a second Trainer"
-            )
+        self._refuse_while_running()
         self._running = True
         failure: BaseException | None = None
         close_errors: list[BaseException] = []
@@ -357,8 +356,7 @@ class Engine:
         """Async twin of :meth:`close`."""
         if self._closed:
             return
-        if self._running:
-            raise FitInProgressError("cannot close the engine while fit() is running")
+        self._refuse_while_running("close the engine")
         self._running = True
         try:
             await self._end_standing()

@@ -25,7 +25,7 @@ from trainbus.checkpoint.resume import attach_handler_drain, read_checkpoint, re
 from trainbus.core.callback import Callback, resolve_callback
 from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
-from trainbus.core.exceptions import EngineThreadError, FitInProgressError
+from trainbus.core.exceptions import EngineThreadError
 from trainbus.core.logger import Logger
 from trainbus.core.state import State
 from trainbus.core.time import Time
@@ -308,13 +308,7 @@ class Trainer:
                 for cb in self.state.callbacks
                 if runs_here(cb, dist_info, sharded=is_sharded(model))
             ],
-            barriers=bus_options.barriers,
-            max_lag=bus_options.max_lag,
-            queue_size=bus_options.queue_size,
-            warn_slow=bus_options.warn_slow,
-            close_timeout=bus_options.close_timeout,
-            wait_warning=bus_options.wait_warning,
-            lane_threads=bus_options.lane_threads,
+            options=bus_options,
         )
         self._config = LoopConfig(
             loss_fn=loss_fn,
@@ -334,7 +328,7 @@ class Trainer:
         # Before anything is logged or restored: destinations choose their exactly-once path.
         plan_exactly_once(self.state.callbacks, resumed=checkpoint is not None)
         if no_running_loop():  # as Composer does: INIT handlers run in the constructor
-            self.engine._run_once(Event.INIT)
+            anyio.run(self.engine.arun_event, Event.INIT)
             self._init_delivered = True
         if checkpoint is not None:
             restore_checkpoint(checkpoint, self.state)
@@ -365,11 +359,7 @@ class Trainer:
 
     async def _fit(self, duration: Time[Any] | str | int | None) -> None:
         state = self.state
-        if self.engine.running:
-            raise FitInProgressError(
-                "this trainer is already fitting; await the running fit() before starting "
-                "another, or create a second Trainer"
-            )
+        self.engine._refuse_while_running()  # before anything changes
         if duration is not None:
             extra = check_max_duration(duration, name="duration")
             now = state.timestamp.get(extra.unit)
@@ -387,8 +377,7 @@ class Trainer:
         state.begin_fit()
         rank_stops = self._rank_stops
         loop = TrainingLoop(
-            state, self.logger, self._config, self.engine.run_event, rank_stops,
-            self._poll_notices,
+            state, self.logger, self._config, rank_stops, self._poll_notices,
         )
         # The saver waits for every handler and record before it captures (CheckpointSaver).
         attach_handler_drain(state, functools.partial(self.engine.wait_all, records=True))
