@@ -42,7 +42,7 @@ def _sync_handler(event: Event) -> Callable[..., None]:
     def handler(self: OrderProbe, state: Any, logger: Any) -> None:
         n = self.enter(event, state)
         try:
-            if n % 7 == 3:  # now and then slow: runs on the lane thread, else often inline
+            if n % 7 == 3:  # now and then slow: later items queue behind it on its lane
                 time.sleep(0.001)
         finally:
             self.leave()

@@ -21,8 +21,8 @@ class CallbackStatistics:
     Attributes:
         name: The callback's class name.
         handled: Handler calls completed (events and logged records).
-        inline: Of those, the calls the training thread ran itself (plain ``@blocking``
-            handlers).
+        inline: Of those, the calls the training thread ran itself: its plain ``@blocking``
+            handlers' (D9), the only ones that run there (D7).
         total_time: Seconds spent in the callback's handlers.
         max_time: The longest single handler call, in seconds.
         slowest: ``"Class.method"`` of the handler with the longest call.
@@ -139,7 +139,7 @@ def collect_statistics(
             CallbackStatistics(
                 name=member.name,
                 handled=sum(s.calls for s in slots),
-                inline=sum(s.calls for s in slots if s.here),  # a here slot always runs here
+                inline=sum(s.calls for s in slots if s.here),  # plain @blocking ones
                 total_time=sum(s.total_time for s in slots),
                 max_time=max((s.max_time for s in slots), default=0.0),
                 slowest=slowest.handler.qualname if slowest and slowest.calls else None,
