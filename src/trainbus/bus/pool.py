@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainbus.bus.lanes import STOP, Counts
+from trainbus.core.exceptions import LaneThreadError
 
 if TYPE_CHECKING:
     from trainbus.bus.lanes import Lane, WorkItem
@@ -64,10 +65,6 @@ __all__ = ["LaneThread", "LaneThreadError", "Sub", "WakeChain", "place", "start_
 #: slot.is_async, lane.member.shares_thread)``, the last three read once at planning
 #: (``Producer``), not once a call.
 Sub = tuple["Lane", "Slot", Callable[..., Any], bool, bool]
-
-class LaneThreadError(RuntimeError):
-    """The operating system refused to start a thread the bus needs for a fit."""
-
 
 class LaneThread:
     """One thread of the pool (or a callback's own) and the callbacks pinned to it.

@@ -11,15 +11,14 @@ from typing import Any, Literal
 import anyio
 import torch
 
-from trainbus.bus import (
+from trainbus.bus.bridge import LoopHandle, no_running_loop
+from trainbus.bus.engine import Engine
+from trainbus.bus.options import (
     DEFAULT_CLOSE_TIMEOUT,
     DEFAULT_LANE_THREADS,
     DEFAULT_WAIT_WARNING,
     BusOptions,
-    LoopHandle,
-    no_running_loop,
 )
-from trainbus.bus.engine import Engine
 from trainbus.bus.watchdog import OWN_LOOP
 from trainbus.checkpoint.resume import attach_handler_drain, read_checkpoint, restore_checkpoint
 from trainbus.core.callback import Callback, resolve_callback
