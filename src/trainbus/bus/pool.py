@@ -25,8 +25,8 @@ An event that no callback of a thread handles puts nothing there and wakes nothi
 
 Why eight threads by default (``options.DEFAULT_LANE_THREADS``): eight plain callbacks that
 block at once all run at once (D2's test meets eight at a barrier), and past a few threads
-more only add wake-ups (``benchmarks/investigations/lane_pool.py`` measures the pool's
-size against 100 and 1,000 no-op plain callbacks and four 5 ms sleepers).
+more only add wake-ups (``docs/performance-notes.md``, "Where the bus's numbers come
+from").
 The thread sleeps on ``sleeper`` when ``pending`` is empty; the producer wakes the threads
 by its rule (``producer.INSIDE_BATCH``): one wake-up hands a thread everything queued since.
 

@@ -291,8 +291,8 @@ class Session:
         self.stop()
         self._abandoning = why
         self._abandon_timeout = timeout
-        # A call_soon callback runs outside any task: anyio.current_time() would raise
-        # NoEventLoopError there (issue 45: a traceback after a SIGTERM stop that worked).
+        # A call_soon callback runs outside any task, where anyio.current_time() raises
+        # NoEventLoopError: the loop's own clock is read instead.
         deadline = self.loop.current_time() + timeout
         for scope in self._bounded:
             scope.deadline = min(scope.deadline, deadline)
