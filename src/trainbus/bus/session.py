@@ -351,7 +351,7 @@ class Session:
             with anyio.move_on_after(min(self.options.wait_warning, timeout)):
                 await finished.wait()
             if not finished.is_set():  # drawn from timings: reported, never raised (D7)
-                self._report(
+                report_at(
                     f"closing has waited {self.options.wait_warning:g} s for callback "
                     f"{lane.name} ({what or lane.current or 'what it had queued'}); it is "
                     f"abandoned after {timeout:g} s (close_timeout)",
@@ -463,11 +463,6 @@ class Session:
         except Warning as exc:
             self.gate.fail(exc, None, None)
 
-    def _report(self, message: str, category: type[Warning], where: object = None) -> None:
-        """Warn on the loop thread, at ``where``'s code, a warning drawn from timings: one
-        that never fails the run, whatever the filters (``slow.report_at``)."""
-        report_at(message, category, where)
-
     def _warn_stuck(
         self,
         who: str,
@@ -502,14 +497,14 @@ class Session:
         """The training thread has waited ``seconds`` for ``lanes`` (training thread)."""
         where = lanes[0].member.table.callback if lanes else None
         message = long_wait_message(kind, event, lanes, seconds)
-        self.loop.call_soon(self._report, message, CallbackTimeoutWarning, where)
+        self.loop.call_soon(report_at, message, CallbackTimeoutWarning, where)
         at = f" of Event.{event.name}" if event is not None else ""
         self.watch.check(f"the training thread's wait{at} ({seconds:g} s, wait_warning)")
 
     def _warn_slow(self, message: str, where: object) -> None:
         """Report a SlowCallbackWarning on the loop thread, where the caller's filters
         apply; it never fails the run (``slow.report_at``)."""
-        self.loop.call_soon(self._report, message, SlowCallbackWarning, where)
+        self.loop.call_soon(report_at, message, SlowCallbackWarning, where)
 
 
 async def _run_internal(
