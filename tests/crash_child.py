@@ -14,8 +14,9 @@ is at that point when the line is written). A finished run saves its weights to
 
 The options of issue 41: ``--tensorboard`` adds a ``TensorBoardLogger`` (``WORKDIR/tb``),
 ``--wandb`` a ``WandBLogger`` (offline, ``WORKDIR/wb``, W&B's default settings; the
-parent sets the W&B environment); ``--attempts`` adds ``1000 x`` the number of earlier starts in ``WORKDIR`` to
-the ``half`` metric (a non-deterministic value: it tells which run logged a point);
+parent sets the W&B environment); ``--attempts`` adds ``1000 x`` the number of earlier
+starts in ``WORKDIR`` to the ``half`` metric (a non-deterministic value: it tells which run
+logged a point);
 ``--pause-at N`` holds the training thread 1 s at batch ``N``'s checkpoint event before it
 reports it (the writers' flush intervals pass, as they would in a kill that comes later);
 ``--load-oldest`` resumes from the oldest checkpoint instead of the newest.

@@ -44,8 +44,7 @@ def trainer_with(stream_or_board: Any, batches: int = 20, callbacks: Any = ()) -
     model = TinyModel()
     return Trainer(model, make_loader(batches), "1ep",
                    optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-                   callbacks=list(callbacks), loggers=[stream_or_board],
-                   warn_slow_callbacks=False)
+                   callbacks=list(callbacks), loggers=[stream_or_board])
 
 
 @pytest.mark.asyncio
@@ -438,8 +437,7 @@ def test_batch_end_items_follow_the_runs_own_batch_records_without_loss_logging(
     with Dashboard() as dashboard:
         trainer = Trainer(model, make_loader(20), "1ep",
                           optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-                          callbacks=[Accuracy()], loggers=[dashboard], log_train_loss=False,
-                          warn_slow_callbacks=False)
+                          callbacks=[Accuracy()], loggers=[dashboard], log_train_loss=False)
         trainer.fit_sync()
         ends = [int(i.timestamp.batch) for i in dashboard.stream._history
                 if isinstance(i, StreamEvent) and i.event.value == "batch_end"]

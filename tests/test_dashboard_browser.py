@@ -100,7 +100,7 @@ def local_run(batches: int, callbacks: list[Callback], dashboard: Dashboard) -> 
     model = TinyModel()
     trainer = Trainer(model, make_loader(batches), "1ep",
                       optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-                      callbacks=callbacks, loggers=[dashboard], warn_slow_callbacks=False)
+                      callbacks=callbacks, loggers=[dashboard])
     return trainer
 
 
@@ -119,7 +119,7 @@ def test_job_page_loads_cleanly_and_its_loss_curve_grows_while_the_job_trains(
         model = TinyModel()
         return Trainer(model, make_loader(40), "1ep",
                        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-                       callbacks=[hold], loggers=ctx.loggers, warn_slow_callbacks=False)
+                       callbacks=[hold], loggers=ctx.loggers)
 
     app = create_app(factory)
     server = create_server(app, port=0)
@@ -305,8 +305,7 @@ def test_the_callbacks_panel_says_the_batch_its_figures_are_from_as_the_header_d
         model = TinyModel()
         trainer = Trainer(model, make_loader(3), "3ep",
                           optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-                          callbacks=[hold], loggers=[dashboard], load_path=tmp_path,
-                          warn_slow_callbacks=False)
+                          callbacks=[hold], loggers=[dashboard], load_path=tmp_path)
         watched = Watched(browser)
         watched.page.goto(dashboard.url)
         fit = in_thread(trainer.fit_sync)
@@ -392,7 +391,7 @@ def test_a_rebound_name_and_a_cross_site_page_start_no_job(browser: Any) -> None
         model = TinyModel()
         return Trainer(model, make_loader(4), "1ep",
                        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-                       loggers=ctx.loggers, warn_slow_callbacks=False)
+                       loggers=ctx.loggers)
 
     server = create_server(create_app(factory), port=0)
     ready = threading.Event()

@@ -192,7 +192,7 @@ def test_the_async_upload_overlaps_with_training(server: ProgressServer) -> None
     server.hold_first = True
     uploader = namespace["ProgressUploader"](server.url)
     trainer = namespace["make_trainer"](
-        callbacks=[uploader, OpenAtSecondEpoch(server.release)], warn_slow_callbacks=False
+        callbacks=[uploader, OpenAtSecondEpoch(server.release)]
     )
     trainer.fit_sync()
     assert server.released_in_time == [True]

@@ -70,7 +70,7 @@ async def test_bounded_uploads_never_exceed_their_limit_and_close_waits_for_them
                     closed_with.append(service.server.answered)
 
             uploads.__class__ = Watch
-            await make_trainer(n, callbacks=[uploads], warn_slow_callbacks=False).fit()
+            await make_trainer(n, callbacks=[uploads]).fit()
             assert closed_with == [n]  # close returned once every request was answered
         assert uploads.sent == n
         assert 1 <= service.peak <= limit
@@ -86,7 +86,7 @@ async def test_a_failed_request_fails_the_run(anyio_backend: str) -> None:
     with pytest.raises(BaseException) as caught:
         async with example.BoundedUploads("http://127.0.0.1:9/nowhere") as uploads:
             with anyio.fail_after(30):
-                await make_trainer(5, callbacks=[uploads], warn_slow_callbacks=False).fit()
+                await make_trainer(5, callbacks=[uploads]).fit()
     errors = (
         caught.value.exceptions if isinstance(caught.value, BaseExceptionGroup) else [caught.value]
     )

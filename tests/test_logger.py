@@ -125,7 +125,6 @@ def test_default_step_is_the_handlers_event_batch_even_when_it_runs_late() -> No
         callbacks=[late, OpenAtBatch3(gate)],
         loggers=[dest],
         barriers=(),
-        warn_slow_callbacks=False,
     )
     live.append(trainer.state)
     trainer.fit_sync()

@@ -118,7 +118,6 @@ class Factory:
             callbacks=callbacks,
             loggers=ctx.loggers,
             run_name=ctx.job_id,
-            warn_slow_callbacks=False,  # Rendezvous holds a batch on purpose
         )
 
 

@@ -148,7 +148,7 @@ async def test_a_trailing_handler_is_never_more_than_k_batches_behind(
     upload = make_upload(kind, form, k, clock)
     probe = Behind(upload.finished)
     trainer = make_trainer(
-        N, callbacks=[clock, upload, probe], max_lag=max_lag, warn_slow_callbacks=False
+        N, callbacks=[clock, upload, probe], max_lag=max_lag
     )
     await fit(trainer)
     # Held as far as allowed, it is exactly k behind (never more: the bound; and this far
@@ -194,7 +194,6 @@ async def test_other_callbacks_stay_lockstep_and_see_the_weights_of_their_batch(
     trainer = make_trainer(
         N,
         callbacks=[clock, upload, Truth(), reader, areader, lockstep, alockstep, behind],
-        warn_slow_callbacks=False,
     )
     await fit(trainer)
     assert behind.seen == [(m, max(m - k, 0)) for m in range(1, N + 1)]
@@ -223,7 +222,7 @@ async def test_close_waits_for_a_trailing_handler(form: str) -> None:
             at_close.append(list(self.finished))
 
     upload.__class__ = Closer
-    trainer = make_trainer(N, callbacks=[FitEnd(), clock, upload], warn_slow_callbacks=False)
+    trainer = make_trainer(N, callbacks=[FitEnd(), clock, upload])
     await fit(trainer)
     # At FIT_END the last k batch_end handlers were still held (the clock releases them
     # after that probe); fit() returned only after they ran, and close ran after them (D1).
@@ -285,7 +284,7 @@ async def test_d1_and_d5_hold_under_lag() -> None:
 
     trail = Trail()
     probe = Behind(trail.finished)
-    trainer = make_trainer(N, callbacks=[Publish(), clock, trail, probe], warn_slow_callbacks=False)
+    trainer = make_trainer(N, callbacks=[Publish(), clock, trail, probe])
     await fit(trainer)
     assert probe.seen == [(m, max(m - k, 0)) for m in range(1, N + 1)]  # it did trail
     assert trail.seen == published
@@ -300,7 +299,7 @@ async def test_backpressure_still_bounds_a_trailing_handler(kind: str) -> None:
     upload = make_upload(kind, "decorator", k, clock, hold=q)
     probe = Behind(upload.finished)
     trainer = make_trainer(
-        N, callbacks=[clock, upload, probe], queue_size=q, warn_slow_callbacks=False
+        N, callbacks=[clock, upload, probe], queue_size=q
     )
     await fit(trainer)
     assert probe.seen == [(m, max(m - q, 0)) for m in range(1, N + 1)]
@@ -391,7 +390,7 @@ async def test_a_console_logger_on_a_slow_stream_trails_training() -> None:
     probe = Behind(printed)
     console = ConsoleLogger("1ba", stream=SlowStream())  # type: ignore[arg-type]
     trainer = make_trainer(
-        N, callbacks=[clock, probe], loggers=[console], warn_slow_callbacks=False
+        N, callbacks=[clock, probe], loggers=[console]
     )
     await fit(trainer)
     assert probe.seen == [(m, max(m - 3, 0)) for m in range(1, N + 1)]
@@ -412,7 +411,7 @@ async def test_an_error_in_a_trailing_handler_stops_training_and_fit_raises_it()
         def batch_start(self, state: Any, logger: Any) -> None:
             ran.append(batch_of(state))
 
-    trainer = make_trainer(50, callbacks=[Boom(), Count()], warn_slow_callbacks=False)
+    trainer = make_trainer(50, callbacks=[Boom(), Count()])
     with pytest.raises(ValueError, match="boom"):
         await fit(trainer)
     assert len(ran) <= 3 + 2 + 1  # at the latest, the barrier 2 batches on stops it

@@ -414,7 +414,7 @@ class Gate(Callback):
 @pytest.mark.anyio
 async def test_fit_while_fitting_raises_fit_in_progress() -> None:
     gate, rec = Gate(), Recorder()
-    trainer = make_trainer(2, 1, [gate, rec], warn_slow_callbacks=False)
+    trainer = make_trainer(2, 1, [gate, rec])
     async with anyio.create_task_group() as tg:
         tg.start_soon(trainer.fit)
         await gate.entered.wait()

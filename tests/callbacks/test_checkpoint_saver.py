@@ -297,7 +297,7 @@ def test_late_callbacks_are_captured_as_of_the_save(
     tmp_path: pathlib.Path, kwargs: dict[str, Any]
 ) -> None:
     saver = CheckpointSaver(tmp_path, "b{batch}.pt", save_interval="1ba")
-    fit([SlowBatchCounter(), saver], n_batches=4, epochs=1, warn_slow_callbacks=False, **kwargs)
+    fit([SlowBatchCounter(), saver], n_batches=4, epochs=1, **kwargs)
     key = f"{SlowBatchCounter.__module__}.SlowBatchCounter#0"
     for batch in range(1, 5):
         assert load(tmp_path / f"b{batch}.pt")["callbacks"][key]["batches"] == batch

@@ -41,18 +41,18 @@ def test_d2_plain_handlers_of_eight_callbacks_are_all_inside_at_once() -> None:
             meeting.wait()
             met.append(batch_of(state))
 
-    # One batch: a plain handler that once ran fast may later run inline (see below).
+    # One batch: every plain handler is inside at once, on its own pool thread (D2).
     make_trainer(1, callbacks=[Meet() for _ in range(8)]).fit_sync()
     assert met == [1] * 8
 
 
 @pytest.mark.anyio
-async def test_d2_plain_handler_that_was_fast_once_still_runs_concurrently() -> None:
+async def test_d2_plain_handlers_run_beside_the_async_handlers_of_their_event() -> None:
     partners = 3
     arrived = [threading.Event() for _ in range(partners)]
     waited: list[bool] = []
 
-    class Waits(Callback):  # fast at batch 1; at batch 2 it waits for its partner's handler
+    class Waits(Callback):  # at batch 2 it waits for its partner's async handler
         def __init__(self, i: int) -> None:
             self.i = i
 
@@ -70,5 +70,5 @@ async def test_d2_plain_handler_that_was_fast_once_still_runs_concurrently() -> 
 
     cbs: list[Callback] = [Waits(i) for i in range(partners)]
     cbs += [Partner(i) for i in range(partners)]
-    await fit(make_trainer(2, callbacks=cbs, warn_slow_callbacks=False))
+    await fit(make_trainer(2, callbacks=cbs))
     assert waited == [True] * partners

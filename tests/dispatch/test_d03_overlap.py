@@ -66,7 +66,7 @@ class FastThenWaits(Callback):
 async def test_d3_publishing_never_waits_for_a_plain_handler_whose_calls_were_cheap() -> None:
     model = LossCountModel()
     cbs = [FastThenWaits(model, lambda: model.losses, WATCHDOG / 4) for _ in range(5)]
-    trainer = make_trainer(4, callbacks=cbs, model=model, warn_slow_callbacks=False)
+    trainer = make_trainer(4, callbacks=cbs, model=model)
     await fit(trainer)
     for cb in cbs:
         assert cb.stalls == 0
@@ -79,7 +79,7 @@ async def test_d3_cheap_plain_handlers_never_make_publishing_wait() -> None:
     # publish that ran it on the spot would wait out its patience every batch.
     model = LossCountModel()
     cbs = [FastThenWaits(model, lambda: model.losses, 0.2) for _ in range(3)]
-    await fit(make_trainer(5, callbacks=cbs, model=model, warn_slow_callbacks=False))
+    await fit(make_trainer(5, callbacks=cbs, model=model))
     for cb in cbs:
         assert cb.waited == [(b, True) for b in range(1, 5)]
 
@@ -175,7 +175,7 @@ async def _runs_during_batch_0(early: type[Callback], answered: threading.Event)
                 seen.append(answered.wait(WATCHDOG / 2))
 
     early.inside = inside  # type: ignore[attr-defined]
-    await fit(make_trainer(2, callbacks=[early(), Inside()], warn_slow_callbacks=False))
+    await fit(make_trainer(2, callbacks=[early(), Inside()]))
     assert seen == [True]
 
 

@@ -50,7 +50,7 @@ async def test_d4_batch_end_waits_for_every_handler_of_every_earlier_event() -> 
         def batch_checkpoint(self, state: Any, logger: Any) -> None:
             snapshots.append((batch_of(state), list(a.finished), list(s.finished)))
 
-    await fit(make_trainer(n, callbacks=[a, s, Check()], warn_slow_callbacks=False))
+    await fit(make_trainer(n, callbacks=[a, s, Check()]))
     for b, a_done, s_done in snapshots:
         assert a_done == [
             (ev, k + (ev is E.BATCH_END)) for k in range(b) for ev in (E.AFTER_FORWARD, E.BATCH_END)
@@ -116,7 +116,7 @@ async def test_d4_max_lag_lets_handlers_trail_by_k_batches_and_never_more(max_la
 
     lagging = Lagging()
     trainer = make_trainer(
-        n, callbacks=[progress, lagging], max_lag=max_lag, warn_slow_callbacks=False
+        n, callbacks=[progress, lagging], max_lag=max_lag
     )
     await fit(trainer)
     assert lagging.lag == {m: min(max_lag, n - m) for m in range(1, n + 1)}

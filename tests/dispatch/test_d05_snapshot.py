@@ -67,7 +67,6 @@ async def test_d5_late_handlers_read_the_state_of_their_own_event(kind: str) -> 
         callbacks=[progress, truth, reader],
         loggers=[memory],
         max_lag=2,
-        warn_slow_callbacks=False,
     )
     truth.live = trainer.state
     await fit(trainer)

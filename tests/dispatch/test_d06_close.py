@@ -106,7 +106,7 @@ async def test_d6_fit_returns_only_when_no_handler_is_running(no_leaked_threads:
             finished.append("sync")
 
     trainer = make_trainer(
-        3, callbacks=[AsyncStraggler(), SyncStraggler()], barriers=(), warn_slow_callbacks=False
+        3, callbacks=[AsyncStraggler(), SyncStraggler()], barriers=()
     )
     await fit(trainer)
     assert sorted(finished) == ["async", "sync"]

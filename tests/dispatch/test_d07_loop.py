@@ -58,7 +58,7 @@ async def test_d7_plain_handlers_never_run_on_the_loop_which_stays_responsive() 
             if sleeping.is_set() and not woke.is_set():
                 ticks_while_sleeping += 1
 
-    trainer = make_trainer(1, callbacks=[Plain(), AsyncWithPlainClose()], warn_slow_callbacks=False)
+    trainer = make_trainer(1, callbacks=[Plain(), AsyncWithPlainClose()])
     async with anyio.create_task_group() as tg:
         tg.start_soon(ticker)
         await fit(trainer)

@@ -120,7 +120,6 @@ async def test_d7_a_cheap_plain_callbacks_handlers_all_run_on_one_thread_not_tra
         BATCHES,
         callbacks=[cheap, rows, placed, Trainer()],
         loggers=[sink],
-        warn_slow_callbacks=False,
     )
     loop_thread = threading.get_ident()
     await fit(trainer)

@@ -96,7 +96,7 @@ def test_a_thousand_plain_callbacks_each_keep_one_thread_and_the_count_stays_bou
     recorders = [Recorder(i) for i in range(n)]
     lockstep = Lockstep(recorders)
     before = threading.active_count()
-    trainer = make_trainer(BATCHES, callbacks=[*recorders, lockstep], warn_slow_callbacks=False)
+    trainer = make_trainer(BATCHES, callbacks=[*recorders, lockstep])
     trainer.fit_sync()
 
     for r in recorders:
@@ -174,8 +174,7 @@ class Setter(Callback):
 def test_a_callback_that_asks_for_its_own_thread_does_not_hold_up_the_pool() -> None:
     go = threading.Event()
     waiter, setter = Waiter(go), Setter(go)
-    make_trainer(3, callbacks=[waiter, setter], lane_threads=1,
-                 warn_slow_callbacks=False).fit_sync()
+    make_trainer(3, callbacks=[waiter, setter], lane_threads=1).fit_sync()
     assert waiter.waited == [True] * 3  # the setter ran while the waiter blocked
     assert len(waiter.threads) == 1 and len(setter.threads) == 1
     assert waiter.threads.isdisjoint(setter.threads)
@@ -191,8 +190,7 @@ def test_without_its_own_thread_the_same_callback_would_wait_for_the_one_behind_
         patience = 0.5
 
     waiter, setter = SharedWaiter(go), Setter(go)
-    make_trainer(1, callbacks=[waiter, setter], lane_threads=1,
-                 warn_slow_callbacks=False).fit_sync()
+    make_trainer(1, callbacks=[waiter, setter], lane_threads=1).fit_sync()
     assert waiter.waited == [False]
     assert waiter.threads == setter.threads
 
@@ -252,7 +250,7 @@ def test_a_stuck_handler_abandons_the_callbacks_pinned_behind_it_with_one_warnin
             closed.append("Elsewhere")
 
     trainer = make_trainer(1, callbacks=[Stuck(), Elsewhere(), Behind()], lane_threads=2,
-                           close_timeout=0.5, warn_slow_callbacks=False)
+                           close_timeout=0.5)
     try:
         with pytest.warns(CallbackTimeoutWarning) as caught:
             trainer.fit_sync()

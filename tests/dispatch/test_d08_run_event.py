@@ -37,9 +37,7 @@ async def test_d8_run_event_override_gets_every_event_and_no_per_event_method() 
             self.events.append((event, batch_of(state)))
 
     cbs = [SyncOverride(), AsyncOverride()]
-    # warn_slow_callbacks=False: an await on every event of a toy model's sub-ms batch
-    # can trip the slow-callback check; that is not what this test is about.
-    await fit(make_trainer(2, 2, cbs, eval_batches=1, warn_slow_callbacks=False))
+    await fit(make_trainer(2, 2, cbs, eval_batches=1))
     for cb in cbs:
         assert cb.events == expected(2, 2, eval_batches=1), type(cb).__name__
         assert cb.direct == 0

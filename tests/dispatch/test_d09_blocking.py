@@ -98,7 +98,7 @@ async def test_d9_blocking_handler_runs_after_its_lanes_backlog(kind: str) -> No
                 self.seen.append(list(self.finished))
 
     cb = Backlog()
-    await fit(make_trainer(3, callbacks=[cb], warn_slow_callbacks=False))
+    await fit(make_trainer(3, callbacks=[cb]))
     assert cb.seen == [[0], [0, 1], [0, 1, 2]]
 
 

@@ -72,12 +72,12 @@ async def test_d10_a_failed_callback_gets_no_further_handler_calls() -> None:
             self.calls.append((E.AFTER_FORWARD, batch_of(state)))
             if batch_of(state) == 1:
                 raise ValueError("boom")
-            time.sleep(0.002)  # slow once: never inline
+            time.sleep(0.002)
 
-        def before_loss(self, state: Any, logger: Any) -> None:  # cheap: may run inline
+        def before_loss(self, state: Any, logger: Any) -> None:  # queued behind it
             self.calls.append((E.BEFORE_LOSS, batch_of(state)))
 
-    flaky = [Flaky() for _ in range(3)]  # one whose before_loss runs inline shows it
+    flaky = [Flaky() for _ in range(3)]  # several, sharing pool threads or not
 
     class Holds(Callback):  # offered BEFORE_LOSS first: holds that publish until they failed
         @blocking

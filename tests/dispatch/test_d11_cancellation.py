@@ -103,7 +103,6 @@ async def test_d11_cancel_while_training_runs_stops_the_training_thread(
         callbacks=[signal, log],
         model=TinyModel(delay=0.002),
         barriers=(),
-        warn_slow_callbacks=False,  # a plain handler's time includes GIL waits
     )
     with anyio.move_on_after(WATCHDOG) as scope:
         async with anyio.create_task_group() as tg:
@@ -130,7 +129,7 @@ async def test_d11_cancel_reaches_async_handlers_of_callbacks_with_plain_ones_to
             await anyio.sleep(1.0)  # the cancellation should end this at once
             completed.append(True)
 
-    trainer = make_trainer(3, callbacks=[Mixed()], warn_slow_callbacks=False)
+    trainer = make_trainer(3, callbacks=[Mixed()])
     with anyio.fail_after(WATCHDOG):
         async with anyio.create_task_group() as tg:
             tg.start_soon(trainer.fit)
@@ -161,7 +160,7 @@ async def test_d11_cancellation_does_not_drop_records_already_logged() -> None:
 
     sink, logs = SlowSink(), Logs()
     trainer = make_trainer(
-        20, callbacks=[logs], loggers=[sink], log_train_loss=False, warn_slow_callbacks=False
+        20, callbacks=[logs], loggers=[sink], log_train_loss=False
     )
     with anyio.fail_after(WATCHDOG):
         async with anyio.create_task_group() as tg:

@@ -96,5 +96,5 @@ async def test_d13_async_handlers_may_suspend_inside_their_own_cancel_scopes() -
             self.done.append(E.BATCH_END)
 
     cb = Scoped()
-    await fit(make_trainer(2, callbacks=[cb], warn_slow_callbacks=False))
+    await fit(make_trainer(2, callbacks=[cb]))
     assert cb.done == [E.AFTER_FORWARD, E.AFTER_BACKWARD, E.BATCH_END] * 2

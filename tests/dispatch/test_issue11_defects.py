@@ -140,7 +140,7 @@ async def test_defect1_a_destination_never_runs_a_handler_while_its_log_metrics_
             about_to_publish.set()
 
     trainer = make_trainer(
-        n, callbacks=[Logs()], loggers=[dest], log_train_loss=False, warn_slow_callbacks=False
+        n, callbacks=[Logs()], loggers=[dest], log_train_loss=False
     )
     await fit(trainer)
     assert not dest.overlapped.is_set(), f"ran two handlers at once: {dest.calls}"

@@ -47,7 +47,7 @@ async def test_log_records_reach_destinations_in_order_also_from_close() -> None
 
     adest, memory = AsyncDest(), InMemoryLogger()
     trainer = make_trainer(
-        n, callbacks=[Logs()], loggers=[adest, memory], warn_slow_callbacks=False
+        n, callbacks=[Logs()], loggers=[adest, memory]
     )
     await fit(trainer)
 

@@ -111,7 +111,6 @@ def run_scenario(
         barriers=barriers,
         max_lag=max_lag,
         queue_size=queue_size,
-        warn_slow_callbacks=False,
     )
     pre: dict[int, int] = {}
     post: dict[int, int] = {}

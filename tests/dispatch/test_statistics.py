@@ -29,7 +29,7 @@ async def test_statistics_after_a_run() -> None:
 
     log, memory = EventLog(), InMemoryLogger()
     trainer = make_trainer(
-        n, callbacks=[log, AsyncCount()], loggers=[memory], warn_slow_callbacks=False
+        n, callbacks=[log, AsyncCount()], loggers=[memory]
     )
     await fit(trainer)
     stats = trainer.engine.statistics()
@@ -50,7 +50,7 @@ async def test_statistics_after_a_run() -> None:
     assert 1 <= stats.barrier_waits <= n and stats.barrier_wait_time > 0
     assert stats.handler_time == pytest.approx(sum(c.total_time for c in stats.callbacks))
 
-    free = make_trainer(n, callbacks=[AsyncCount()], barriers=(), warn_slow_callbacks=False)
+    free = make_trainer(n, callbacks=[AsyncCount()], barriers=())
     await fit(free)
     assert free.engine.statistics().barrier_waits == 0
 
@@ -81,8 +81,7 @@ def test_per_callback_lag_and_the_barrier_wait_it_caused() -> None:
                 seen.append(trainer.engine.statistics())
                 release.set()
 
-    trainer = make_trainer(5, callbacks=[Trailer(), Slow(), Watcher()],
-                           warn_slow_callbacks=False)
+    trainer = make_trainer(5, callbacks=[Trailer(), Slow(), Watcher()])
     trainer.fit_sync()
     trailer, slow, watcher = seen[0].callbacks
     # It finished none of the three batches published so far (stuck in the first).
@@ -120,7 +119,7 @@ def test_every_call_of_an_all_blocking_callback_counts_as_inline() -> None:
             await anyio.sleep(0)  # suspends: always on the loop
 
     n = 3
-    trainer = make_trainer(n, callbacks=[Lockstep(), Mixed()], warn_slow_callbacks=False)
+    trainer = make_trainer(n, callbacks=[Lockstep(), Mixed()])
     trainer.fit_sync()
     lockstep, mixed = trainer.engine.statistics().callbacks
     assert lockstep.handled == lockstep.inline == 2 * n
@@ -142,7 +141,7 @@ def test_a_blocking_handler_s_time_reaches_the_statistics_and_the_timeline() -> 
             time.sleep(0.002)
 
     n = 3
-    trainer = make_trainer(n, callbacks=[Lockstep(), Queued()], warn_slow_callbacks=False)
+    trainer = make_trainer(n, callbacks=[Lockstep(), Queued()])
     recorder = trainer.engine.record_trace()
     trainer.fit_sync()
     lockstep, queued = trainer.engine.statistics().callbacks

@@ -113,7 +113,6 @@ def test_close_raising_a_base_exception_closes_everything_else_then_raises_it(
                 ),
             ],
             close_timeout=5,
-            warn_slow_callbacks=False,
         )
         await trainer.fit()
 

@@ -105,7 +105,6 @@ def run_fault_case(
                 ),
             ],
             close_timeout=5,
-            warn_slow_callbacks=False,
         )
         result: dict[str, Any] = {"error": None}
         async with anyio.from_thread.BlockingPortal() as portal:

@@ -73,7 +73,6 @@ def _train(callbacks: list[Callback], loggers: list[LoggerDestination], backend:
         loggers=loggers,
         queue_size=QUEUE_SIZE,
         log_train_loss=False,
-        warn_slow_callbacks=False,
     )
     outcome = run_bounded(trainer.fit, backend)
     assert outcome.error is None, repr(outcome.error)

@@ -139,7 +139,6 @@ def test_cancelled_fit_with_a_stuck_callback_returns_and_closes_the_others(
                 ),
             ],
             close_timeout=1,
-            warn_slow_callbacks=False,
         )
         trainers.append(trainer)
         with anyio.move_on_after(2):

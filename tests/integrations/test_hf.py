@@ -138,8 +138,7 @@ async def test_an_async_upload_per_batch_overlaps_the_hf_trainer(tmp_path: Path)
             bare.append(timing.elapsed)
             timing = LoopTime()
             upload = Upload(service.url)
-            # load may slow a POST
-            bridge = TrainbusCallback(callbacks=[upload], warn_slow_callbacks=False)
+            bridge = TrainbusCallback(callbacks=[upload])
             await bridge.train(hf_trainer(tmp_path, [bridge, timing]))
             assert upload.sent == list(range(1, BATCHES + 1))
             assert timing.thread != threading.current_thread().name
@@ -159,7 +158,7 @@ async def test_a_trailing_upload_is_handed_over_when_its_hf_step_ends(tmp_path: 
     # step k ends, so the next forward finds it done and no barrier waits (issue 47).
     with metrics_service() as service:
         upload = TrailingUpload(service.url, BATCHES)
-        bridge = TrainbusCallback(callbacks=[upload], warn_slow_callbacks=False)
+        bridge = TrainbusCallback(callbacks=[upload])
         hf = hf_trainer(tmp_path, [bridge], sleep=0.0)
         forwards = [0]
 

@@ -123,8 +123,7 @@ async def test_an_async_upload_per_batch_overlaps_lightnings_loop() -> None:
             bare.append(timing.elapsed)
             timing = LoopTime()
             upload = Upload(service.url)
-            # load may slow a POST
-            bridge = TrainbusCallback(callbacks=[upload], warn_slow_callbacks=False)
+            bridge = TrainbusCallback(callbacks=[upload])
             await bridge.fit(trainer([bridge, timing]), Tiny(), loader(BATCHES))
             assert upload.sent == list(range(1, BATCHES + 1))
             assert timing.thread != threading.current_thread().name
@@ -156,7 +155,7 @@ async def test_a_trailing_upload_is_handed_over_when_its_lightning_batch_ends() 
     # batch k ends, so the next step finds it done and no barrier waits (issue 47).
     with metrics_service() as service:
         upload = TrailingUpload(service.url, BATCHES)
-        bridge = TrainbusCallback(callbacks=[upload], warn_slow_callbacks=False)
+        bridge = TrainbusCallback(callbacks=[upload])
         await bridge.fit(trainer([bridge]), Handoff(upload), loader(BATCHES))
     assert upload.handed_over == [True] * (BATCHES - 1)
     assert bridge.bus.statistics().barrier_waits == 0

@@ -85,8 +85,7 @@ async def test_an_async_upload_per_batch_overlaps_the_loop_and_inline_it_does_no
         overlapped = []
         for _ in range(2):
             upload = Upload(service.url)
-            # load may slow a POST
-            loop = Loop(trainbus.Bus(callbacks=[upload], warn_slow_callbacks=False))
+            loop = Loop(trainbus.Bus(callbacks=[upload]))
             assert await loop.bus.run(loop.train) == "trained"  # type: ignore[union-attr]
             assert upload.sent == list(range(1, BATCHES + 1))
             overlapped.append(loop.elapsed)
@@ -128,7 +127,7 @@ async def test_a_trailing_upload_is_handed_over_when_its_batch_ends(publishes: s
     # ends: the next batch's step finds it done, and no barrier waits for it.
     with metrics_service() as service:
         upload = TrailingUpload(service.url, HANDOFF_BATCHES)
-        bus = trainbus.Bus(callbacks=[upload], warn_slow_callbacks=False)
+        bus = trainbus.Bus(callbacks=[upload])
         await bus.run(_handoff_train, bus, upload, publishes)
     assert upload.handed_over == [True] * (HANDOFF_BATCHES - 1)
     stats = bus.statistics()
@@ -153,7 +152,7 @@ async def test_the_readmes_upload_loop_hides_the_upload_without_before_forward()
             await anyio.sleep(0.02)  # the upload's latency
             done.append(int(state.timer.batch))
 
-    bus = trainbus.Bus(callbacks=[Upload()], warn_slow_callbacks=False)
+    bus = trainbus.Bus(callbacks=[Upload()])
 
     def train() -> None:
         x = torch.randn(8, 16)

@@ -277,7 +277,7 @@ async def test_records_logged_without_pause_do_not_starve_the_destinations_event
             seen.append(int(state.timer.batch))
 
     dest = Echo(Backpressure.drop_oldest(queue_size=4))
-    trainer = make_trainer(5, loggers=[dest], warn_slow_callbacks=False, close_timeout=5.0)
+    trainer = make_trainer(5, loggers=[dest], close_timeout=5.0)
     with anyio.fail_after(WATCHDOG), warnings.catch_warnings():
         warnings.simplefilter("ignore", RecordsDroppedWarning)
         await trainer.fit()

@@ -222,8 +222,7 @@ async def test_flaky_server_gets_every_point_exactly_once(
     server = servers(flaky)
     uploader = HTTPMetricsUploader(server.url, batch_size=8, **FAST)
     memory = InMemoryLogger()
-    trainer = make_trainer(60, callbacks=[LogExtras()], loggers=[memory, uploader],
-                           warn_slow_callbacks=False)  # LogExtras vs sub-ms batches, on 2 cores
+    trainer = make_trainer(60, callbacks=[LogExtras()], loggers=[memory, uploader])
     await trainer.fit()
 
     expected = logged_points(memory)
@@ -263,7 +262,7 @@ async def test_training_never_waits_for_the_server(
 
     server = servers(hold_first)
     uploader = HTTPMetricsUploader(server.url, batch_size=1, **FAST)
-    trainer = make_trainer(20, callbacks=[Gate()], loggers=[uploader], warn_slow_callbacks=False)
+    trainer = make_trainer(20, callbacks=[Gate()], loggers=[uploader])
     await trainer.fit()
 
     assert released == [True]  # 18 batches trained while the first request was unanswered
@@ -286,8 +285,7 @@ async def test_partial_batches_are_flushed_every_flush_interval(
                 seen_during_training.append(server.wait_for(lambda: bool(server.requests)))
 
     uploader = HTTPMetricsUploader(server.url, batch_size=1000, **FAST)
-    trainer = make_trainer(5, callbacks=[WaitForFlush()], loggers=[uploader],
-                           warn_slow_callbacks=False)
+    trainer = make_trainer(5, callbacks=[WaitForFlush()], loggers=[uploader])
     await trainer.fit()
     assert seen_during_training == [True]
     assert 1 <= len(server.requests[0].body["points"]) <= 3
@@ -353,8 +351,7 @@ async def test_server_down_for_the_first_half_everything_arrives_from_the_spool(
             server.listen()
 
     memory = InMemoryLogger()
-    trainer = make_trainer(40, callbacks=[LogExtras(), BringUp()], loggers=[memory, uploader],
-                           warn_slow_callbacks=False)  # BringUp blocks by design
+    trainer = make_trainer(40, callbacks=[LogExtras(), BringUp()], loggers=[memory, uploader])
     await trainer.fit()
 
     assert while_down["stats"].points_sent == 0
@@ -465,8 +462,7 @@ class Stall(Callback):
             print("spooled", uploader.spooled_batches, flush=True)
             time.sleep(3600)
 
-make_trainer(2000, callbacks=[Stall()], loggers=[uploader], run_name="killed",
-             warn_slow_callbacks=False).fit_sync()
+make_trainer(2000, callbacks=[Stall()], loggers=[uploader], run_name="killed").fit_sync()
 print("finished", flush=True)
 """
 
@@ -779,8 +775,7 @@ async def test_cancelling_fit_with_everything_spooled_does_not_wait_for_a_dead_s
     memory = InMemoryLogger()
     with anyio.fail_after(60), pytest.warns(MetricsUploadWarning, match=r"spool_dir"):
         with anyio.CancelScope() as scope:
-            await make_trainer(1000, callbacks=[CancelAt(scope)], loggers=[memory, uploader],
-                               warn_slow_callbacks=False).fit()
+            await make_trainer(1000, callbacks=[CancelAt(scope)], loggers=[memory, uploader]).fit()
     assert scope.cancelled_caught
     spooled = Counter()
     for path in batch_files(tmp_path):

@@ -132,8 +132,7 @@ async def test_a_completed_run_delivers_everything_once_and_deletes_its_journal(
     server = servers(read_journal)
     uploader = HTTPMetricsUploader(server.url, batch_size=4, spool_dir=spool, journal=True, **FAST)
     saver = CheckpointSaver(tmp_path / "ckpt", save_interval="3ba")
-    trainer = make_trainer(10, callbacks=[saver, LogExtras()], loggers=[uploader],
-                           warn_slow_callbacks=False)  # fmt: skip
+    trainer = make_trainer(10, callbacks=[saver, LogExtras()], loggers=[uploader])  # fmt: skip
     await trainer.fit()
     assert set(server.points().values()) == {1}
     assert len(server.points()) == 30  # loss/train, a and b for 10 batches

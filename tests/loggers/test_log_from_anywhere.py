@@ -72,7 +72,7 @@ async def test_8_threads_and_8_tasks_log_10000_points_each_into_jsonl_and_http(
                                    backoff=0.001, max_backoff=0.01)
     trainer = make_trainer(
         2, callbacks=[hold], loggers=[JSONLinesLogger(path), uploader],
-        warn_slow_callbacks=False, wait_warning_seconds=math.inf,
+        wait_warning_seconds=math.inf,
     )
     logger = trainer.logger
     remaining = THREADS + TASKS
@@ -216,7 +216,7 @@ async def test_a_thread_logging_across_a_fits_start_keeps_its_order(
     path = tmp_path / "m.jsonl"
     hold = HoldTraining()
     trainer = make_trainer(2, callbacks=[hold], loggers=[JSONLinesLogger(path)],
-                           warn_slow_callbacks=False, wait_warning_seconds=math.inf)
+                           wait_warning_seconds=math.inf)
     logger = trainer.logger
     started = threading.Event()
 

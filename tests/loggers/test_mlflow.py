@@ -93,7 +93,7 @@ async def test_two_epochs_of_metrics_and_params_arrive_exactly_once(
                                  batch_size=7, **FAST)  # several batches per epoch
     memory = InMemoryLogger()
     trainer = make_trainer(10, 2, callbacks=[LogExtras()], loggers=[memory, mlflow_logger],
-                           run_name="two-epochs", warn_slow_callbacks=False)
+                           run_name="two-epochs")
     await trainer.fit()
 
     run_id = mlflow_logger.run_id
@@ -289,7 +289,7 @@ def test_server_stopped_mid_run_and_restarted_loses_nothing(
                                  flush_seconds=0.05)
     memory = InMemoryLogger()
     trainer = make_trainer(20, callbacks=[LogExtras(), Outage()],
-                           loggers=[memory, mlflow_logger], warn_slow_callbacks=False,
+                           loggers=[memory, mlflow_logger],
                            # close waits for the restart on purpose (tens of seconds on a
                            # loaded machine): that wait is this test's subject, not a hang
                            wait_warning_seconds=math.inf)

@@ -70,8 +70,7 @@ def test_records_are_encoded_off_the_loop_which_wakes_once_per_request(
     ten = TenPerBatch()
     mlflow_logger = Watched(mlflow_server.url, experiment_name=experiment(), batch_size=50,
                             flush_seconds=60, backoff=0.01)
-    make_trainer(20, callbacks=[ten], loggers=[mlflow_logger], log_train_loss=False,
-                 warn_slow_callbacks=False).fit_sync()
+    make_trainer(20, callbacks=[ten], loggers=[mlflow_logger], log_train_loss=False).fit_sync()
     assert ten.loop_thread is not None
     assert mlflow_logger.encoded_on
     assert ten.loop_thread not in mlflow_logger.encoded_on

@@ -12,31 +12,40 @@ logged records on the destinations (``mailbox`` for those with a lossy ``backpre
 
 from __future__ import annotations
 
-from trainbus.bus.bridge import LoopHandle, LoopThread, no_running_loop
-from trainbus.bus.lanes import Stopped
-from trainbus.bus.options import (
-    DEFAULT_CLOSE_TIMEOUT,
-    DEFAULT_LANE_THREADS,
-    DEFAULT_WAIT_WARNING,
-    BusOptions,
-)
-from trainbus.bus.pool import LaneThreadError
+import importlib
+from typing import Any
+
 from trainbus.bus.statistics import BusStatistics, CallbackStatistics
 from trainbus.bus.trace import PRODUCER_ROW, TraceRecorder, TraceSpan
+from trainbus.core.exceptions import LaneThreadError
 
+#: What users use: the statistics, the trace, and the error a fit raises when the operating
+#: system refuses a thread. The rest of the package is the bus's plumbing.
 __all__ = [
-    "DEFAULT_CLOSE_TIMEOUT",
-    "DEFAULT_LANE_THREADS",
-    "DEFAULT_WAIT_WARNING",
     "PRODUCER_ROW",
-    "BusOptions",
     "BusStatistics",
     "CallbackStatistics",
     "LaneThreadError",
-    "LoopHandle",
-    "LoopThread",
-    "Stopped",
     "TraceRecorder",
     "TraceSpan",
-    "no_running_loop",
 ]
+
+#: Plumbing this package once exported, still importable from here (not listed in
+#: ``__all__``): its home module now.
+_PLUMBING = {
+    "DEFAULT_CLOSE_TIMEOUT": "trainbus.bus.options",
+    "DEFAULT_LANE_THREADS": "trainbus.bus.options",
+    "DEFAULT_WAIT_WARNING": "trainbus.bus.options",
+    "BusOptions": "trainbus.bus.options",
+    "LoopHandle": "trainbus.bus.bridge",
+    "LoopThread": "trainbus.bus.bridge",
+    "no_running_loop": "trainbus.bus.bridge",
+    "Stopped": "trainbus.core.exceptions",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _PLUMBING.get(name)
+    if home is None:
+        raise AttributeError(f"module 'trainbus.bus' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

@@ -94,6 +94,8 @@ class Engine:
             :class:`~trainbus.CallbackTimeoutWarning` names it (``math.inf``: never).
         lane_threads: Threads in the pool that runs plain callbacks (each pinned to one
             for the whole run; ``own_thread = True`` callbacks get one of their own).
+        options: The bus's options already validated (what the Trainer passes); given, it
+            replaces the keywords above, which must then be left at their defaults.
 
     Raises:
         TypeError: A callback is not a :class:`~trainbus.Callback`, or an option has the
@@ -122,22 +124,52 @@ class Engine:
         lane_threads: int = DEFAULT_LANE_THREADS,
         warn_slow: bool | None = None,
         wait_warning: float | None = None,
+        options: BusOptions | None = None,
     ) -> None:
-        self.options = BusOptions.validated(
-            barriers=barriers,
-            max_lag=max_lag,
-            queue_size=queue_size,
-            warn_slow=renamed_option(
-                "Engine", "warn_slow", warn_slow, "warn_slow_callbacks", warn_slow_callbacks,
-                default=True,
-            ),
-            close_timeout=close_timeout,
-            wait_warning=renamed_option(
-                "Engine", "wait_warning", wait_warning, "wait_warning_seconds",
-                wait_warning_seconds, default=DEFAULT_WAIT_WARNING,
-            ),
-            lane_threads=lane_threads,
-        )
+        if options is None:
+            options = BusOptions.validated(
+                barriers=barriers,
+                max_lag=max_lag,
+                queue_size=queue_size,
+                warn_slow=renamed_option(
+                    "Engine", "warn_slow", warn_slow, "warn_slow_callbacks",
+                    warn_slow_callbacks, default=True,
+                ),
+                close_timeout=close_timeout,
+                wait_warning=renamed_option(
+                    "Engine", "wait_warning", wait_warning, "wait_warning_seconds",
+                    wait_warning_seconds, default=DEFAULT_WAIT_WARNING,
+                ),
+                lane_threads=lane_threads,
+            )
+        elif not isinstance(options, BusOptions):
+            raise TypeError(
+                f"options={options!r} must be a BusOptions (BusOptions.validated(...)), or "
+                "leave it out and pass the options as keywords"
+            )
+        else:
+            given = [
+                name
+                for name, value, default in (
+                    ("barriers", barriers, (Event.BATCH_END,)),
+                    ("max_lag", max_lag, 0),
+                    ("queue_size", queue_size, 128),
+                    ("warn_slow_callbacks", warn_slow_callbacks, True),
+                    ("close_timeout", close_timeout, DEFAULT_CLOSE_TIMEOUT),
+                    ("wait_warning_seconds", wait_warning_seconds, DEFAULT_WAIT_WARNING),
+                    ("lane_threads", lane_threads, DEFAULT_LANE_THREADS),
+                    ("warn_slow", warn_slow, None),
+                    ("wait_warning", wait_warning, None),
+                )
+                if value != default
+            ]
+            if given:
+                raise TypeError(
+                    f"Engine(options=..., {', '.join(given)}=...): pass the bus's options "
+                    "either as one BusOptions or as keywords, not both"
+                )
+        self.options = options
+        max_lag = options.max_lag
         self.state = state
         self.logger = logger
         self._counters = Counters()
@@ -240,19 +272,32 @@ class Engine:
         """
         self._running_session().producer.wait_all(records=records)
 
+    def _refuse_while_running(self, what: str = "") -> None:
+        """Raise :class:`~trainbus.FitInProgressError` if a cycle is running now: the one
+        place that refuses a second ``fit()`` (or, with ``what``, another call) meanwhile.
+
+        Raises:
+            FitInProgressError: A cycle (``fit()``) is running.
+        """
+        if not self._running:
+            return
+        if what:
+            raise FitInProgressError(f"cannot {what} while fit() is running")
+        raise FitInProgressError(
+            "this trainer is already fitting; await the running fit() before starting "
+            "another, or create a second Trainer"
+        )
+
     def _running_session(self) -> Session:
         session = self._session
         if session is None:
             raise RuntimeError("the engine has no running cycle (call it from run_cycle)")
         return session
 
-    def _run_once(self, event: Event) -> None:
-        """Run ``event``'s handlers from plain code on a session of its own (no standing)."""
-        self._refuse_blocking_call("run_event", f"await engine.arun_event(Event.{event.name})")
-        anyio.run(self.arun_event, event)
-
     async def arun_event(self, event: Event | str) -> None:
-        """Run the handlers of ``event`` and wait for them, from async code."""
+        """Run the handlers of ``event`` and wait for them, from async code, in a cycle of
+        its own (no ``close``): the Trainer's ``INIT`` in its constructor runs this way
+        (``anyio.run(engine.arun_event, Event.INIT)``)."""
         event = Event(event)
 
         def produce() -> None:
@@ -308,11 +353,7 @@ class Engine:
         Raises:
             FitInProgressError: The engine is already running a cycle.
         """
-        if self._running:
-            raise FitInProgressError(
-                "this trainer is already fitting; await the running fit() before starting "
-                "another, or create a second Trainer"
-            )
+        self._refuse_while_running()
         self._running = True
         failure: BaseException | None = None
         close_errors: list[BaseException] = []
@@ -368,8 +409,7 @@ class Engine:
         """Async twin of :meth:`close`."""
         if self._closed:
             return
-        if self._running:
-            raise FitInProgressError("cannot close the engine while fit() is running")
+        self._refuse_while_running("close the engine")
         self._running = True
         try:
             await self._end_standing()

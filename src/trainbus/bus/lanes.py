@@ -37,6 +37,7 @@ from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from trainbus.bus.mailbox import Mailbox
+from trainbus.core.exceptions import Stopped
 
 if TYPE_CHECKING:
     import anyio
@@ -89,10 +90,6 @@ class LaneRunner(Protocol):
     waiting_on: Lane | None
 
     def put(self, lane: Lane, item: WorkItem) -> None: ...
-
-
-class Stopped(Exception):
-    """Raised on the training thread when the bus stops (an error, a cancellation)."""
 
 
 # -- work items ----------------------------------------------------------------------------

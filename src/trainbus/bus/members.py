@@ -90,6 +90,8 @@ class Member:
         records_dropped, records_coalesced, values_dropped: For a lossy destination, what
             its policy dropped or merged over the engine's life (``bus/mailbox.py``).
         wait_caused: Seconds the training thread waited with it the last callback waited for.
+        slow, slow_batches: What the slow-callback check found (``bus/slow.py``): a
+            statistic, never acted on.
     """
 
     __slots__ = (
@@ -106,6 +108,8 @@ class Member:
         "records_dropped",
         "shares_thread",
         "slots",
+        "slow",
+        "slow_batches",
         "table",
         "values_dropped",
         "wait_caused",
@@ -142,6 +146,10 @@ class Member:
         self.peak_records = 0
         self.records_dropped = self.records_coalesced = self.values_dropped = 0
         self.wait_caused = 0.0
+        #: Of the batches the slow-callback check compared (``slow.py``), those its
+        #: handlers took longer than; ``slow`` once that was most of them.
+        self.slow_batches = 0
+        self.slow = False
 
     def all_slots(self) -> list[Slot]:
         """Its event slots, then its log slot."""

@@ -25,8 +25,8 @@ An event that no callback of a thread handles puts nothing there and wakes nothi
 
 Why eight threads by default (``options.DEFAULT_LANE_THREADS``): eight plain callbacks that
 block at once all run at once (D2's test meets eight at a barrier), and past a few threads
-more only add wake-ups (``benchmarks/investigations/lane_pool.py`` measures the pool's
-size against 100 and 1,000 no-op plain callbacks and four 5 ms sleepers).
+more only add wake-ups (``docs/performance-notes.md``, "Where the bus's numbers come
+from").
 The thread sleeps on ``sleeper`` when ``pending`` is empty; the producer wakes the threads
 by its rule (``producer.INSIDE_BATCH``): one wake-up hands a thread everything queued since.
 
@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainbus.bus.lanes import STOP, Counts
 from trainbus.bus.threads import start_thread as _start
-from trainbus.core.exceptions import ThreadStartError
+from trainbus.core.exceptions import LaneThreadError
 
 if TYPE_CHECKING:
     from trainbus.bus.lanes import Lane, WorkItem
@@ -64,11 +64,6 @@ __all__ = ["LaneThread", "LaneThreadError", "Sub", "WakeChain", "place", "start_
 #: slot.is_async, lane.member.shares_thread)``, the last three read once at planning
 #: (``Producer``), not once a call.
 Sub = tuple["Lane", "Slot", Callable[..., Any], bool, bool]
-
-class LaneThreadError(ThreadStartError):
-    """The operating system refused to start a lane thread (or the training thread) of a fit
-    (a :class:`~trainbus.ThreadStartError`)."""
-
 
 class LaneThread:
     """One thread of the pool (or a callback's own) and the callbacks pinned to it.

@@ -390,8 +390,10 @@ class Producer:
             trace.producer_span(f"batch {batches}", mark, now - mark)
         for counts in self.lagged:
             counts.mark_batch_end(batches)
-        if self.warn_slow and self.slow.checking:
-            self.slow.at_batch_end(self.members, counters, self.warn)
+        if self.slow.checking:  # a statistic, and a warning that cannot raise (D7)
+            self.slow.at_batch_end(
+                self.members, counters, self.warn if self.warn_slow else None
+            )
 
     def _barrier(self, event: Event) -> None:
         """Wait for what this barrier waits for (D4, with lags); under :meth:`run_now`, for

@@ -30,7 +30,7 @@ from trainbus.bus.pool import LaneThread, LaneThreadError, place, start_thread
 from trainbus.bus.producer import Producer
 from trainbus.bus.records import Records
 from trainbus.bus.runners import fail_lane_thread, run_lane_thread, run_loop_lane
-from trainbus.bus.slow import long_wait_message, warn_at
+from trainbus.bus.slow import long_wait_message, report_at, warn_at
 from trainbus.bus.threads import run_in_thread
 from trainbus.bus.watchdog import LoopWatch
 from trainbus.core.exceptions import (
@@ -296,8 +296,8 @@ class Session:
         self.stop()
         self._abandoning = why
         self._abandon_timeout = timeout
-        # A call_soon callback runs outside any task: anyio.current_time() would raise
-        # NoEventLoopError there (issue 45: a traceback after a SIGTERM stop that worked).
+        # A call_soon callback runs outside any task, where anyio.current_time() raises
+        # NoEventLoopError: the loop's own clock is read instead.
         deadline = self.loop.current_time() + timeout
         for scope in self._bounded:
             scope.deadline = min(scope.deadline, deadline)
@@ -355,8 +355,8 @@ class Session:
             self._bounded.add(scope)
             with anyio.move_on_after(min(self.options.wait_warning, timeout)):
                 await finished.wait()
-            if not finished.is_set():
-                self._emit(
+            if not finished.is_set():  # drawn from timings: reported, never raised (D7)
+                report_at(
                     f"closing has waited {self.options.wait_warning:g} s for callback "
                     f"{lane.name} ({what or lane.current or 'what it had queued'}); it is "
                     f"abandoned after {timeout:g} s (close_timeout)",
@@ -503,13 +503,14 @@ class Session:
         """The training thread has waited ``seconds`` for ``lanes`` (training thread)."""
         where = lanes[0].member.table.callback if lanes else None
         message = long_wait_message(kind, event, lanes, seconds)
-        self.loop.call_soon(self._emit, message, CallbackTimeoutWarning, where)
+        self.loop.call_soon(report_at, message, CallbackTimeoutWarning, where)
         at = f" of Event.{event.name}" if event is not None else ""
         self.watch.check(f"the training thread's wait{at} ({seconds:g} s, wait_warning_seconds)")
 
     def _warn_slow(self, message: str, where: object) -> None:
-        """Emit a SlowCallbackWarning on the loop thread, where the caller's filters apply."""
-        self.loop.call_soon(self._emit, message, SlowCallbackWarning, where)
+        """Report a SlowCallbackWarning on the loop thread, where the caller's filters
+        apply; it never fails the run (``slow.report_at``)."""
+        self.loop.call_soon(report_at, message, SlowCallbackWarning, where)
 
 
 async def _run_internal(

@@ -2,12 +2,21 @@
 
 :func:`warn_at` names the handler's own ``def`` line (or its class's), not a trainbus line.
 
-Slow callbacks (``SlowCallbackWarning``): at each of the first few ``BATCH_END`` events the
-training thread compares, per callback, the time its handlers took since the previous check
-with the batch's own time: the time between the two ``BATCH_END`` events less what the
-training thread spent waiting (for these very handlers, at barriers and full queues). A
-callback slower than its batches in most of the checked batches gets one warning naming it
-and its slowest event.
+Slow callbacks: at each of the first few ``BATCH_END`` events the training thread compares,
+per callback, the time its handlers took since the previous check with the batch's own
+time: the time between the two ``BATCH_END`` events less what the training thread spent
+waiting (for these very handlers, at barriers and full queues). A callback slower than its
+batches in most of the checked batches is marked slow (``CallbackStatistics.slow``) and gets
+one ``SlowCallbackWarning`` naming it and its slowest event.
+
+The rule for a warning drawn from timings (D7: measured time never changes what a run
+does): it is a report, never an exception. :func:`report_at` emits it through the warnings
+filters as any warning (``ignore``, ``once``, ``default``, ``always`` apply as usual); where
+a filter makes it an error (``python -W error``, pytest's ``filterwarnings = error``), it
+is shown instead of raised (``warnings.showwarning``: a line on stderr, or pytest's warnings
+summary), and training goes on. The timed warnings are ``SlowCallbackWarning`` and the
+"has waited N s" ``CallbackTimeoutWarning`` (``wait_warning``); a deadline the user set
+(``close_timeout``) is not a measurement, and its warning follows the filters.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ if TYPE_CHECKING:
     from trainbus.bus.members import Member
     from trainbus.core.events import Event
 
-__all__ = ["SlowCallbacks", "long_wait_message", "warn_at"]
+__all__ = ["SlowCallbacks", "long_wait_message", "report_at", "warn_at"]
 
 #: Batches (after the first) whose handler time is compared with the batch time.
 CHECK_BATCHES = 3
@@ -35,27 +44,28 @@ MIN_BUSY = 5e-3
 class SlowCallbacks:
     """The state of the check for one session (training thread only)."""
 
-    __slots__ = ("busy_marks", "checks", "last_batch_end", "slow_batches", "wait_mark")
+    __slots__ = (
+        "busy_marks", "checking", "checks", "last_batch_end", "slow_batches", "wait_mark",
+    )
 
     def __init__(self) -> None:
         self.checks = 0
+        #: Whether batches are still being checked (a field, not a property: the producer
+        #: reads it at every ``BATCH_END``, and after the checks it costs no call).
+        self.checking = True
         self.last_batch_end = 0.0
         self.wait_mark = 0.0
         self.busy_marks: dict[int, float] = {}
         self.slow_batches: dict[int, int] = {}
 
-    @property
-    def checking(self) -> bool:
-        """Whether batches are still being checked."""
-        return self.checks <= CHECK_BATCHES
-
     def at_batch_end(
         self,
         members: Sequence[Member],
         counters: Counters,
-        warn: Callable[[str, object], None],
+        warn: Callable[[str, object], None] | None,
     ) -> None:
-        """Check the batch that just ended; ``warn`` once the checks are done."""
+        """Check the batch that just ended: mark the slow callbacks (``Member.slow``) once
+        the checks are done, and ``warn`` about each (unless ``warn`` is ``None``)."""
         now = time.perf_counter()
         waited = counters.barrier_wait + counters.backpressure_wait
         batch_time = (now - self.last_batch_end) - (waited - self.wait_mark)
@@ -64,14 +74,21 @@ class SlowCallbacks:
         self.checks += 1
         marks = self.busy_marks
         for member in members:
-            busy = sum(slot.total_time for slot in member.all_slots())
+            busy = sum(slot.total_time for slot in member.slots.values())
+            if member.log_slot is not None:
+                busy += member.log_slot.total_time
             delta = busy - marks.get(member.index, busy)
             marks[member.index] = busy
             if self.checks > 1 and delta > batch_time and delta > MIN_BUSY:
                 self.slow_batches[member.index] = self.slow_batches.get(member.index, 0) + 1
         if self.checks > CHECK_BATCHES:
+            self.checking = False
             for member in members:
-                if self.slow_batches.get(member.index, 0) >= CHECK_BATCHES - 1:
+                member.slow_batches = self.slow_batches.get(member.index, 0)
+                if member.slow_batches >= CHECK_BATCHES - 1:
+                    member.slow = True
+                    if warn is None:
+                        continue
                     slowest = max(member.slots.values(), key=lambda s: s.total_time, default=None)
                     where = slowest.handler.fn if slowest is not None else member.table.callback
                     warn(_message(member), where)
@@ -126,6 +143,20 @@ def warn_at(message: str, category: type[Warning], where: object = None) -> None
         return
     module = getattr(where, "__module__", None) or type(where).__module__
     warnings.warn_explicit(message, category, filename, lineno, module, {})
+
+
+def report_at(message: str, category: type[Warning], where: object = None) -> None:
+    """Warn as :func:`warn_at` does, but never raise: a warning drawn from timings.
+
+    The warnings filters apply; one that turns the warning into an error has it shown
+    (``warnings.showwarning``) rather than raised, so the run goes on (see the module
+    docstring).
+    """
+    try:
+        warn_at(message, category, where)
+    except Warning as exc:  # a filter said "error": report it, do not raise it
+        filename, lineno = _code_location(where)
+        warnings.showwarning(exc, type(exc), filename or "<trainbus>", lineno)
 
 
 def _code_location(obj: object) -> tuple[str | None, int]:

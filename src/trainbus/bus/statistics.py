@@ -21,8 +21,8 @@ class CallbackStatistics:
     Attributes:
         name: The callback's class name.
         handled: Handler calls completed (events and logged records).
-        inline: Of those, the calls the training thread ran itself (plain ``@blocking``
-            handlers).
+        inline: Of those, the calls the training thread ran itself: its plain ``@blocking``
+            handlers' (D9), the only ones that run there (D7).
         total_time: Seconds spent in the callback's handlers.
         max_time: The longest single handler call, in seconds.
         slowest: ``"Class.method"`` of the handler with the longest call.
@@ -46,6 +46,12 @@ class CallbackStatistics:
         barrier_wait_caused: Seconds the training thread waited at barriers, for queues
             or for ``@blocking`` hand-overs while this callback was the last one it waited
             for (each wait is charged to the callback that ended it).
+        slow: Whether its handlers took longer than the batches in most of the batches
+            the slow-callback check compared (the first few of each fit): the statistic
+            behind ``SlowCallbackWarning``. Drawn from timings, so a report only: nothing
+            in the run depends on it (D7).
+        slow_batches: Of the batches the last check compared, those its handlers took
+            longer than.
     """
 
     name: str
@@ -64,6 +70,8 @@ class CallbackStatistics:
     records_dropped: int = 0
     records_coalesced: int = 0
     values_dropped: int = 0
+    slow: bool = False
+    slow_batches: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +139,7 @@ def collect_statistics(
             CallbackStatistics(
                 name=member.name,
                 handled=sum(s.calls for s in slots),
-                inline=sum(s.calls for s in slots if s.here),  # a here slot always runs here
+                inline=sum(s.calls for s in slots if s.here),  # plain @blocking ones
                 total_time=sum(s.total_time for s in slots),
                 max_time=max((s.max_time for s in slots), default=0.0),
                 slowest=slowest.handler.qualname if slowest and slowest.calls else None,
@@ -145,6 +153,8 @@ def collect_statistics(
                 records_dropped=member.records_dropped,
                 records_coalesced=member.records_coalesced,
                 values_dropped=member.values_dropped,
+                slow=member.slow,
+                slow_batches=member.slow_batches,
             )
         )
         if counts is not None and counts.lanes[0] is lane:  # a shared queue counts once

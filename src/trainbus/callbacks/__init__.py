@@ -5,6 +5,9 @@ from __future__ import annotations
 from trainbus.callbacks.checkpoint_saver import CheckpointSaver as CheckpointSaver
 from trainbus.callbacks.checkpoint_saver import SaverStatistics as SaverStatistics
 from trainbus.callbacks.checkpoint_uploader import CheckpointUploader as CheckpointUploader
+from trainbus.callbacks.checkpoint_uploader import (
+    CheckpointUploadStatistics as CheckpointUploadStatistics,
+)
 from trainbus.callbacks.checkpoint_uploader import UploaderStatistics as UploaderStatistics
 from trainbus.callbacks.dashboard import Dashboard as Dashboard
 from trainbus.callbacks.early_stopper import EarlyStopper as EarlyStopper
@@ -26,6 +29,7 @@ from trainbus.callbacks.threshold_stopper import ThresholdStopper as ThresholdSt
 
 __all__ = (
     "CheckpointSaver",
+    "CheckpointUploadStatistics",
     "CheckpointUploader",
     "Dashboard",
     "EarlyStopper",

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from trainbus.core.logger import Logger
     from trainbus.core.state import State
 
-__all__ = ["CheckpointUploader", "UploaderStatistics"]
+__all__ = ["CheckpointUploadStatistics", "CheckpointUploader", "UploaderStatistics"]
 
 _ROLE = "It runs the CheckpointUploader's blocking calls (object store, the saver's wait)"
 
@@ -56,7 +56,7 @@ _MiB = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
-class UploaderStatistics:
+class CheckpointUploadStatistics:
     """What uploading cost so far (seconds are wall-clock).
 
     Attributes:
@@ -77,6 +77,11 @@ class UploaderStatistics:
     retries: int
     pruned: int
     wait_seconds: float
+
+
+#: The old name of :class:`CheckpointUploadStatistics` (``trainbus.callbacks.UploaderStatistics``;
+#: ``trainbus.loggers`` has a class of that name too: ``MetricsUploadStatistics``).
+UploaderStatistics = CheckpointUploadStatistics
 
 
 def _positive_int(value: Any, name: str, example: str, low: int = 1) -> int:
@@ -212,10 +217,10 @@ class CheckpointUploader(Callback):
             entries = list(self._entries or [])
         return [(Timestamp(**e["timestamp"]), f"{self.url}/{e['key']}") for e in entries]
 
-    def statistics(self) -> UploaderStatistics:
-        """Counts and times of the uploads so far (see :class:`UploaderStatistics`)."""
+    def statistics(self) -> CheckpointUploadStatistics:
+        """Counts and times of the uploads so far (see :class:`CheckpointUploadStatistics`)."""
         s = self._stats
-        return UploaderStatistics(
+        return CheckpointUploadStatistics(
             handed_over=int(s["handed"]), uploaded=int(s["uploaded"]),
             bytes_uploaded=int(s["bytes"]), upload_seconds=s["seconds"],
             retries=int(s["retries"]), pruned=int(s["pruned"]), wait_seconds=s["wait"],

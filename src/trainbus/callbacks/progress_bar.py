@@ -1,9 +1,8 @@
 """``ProgressBar``: a tqdm bar per epoch on a terminal, plain lines anywhere else.
 
 tqdm is optional (``pip install 'trainbus[progress]'``) and imported only when a bar is
-drawn. Every handler is a plain method, so the bar is written on the progress bar's own
-lane (its thread; the bus may run a handler that proved quicker than a thread hop inline
-on the training thread), never on the event loop. Batches are counted at
+drawn. Every handler is a plain method, so the bar is written on the progress bar's lane
+thread, never on the training thread or the event loop. Batches are counted at
 ``BATCH_CHECKPOINT``, which is not a barrier: training does not wait for the bar. While
 bars are drawn, ``sys.stdout`` and ``sys.stderr`` write whole lines around them (tqdm's
 ``tqdm.write``), so ``print()`` from a handler does not break a bar.

@@ -1,26 +1,41 @@
 """Exceptions and warnings raised by trainbus.
 
-Hierarchy::
+Every exception and warning trainbus defines for users to see lives here, re-exported
+where users import it from. Hierarchy::
 
     TrainbusError (Exception)
     ├── EngineThreadError (TrainbusError, RuntimeError)   wrong thread: would deadlock
     ├── ThreadStartError (TrainbusError, RuntimeError)    the system refused a thread trainbus needs
+    │   └── LaneThreadError                               ... a lane thread or the training thread
     ├── FitInProgressError (TrainbusError, RuntimeError)  fit() while a fit is running
     ├── CallbackSignatureError (TrainbusError, TypeError) a handler cannot be called
     ├── CheckpointLoadError (TrainbusError, RuntimeError) a checkpoint cannot be resumed from
     ├── CheckpointSaveError (TrainbusError, TypeError)    a callback state it could not load
     ├── StreamOverflowError                               an EventStream subscriber fell behind
-    └── TrackingServerError (TrainbusError, RuntimeError) a tracking server refused a request
+    ├── TrackingServerError (TrainbusError, RuntimeError) a tracking server refused a request
+    ├── HandlerInterrupted                                an async handler held the loop too long
+    ├── HandlerAbandoned                                  a handler preemption's watchdog gave up on
+    ├── ServiceClosedError (TrainbusError, RuntimeError)  serve: a job while the manager is down
+    ├── TooManyJobsError (TrainbusError, RuntimeError)    serve: max_running jobs are running
+    └── JobFactoryError (TrainbusError, TypeError)        serve: the job factory broke its contract
+    Stopped (Exception)                                   the bus stopped: training unwinds
+    SystemExit
+    └── TrainingPreempted                                 fit_sync() after a preemption's checkpoint
     TrainbusWarning (UserWarning)
     ├── SlowCallbackWarning                               handlers slower than the batch
     ├── MetricsUploadWarning                              points refused or not delivered
     ├── CallbackTimeoutWarning                            a callback missed close_timeout
     ├── UnknownHandlerWarning                             a handler-like method no event calls
     ├── RecordsDroppedWarning                             a lossy destination dropped records
+    ├── CheckpointWarning                                 a callback's state in one side only
     └── FitNotAwaitedWarning (TrainbusWarning, RuntimeWarning)  trainer.fit() never awaited
 
 Each class shows as the public module users import it from (``trainbus.X``, or
-``trainbus.loggers.X`` / ``trainbus.callbacks.X``), in tracebacks and ``repr``.
+``trainbus.loggers.X`` / ``trainbus.callbacks.X`` / ``trainbus.bus.X`` /
+``trainbus.serve.X``), in tracebacks and ``repr``. ``Stopped`` is the bus's own: it is
+raised on the training thread and caught by the session, never by a user. Exceptions a
+single module raises and catches itself (a retryable HTTP reply, a damaged archive) stay
+private beside their use.
 
 Errors raised by callbacks are never wrapped: ``fit()`` raises the callback's own
 exception, with a note naming the callback and the event.
@@ -194,3 +209,56 @@ class HandlerInterrupted(TrainbusError):
 
 HandlerInterrupted.__module__ = "trainbus"
 __all__ += ["HandlerInterrupted"]
+
+
+# -- the bus, preemption and the service (moved here from bus/, runtime/, serve/) --------------
+
+__all__ += [
+    "HandlerAbandoned",
+    "JobFactoryError",
+    "LaneThreadError",
+    "ServiceClosedError",
+    "Stopped",
+    "TooManyJobsError",
+    "TrainingPreempted",
+]
+
+
+class LaneThreadError(ThreadStartError):
+    """The operating system refused to start a lane thread (or the training thread) of a fit
+    (a :class:`~trainbus.ThreadStartError`)."""
+
+
+class Stopped(Exception):
+    """Raised on the training thread when the bus stops (an error, a cancellation)."""
+
+
+class HandlerAbandoned(TrainbusError):
+    """Raised inside a handler that blocked the event loop past preemption's patience."""
+
+
+class TrainingPreempted(SystemExit):
+    """Raised by ``fit_sync()`` after a preemption notice stopped and checkpointed the run.
+
+    A ``SystemExit``: uncaught, the process exits with :attr:`code` and no traceback.
+    """
+
+
+class ServiceClosedError(TrainbusError, RuntimeError):
+    """A job was started while the manager is not running (before start or at shutdown)."""
+
+
+class JobFactoryError(TrainbusError, TypeError):
+    """The job factory broke its contract (not a Trainer, or the job's loggers missing)."""
+
+
+class TooManyJobsError(TrainbusError, RuntimeError):
+    """A job was started while ``max_running`` jobs are running."""
+
+
+LaneThreadError.__module__ = "trainbus.bus"
+HandlerAbandoned.__module__ = "trainbus.runtime.preemption"
+TrainingPreempted.__module__ = "trainbus"
+for _cls in (ServiceClosedError, JobFactoryError, TooManyJobsError):
+    _cls.__module__ = "trainbus.serve"
+del _cls

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 import anyio
@@ -43,6 +43,7 @@ from trainbus.core.logger import Logger
 from trainbus.core.renamed import renamed_option
 from trainbus.core.state import State
 from trainbus.core.time import Time
+from trainbus.training.batch import batch_size_of
 from trainbus.training.checks import check_callbacks
 
 if TYPE_CHECKING:
@@ -52,20 +53,6 @@ __all__ = ["Bus", "batch_size_of"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-
-def batch_size_of(batch: Any) -> int:
-    """Samples in ``batch``: the leading dimension of its first tensor (``1`` if none)."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, Mapping):
-        for value in batch.values():
-            if isinstance(value, torch.Tensor | list | tuple | Mapping):
-                return batch_size_of(value)
-        return 1
-    if isinstance(batch, list | tuple) and batch:
-        return batch_size_of(batch[0])
-    return 1
 
 
 class Bus:

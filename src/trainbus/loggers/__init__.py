@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from trainbus.loggers.console import ConsoleLogger as ConsoleLogger
 from trainbus.loggers.http_uploader import HTTPMetricsUploader as HTTPMetricsUploader
+from trainbus.loggers.http_uploader import MetricsUploadStatistics as MetricsUploadStatistics
 from trainbus.loggers.http_uploader import MetricsUploadWarning as MetricsUploadWarning
 from trainbus.loggers.http_uploader import UploaderStatistics as UploaderStatistics
 from trainbus.loggers.in_memory import InMemoryLogger as InMemoryLogger
@@ -22,6 +23,7 @@ __all__ = (
     "MetricsUploadWarning",
     "TensorBoardLogger",
     "TrackingServerError",
+    "MetricsUploadStatistics",
     "UploaderStatistics",
     "WandBLogger",
 )

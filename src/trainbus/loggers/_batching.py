@@ -34,11 +34,11 @@ import anyio
 from trainbus.core.destination import LoggerDestination
 from trainbus.core.logger import LogRecord
 from trainbus.loggers._delivery import (
+    MetricsUploadStatistics,
     MetricsUploadWarning,
     Reply,
     Signal,
     Unreported,
-    UploaderStatistics,
     checked_options,
     require_httpx,
     undelivered_message,
@@ -270,11 +270,11 @@ class BatchingDestination(LoggerDestination):
 
     # -- observability -------------------------------------------------------------------------
 
-    def statistics(self) -> UploaderStatistics:
+    def statistics(self) -> MetricsUploadStatistics:
         """Counters of what was sent, retried, spooled and refused (safe from any thread)."""
         outbox = list(self._outbox)
         pending = sum(len(b.points) for b in outbox) + len(self._buffer) + self._inbox.pending
-        return UploaderStatistics(
+        return MetricsUploadStatistics(
             points_sent=self.points_sent,
             batches_sent=self.batches_sent,
             retries=self.retries,

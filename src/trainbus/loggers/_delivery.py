@@ -48,6 +48,7 @@ __all__ = [
     "RequestTimeout",
     "RetryableReply",
     "Signal",
+    "MetricsUploadStatistics",
     "UploaderStatistics",
     "Unreported",
     "attempt_deadline",
@@ -115,7 +116,7 @@ def checked_options(
 
 
 @dataclass(frozen=True, slots=True)
-class UploaderStatistics:
+class MetricsUploadStatistics:
     """What an ``HTTPMetricsUploader`` or ``MLflowLogger`` has done so far (cumulative).
 
     Attributes:
@@ -145,6 +146,11 @@ class UploaderStatistics:
     recovered_batches: int
     skipped_values: int
     last_error: str | None
+
+
+#: The old name of :class:`MetricsUploadStatistics` (``trainbus.loggers.UploaderStatistics``;
+#: ``trainbus.callbacks`` has a class of that name too: ``CheckpointUploadStatistics``).
+UploaderStatistics = MetricsUploadStatistics
 
 
 class Signal:

@@ -22,6 +22,7 @@ import anyio
 from trainbus.core.renamed import renamed_option
 from trainbus.loggers._batching import BatchingDestination
 from trainbus.loggers._delivery import (
+    MetricsUploadStatistics,
     MetricsUploadWarning,
     Reply,
     UploaderStatistics,
@@ -36,7 +37,13 @@ if TYPE_CHECKING:
     from trainbus.core.state import State
     from trainbus.loggers._spool import Batch
 
-__all__ = ["HTTPMetricsUploader", "MetricsUploadWarning", "UploaderStatistics", "as_number"]
+__all__ = [
+    "HTTPMetricsUploader",
+    "MetricsUploadStatistics",
+    "MetricsUploadWarning",
+    "UploaderStatistics",
+    "as_number",
+]
 
 
 def as_number(value: Any) -> float | None:

@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from trainbus.bus.session import ABANDON_TIMEOUT
 from trainbus.bus.threads import start_thread
-from trainbus.core.exceptions import ThreadStartError
+from trainbus.core.exceptions import HandlerAbandoned, ThreadStartError, TrainingPreempted
 from trainbus.core.notice import NoticeSource, PreemptionNotice
 from trainbus.runtime.stop_report import say as _say
 from trainbus.runtime.stop_report import stop_summary
@@ -110,17 +110,6 @@ DEFAULT_GRACE = 30.0
 GRACE_ENV = "TRAINBUS_PREEMPTION_GRACE"
 #: torchrun's delay between its SIGTERM and its SIGKILL, when given through the environment.
 TORCHRUN_GRACE_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
-
-
-class HandlerAbandoned(Exception):
-    """Raised inside a handler that blocked the event loop past preemption's patience."""
-
-
-class TrainingPreempted(SystemExit):
-    """Raised by ``fit_sync()`` after a preemption notice stopped and checkpointed the run.
-
-    A ``SystemExit``: uncaught, the process exits with :attr:`code` and no traceback.
-    """
 
 
 @runtime_checkable

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from enum import StrEnum
 
+from trainbus.core.exceptions import JobFactoryError, ServiceClosedError, TooManyJobsError
+
 __all__ = [
     "JobFactoryError",
     "JobStatus",
@@ -43,15 +45,3 @@ class JobStatus(StrEnum):
     def final(self) -> bool:
         """Whether the job has finished (completed, failed or cancelled)."""
         return self in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
-
-
-class ServiceClosedError(RuntimeError):
-    """A job was started while the manager is not running (before start or at shutdown)."""
-
-
-class JobFactoryError(TypeError):
-    """The job factory broke its contract (not a Trainer, or the job's loggers missing)."""
-
-
-class TooManyJobsError(RuntimeError):
-    """A job was started while ``max_running`` jobs are running."""

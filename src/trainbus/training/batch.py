@@ -22,12 +22,45 @@ torch's error from deep inside the step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["BatchCalls"]
+__all__ = ["BatchCalls", "batch_size_of"]
+
+
+def batch_size_of(batch: Any) -> int:
+    """Samples in ``batch``: the leading dimension of its first tensor (``1`` if none).
+
+    One rule for every loop that counts samples (the Trainer, ``trainbus.Bus``, the
+    Lightning bridge): a tensor's leading dimension (``1`` for a 0-d tensor); a tuple, a
+    list or another sequence (not a string): its first item's; a mapping: its first value
+    that is a tensor, a sequence or a mapping (a string or a number beside the tensors,
+    ``{"id": "a", "x": x}``, is skipped); anything else: ``1``.
+
+    Example:
+        >>> batch_size_of((torch.zeros(8, 3), torch.zeros(8)))
+        8
+        >>> batch_size_of({"name": "a", "x": torch.zeros(4, 2)})
+        4
+    """
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, tuple | list):  # the common case, before the ABC checks
+        return batch_size_of(batch[0]) if batch else 1
+    if isinstance(batch, Mapping):
+        for value in batch.values():
+            if isinstance(value, torch.Tensor | Mapping) or _is_sequence(value):
+                return batch_size_of(value)
+        return 1
+    if _is_sequence(batch) and batch:
+        return batch_size_of(batch[0])
+    return 1
+
+
+def _is_sequence(value: Any) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, str | bytes)
 
 
 def _describe(batch: Any) -> str:

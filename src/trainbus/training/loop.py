@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from trainbus.core.logger import LogLevel
 from trainbus.core.scalars import DeferredScalar
 from trainbus.core.time import Time, TimeUnit
 from trainbus.runtime.distributed import reduce_eval, sync_gradients
-from trainbus.training.batch import BatchCalls
+from trainbus.training.batch import BatchCalls, batch_size_of
 
 if TYPE_CHECKING:
     from trainbus.core.logger import Logger
@@ -45,18 +45,8 @@ class LoopConfig:
     grad_clip_norm: float | None = None
 
 
-def batch_size_of(batch: Any) -> int:
-    """The number of samples in ``batch`` (the first tensor's leading dimension)."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, tuple | list):  # the common case, before the ABC checks
-        return batch_size_of(batch[0]) if batch else 1
-    if isinstance(batch, Mapping):
-        for value in batch.values():
-            return batch_size_of(value)
-    if isinstance(batch, Sequence) and not isinstance(batch, str) and batch:
-        return batch_size_of(batch[0])
-    return 1
+def _unbound(*events: Event) -> None:
+    raise RuntimeError("TrainingLoop.bind(publish) must be called before run()")
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -106,14 +96,14 @@ class TrainingLoop:
         state: State,
         logger: Logger,
         config: LoopConfig,
-        publish: Callable[..., None],
         rank_stops: Callable[[bool, bool], bool] | None = None,
         poll_notices: Callable[[], None] | None = None,
     ) -> None:
         self.state = state
         self.logger = logger
         self.config = config
-        self.publish = publish
+        #: This cycle's publish, set by :meth:`bind` before :meth:`run`.
+        self.publish: Callable[..., None] = _unbound
         #: Distributed: ``rank_stops(failed, last)`` at each batch boundary says whether
         #: every rank stops here (``training/rank_stops.py``); a failed publish is held.
         self.rank_stops = rank_stops

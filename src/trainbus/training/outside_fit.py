@@ -88,7 +88,7 @@ class OutsideFit:
             )
         if dataloader is not None:
             _check_loader(dataloader, "dataloader")
-        loop = TrainingLoop(state, self.logger, self._config, self.engine.run_event)
+        loop = TrainingLoop(state, self.logger, self._config)
         deliver_init = not self._init_delivered
         self._init_delivered = True
 

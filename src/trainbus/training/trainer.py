@@ -11,22 +11,21 @@ from typing import Any, Literal
 import anyio
 import torch
 
-from trainbus.bus import (
+from trainbus.bus.bridge import LoopHandle, no_running_loop
+from trainbus.bus.engine import Engine
+from trainbus.bus.options import (
     DEFAULT_CLOSE_TIMEOUT,
     DEFAULT_LANE_THREADS,
     DEFAULT_WAIT_WARNING,
     BusOptions,
-    LoopHandle,
-    no_running_loop,
 )
-from trainbus.bus.engine import Engine
 from trainbus.bus.watchdog import OWN_LOOP
 from trainbus.checkpoint.resume import attach_handler_drain, read_checkpoint, restore_checkpoint
 from trainbus.checkpoint.run_start import read_start, start_folder, write_start
 from trainbus.core.callback import Callback, resolve_callback
 from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
-from trainbus.core.exceptions import EngineThreadError, FitInProgressError
+from trainbus.core.exceptions import EngineThreadError
 from trainbus.core.logger import Logger
 from trainbus.core.renamed import renamed_option
 from trainbus.core.state import State
@@ -320,13 +319,7 @@ class Trainer(OutsideFit):
                 for cb in self.state.callbacks
                 if runs_here(cb, dist_info, sharded=is_sharded(model))
             ],
-            barriers=bus_options.barriers,
-            max_lag=bus_options.max_lag,
-            queue_size=bus_options.queue_size,
-            warn_slow_callbacks=bus_options.warn_slow,
-            close_timeout=bus_options.close_timeout,
-            wait_warning_seconds=bus_options.wait_warning,
-            lane_threads=bus_options.lane_threads,
+            options=bus_options,
         )
         self._config = LoopConfig(
             loss_fn=loss_fn,
@@ -354,7 +347,7 @@ class Trainer(OutsideFit):
         if folder is not None and restart is None:
             write_start(folder, self.state.callbacks)  # before anything is logged
         if no_running_loop():  # as Composer does: INIT handlers run in the constructor
-            self.engine._run_once(Event.INIT)
+            anyio.run(self.engine.arun_event, Event.INIT)
             self._init_delivered = True
         if checkpoint is not None:
             restore_checkpoint(checkpoint, self.state)
@@ -387,11 +380,7 @@ class Trainer(OutsideFit):
 
     async def _fit(self, duration: Time[Any] | str | int | None) -> None:
         state = self.state
-        if self.engine.running:
-            raise FitInProgressError(
-                "this trainer is already fitting; await the running fit() before starting "
-                "another, or create a second Trainer"
-            )
+        self.engine._refuse_while_running()  # before anything changes
         if duration is not None:
             extra = check_max_duration(duration, name="duration")
             now = state.timestamp.get(extra.unit)
@@ -409,8 +398,7 @@ class Trainer(OutsideFit):
         state.begin_fit()
         rank_stops = self._rank_stops
         loop = TrainingLoop(
-            state, self.logger, self._config, self.engine.run_event, rank_stops,
-            self._poll_notices,
+            state, self.logger, self._config, rank_stops, self._poll_notices,
         )
         # The saver waits for every handler and record before it captures (CheckpointSaver).
         attach_handler_drain(state, functools.partial(self.engine.wait_all, records=True))
