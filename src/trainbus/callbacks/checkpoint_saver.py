@@ -164,6 +164,7 @@ class CheckpointSaver(Callback):
         self._thread: threading.Thread | None = None
         self._closing = False
         self._save_requested = False  # request_save(): at the next checkpoint event or FIT_END
+        self._trained = True  # a batch ended in this fit() (FIT_START resets it)
         self._requested_captured = threading.Event()  # that save is captured (or none asked)
         self._requested_captured.set()
         self._pool: BufferPool = {}  # host buffers of the last write, reused by the next capture
@@ -264,12 +265,14 @@ class CheckpointSaver(Callback):
     @blocking
     def fit_start(self, state: State, logger: Logger) -> None:
         """Delete temporary files that killed writes left in the folder (ours only)."""
+        self._trained = False  # no batch of this fit() yet: a requested save has nothing
         if self.folder.is_dir() and _rank() == 0:
             remove_stale_partials(self.folder, time.time_ns(), self._subfolders)
 
     @blocking
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         """Save if due (runs on the training thread: it captures, the writer writes)."""
+        self._trained = True
         self._maybe_save(Event.BATCH_CHECKPOINT, state)
 
     @blocking
@@ -279,7 +282,13 @@ class CheckpointSaver(Callback):
 
     @blocking
     def fit_end(self, state: State, logger: Logger) -> None:
-        """Save if :meth:`request_save` asked and no checkpoint event has saved since."""
+        """Save if :meth:`request_save` asked and no checkpoint event has saved since.
+
+        A ``fit()`` that trained no batch (a notice before its first one) has nothing new
+        to save: the request is dropped, and the newest checkpoint stays the newest."""
+        if self._save_requested and not self._trained:
+            self._save_requested = False
+            self._requested_captured.set()
         if self._save_requested:
             self._maybe_save(Event.FIT_END, state)
 
