@@ -3,7 +3,7 @@
     python preempt_phases.py OUT --phase PHASE [--rank R] [--load PATH]
     python -m torch.distributed.run --standalone --nproc_per_node=2 preempt_phases.py OUT ...
 
-16 samples of batch 1 for ``2ep`` (32 batches in one process, 16 a rank under torchrun),
+16 samples of batch 1, 32 batches (``2ep`` in one process, ``4ep`` of 8 a rank under torchrun),
 batches of about 20 ms; a ``CheckpointSaver(OUT/ckpt, "ba{batch}.pt", save_interval="10ba")``
 and a rank-zero ``JSONLinesLogger(OUT/m.jsonl)``; ``Trainer(preemption=True)``, whose grace
 comes from ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``. On rank ``R`` (default 0) the run holds in
@@ -142,7 +142,8 @@ def main() -> None:
     model = Net(here if here in ("batch", "eval") else None, cue)
     dataset = data()
     trainer = Trainer(
-        model, DataLoader(dataset, batch_size=1, shuffle=True), "2ep",
+        model, DataLoader(dataset, batch_size=1, shuffle=True),
+        "4ep" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "2ep",
         eval_dataloader=DataLoader(dataset, batch_size=4), eval_interval="2ba",
         optimizers=torch.optim.SGD(model.parameters(), lr=0.05), callbacks=callbacks,
         loggers=[JSONLinesLogger(out / "m.jsonl")], device="cpu", seed=7,

@@ -323,31 +323,13 @@ class Preemption:
             self._watchdog = StopWatchdog(self, notice, state, fit.engine, patience)
             self._watchdog.start()
 
-    def agreed(self, state: State, *, signum: int, silenced: bool = False) -> None:
+    def agreed(self, state: State, *, signum: int) -> None:
         """Every rank agreed to stop for a preemption (``StopAgreement``, training thread):
         give this rank the notice if it has none, and ask its savers for a checkpoint now,
-        so that it is of the batch every rank stops at (``FIT_END`` writes it).
-
-        ``silenced``: this rank's bus was stopped (the watchdog abandoned a stuck handler
-        here) and publishes nothing more, so ``FIT_END`` would not reach the savers: they
-        write the checkpoint now, from the training thread at this boundary.
-        """
+        so that it is of the batch every rank stops at (``FIT_END`` writes it)."""
         if state.preemption is None:
             self.from_peer(state, signum)
         self.stop_fixed(state)
-        fit = self._fit
-        for saver in savers_here(state, fit.engine if fit is not None else None):
-            saver.request_save()
-            if silenced:
-                notice = state.preemption
-                left = notice.time_left() if notice is not None else 0.0
-                try:
-                    path = saver.save_now(state, max(0.0, plan_time(left)))
-                except Exception as exc:  # reported; the stop goes on
-                    _say(f"trainbus: the checkpoint could not be written: {exc!r}")
-                else:
-                    if path is not None:
-                        _say(f"trainbus: checkpoint written to {str(path)!r}")
 
     def from_peer(self, state: State, signum: int, seconds_left: float | None = None) -> None:
         """Another rank had a notice (``signum``: its signal, or 0): give this rank one
@@ -367,7 +349,7 @@ class Preemption:
         if fit is None or not fit.agreeing:
             return
         fit.agreeing = False
-        if state.preemption is not None:
+        if state.preemption is not None and not fit.silenced:
             for saver in savers_here(state, fit.engine):
                 saver.request_save()
 
@@ -381,7 +363,7 @@ class Preemption:
             return
         fit.loop_ended = True
         self.stop_fixed(state)
-        if state.preemption is not None:
+        if state.preemption is not None and not fit.silenced:
             self.save_requested(state, fit)
 
     def save_requested(self, state: State, fit: FitRun) -> None:

@@ -90,6 +90,11 @@ class FitRun:
     send: Callable[[int, float], None] | None = None
     #: The loop published ``FIT_END``: a notice's checkpoint is written at once.
     loop_ended: bool = False
+    #: Distributed: the watchdog stopped this rank's bus before the ranks agreed (a stuck
+    #: handler here). The batches this rank trains until they agree publish no events (no
+    #: handler, no record sees them), so the newest complete batch here is the one it
+    #: was held at, whose checkpoint the watchdog wrote: no later one is written.
+    silenced: bool = False
     saving: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -160,20 +165,21 @@ class StopWatchdog(threading.Thread):
         fit = self.owner.running
         if fit is not None and fit.send is not None and self.notice.source != "peer":
             fit.send(self.notice.signum or 0, self.notice.time_left())  # every rank, now
-        if fit is not None and fit.loop_ended:  # no checkpoint event comes: write it now
+        if fit is not None and fit.loop_ended and not fit.silenced:  # no event comes now
             self.owner.save_requested(self.state, fit)
         if self.done.wait(self.patience):
             return
         savers = savers_here(self.state, self.engine)
         if fit is not None and fit.agreeing:
             # Distributed, before the ranks agreed: a stuck handler here holds this rank's
-            # training thread at a barrier (and every peer in its next collective). Free
-            # it: the ranks then agree one batch later, and the checkpoint of that batch
-            # is written (Preemption.agreed). The checkpoint of the batch held here is
-            # written first, in case the peers never come. A training thread that is not
-            # held here waits for a peer, whose own watchdog frees it.
+            # training thread at a barrier (and every peer in its next collective). The
+            # checkpoint of the batch held here is written, then the handler abandoned:
+            # this rank goes on without events until the ranks agree one batch later
+            # (FitRun.silenced). A training thread that is not held here waits for a
+            # peer, whose own watchdog frees it; its savers write the agreed batch.
             if not self.engine._training_thread_held():
                 return
+            fit.silenced = True
             for saver in savers:
                 saver.request_save()
         elif all(s.requested_save_captured() for s in savers):

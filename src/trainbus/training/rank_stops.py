@@ -11,7 +11,6 @@ that :meth:`Trainer.fit` turns into an error naming it. See ``docs/preemption.md
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from trainbus.runtime.distributed import FAILED, PREEMPTED, SIGNUM, DistInfo, StopAgreement
@@ -40,9 +39,6 @@ class RankStops:
         self.peers: PeerNotices | None = None
         self.peer_failed = False
         self.stopped_at: int | None = None
-        #: Whether this rank's bus publishes nothing more (set by the loop: the watchdog
-        #: abandoned a stuck handler here); the agreed checkpoint is then written here.
-        self.silenced: Callable[[], bool] = lambda: False
 
     def open(self) -> None:
         """A new ``fit()`` (training thread, every rank: a collective): forget the last
@@ -88,7 +84,7 @@ class RankStops:
         state.stop_training()
         self.stopped_at = int(state.timestamp.batch)
         if agreed[PREEMPTED] and not failed:
-            self.notices.agreed(state, signum=agreed[SIGNUM], silenced=self.silenced())
+            self.notices.agreed(state, signum=agreed[SIGNUM])
         else:
             self.notices.stop_fixed(state)
         if agreed[FAILED] and not failed:

@@ -400,7 +400,6 @@ class Trainer:
         def produce() -> None:
             loop.bind(self.engine.publisher())  # this cycle's
             if rank_stops is not None:
-                rank_stops.silenced = lambda: loop.silenced
                 rank_stops.open()  # a collective: every rank's training thread, here
             try:
                 loop.run(deliver_init=deliver_init)
