@@ -15,9 +15,15 @@ it at the next batch boundary (:meth:`Preemption.poll`). Every source gives the 
    (``Engine._notify_preemption``), beside whatever handler its callback runs;
 2. in a single process every checkpoint taker (:class:`SavesOnRequest`, e.g.
    ``CheckpointSaver``) is asked to save at its next checkpoint event, or at ``FIT_END``;
-   under ``torchrun`` the savers are asked once every rank agreed to stop
+   under ``torchrun`` the notice also goes to every other rank at once
+   (:class:`~trainbus.runtime.peer_notices.PeerNotices`, through the process group's
+   store), and the savers are asked once every rank agreed to stop
    (``runtime/distributed.py``, :class:`~trainbus.runtime.distributed.StopAgreement`), so
-   that the checkpoint is of the batch every rank stopped at;
+   that the checkpoint is of the batch every rank stopped at (or at once, as in one
+   process, once the stop batch no longer depends on the other ranks:
+   :meth:`Preemption.stop_fixed`). A notice once the loop published ``FIT_END`` (while the
+   callbacks close) has its checkpoint written at once (:meth:`Preemption.loop_ended`);
+   a ``fit()`` that trained no batch has nothing to save;
 3. every callback with a ``close_timeout`` (the HTTP uploader, MLflow) has it lowered so
    that ``close`` ends before the deadline: what is not delivered by then stays in the
    spool or journal, for the resumed run;
@@ -47,6 +53,13 @@ there past the cluster's ``SIGKILL``. So the notice also starts a watchdog threa
   state consistent as of the batch it finished), then gives what still runs 2 s more and
   abandons it (``Engine._abandon``, as a second Ctrl-C does: threads left behind as
   daemons, coroutines cancelled) so that every other callback closes under its deadline;
+- under ``torchrun``, before the ranks agreed, the watchdog of the rank whose training
+  thread is held at a barrier by its own stuck handler writes the checkpoint of the batch
+  it is held at (the saver's rank), then abandons the handler; that rank trains on without
+  events (no handler and no record sees those batches: ``FitRun.silenced``) until the
+  ranks agree one batch later, and writes no later checkpoint. A rank whose training
+  thread waits in a collective for such a peer does nothing: the peer's watchdog frees
+  it, and its savers write the agreed batch;
 - a handler that blocks the event loop's own thread (``time.sleep`` inside ``async def``)
   cannot be cancelled from the loop; for a signal's notice, when the loop runs on the main
   thread (``fit_sync()``, ``anyio.run(trainer.fit)``) the watchdog re-sends the signal to
@@ -56,8 +69,15 @@ there past the cluster's ``SIGKILL``. So the notice also starts a watchdog threa
 - one second before the deadline, if ``fit()`` still has not returned and the notice came
   from a signal (here or on another rank: the process is about to be killed anyway), it
   writes what it could not finish to stderr and ends the process with
-  ``os._exit(exit_code)``. A notice from ``trainer.preempt()`` never ends the process
-  (a service that calls it keeps running).
+  ``os._exit(exit_code)``, after the stop report. A notice from ``trainer.preempt()``
+  never ends the process (a service that calls it keeps running).
+
+**The exit.** Every rank that stopped for a preemption exits with ``exit_code``: from the
+process's exit on it ignores ``SIGTERM`` (:meth:`Preemption.raise_if_triggered`), which
+torchrun sends to the workers still running once one has exited. With
+``TRAINBUS_STOP_REPORT`` set, each such rank leaves a small JSON report
+(``runtime/stop_report.py``), which a job script reads to tell a preemption from a crash
+(torchrun's own status is 1 in both cases).
 """
 
 from __future__ import annotations
