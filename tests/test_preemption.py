@@ -46,7 +46,10 @@ def test_sigterm_checkpoints_where_training_stopped_and_fit_sync_exits_143(
         trainer.fit_sync()
     assert caught.value.code == 143
     assert trainer.preempted
-    assert signal.getsignal(signal.SIGTERM) is before  # the handler is fit()'s only
+    # The process is ending with 143: a second SIGTERM (torchrun's, as it ends the other
+    # workers) ends it at once with that status, not with -15.
+    assert signal.getsignal(signal.SIGTERM) not in (before, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, before)  # this test process goes on
     stopped = int(trainer.state.timestamp.batch)
     assert 5 <= stopped < 20
     [(timestamp, [_path])] = saver.saved_checkpoints

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,7 +69,8 @@ def _output(path: Path) -> str:
 
 
 def _preempt(
-    tmp_path: Path, mode: str, phase: str, rank: int = 0, target: str = "launcher"
+    tmp_path: Path, mode: str, phase: str, rank: int = 0, target: str = "launcher",
+    *extra: str,
 ) -> dict[str, Any]:
     """Run, reach ``phase`` on ``rank``, SIGTERM ``target`` ("launcher", or a rank's number);
     the statuses, the stop batch, the checkpoints, the reports and the seconds it took."""
@@ -76,7 +78,7 @@ def _preempt(
     out.mkdir()
     with (out / "stdout").open("w") as stdout, (out / "stderr").open("w") as stderr:
         proc = subprocess.Popen(
-            _command(mode, out, "--phase", phase, "--rank", str(rank)), env=_env(out),
+            _command(mode, out, "--phase", phase, "--rank", str(rank), *extra), env=_env(out),
             stdout=stdout, stderr=stderr,
         )  # fmt: skip
         try:
@@ -100,7 +102,7 @@ def _preempt(
         "done": [int((out / f"done-rank{r}").read_text()) for r in ranks],
         "checkpoints": sorted(
             (int(p.stem.removeprefix("ba")) for p in folder.glob("ba*.pt")), reverse=True
-        ) if folder.is_dir() else [],  # fmt: skip
+        ),
         "reports": [
             json.loads(p.read_text()) if p.exists() else None
             for p in (out / f"stop-{r}.json" for r in ranks)
@@ -121,6 +123,8 @@ def _check_stop(result: dict[str, Any], mode: str) -> None:
     else:  # torchrun's own status is 1 whatever its workers' (docs/preemption.md)
         assert result["status"] == 1, output
     assert LAST_BOUND not in output, output  # no rank needed the last bound
+    # torchrun's summary (when a worker's exit ended the job): every rank's real status.
+    assert set(re.findall(r"exitcode\s*:\s*(-?\d+)", output)) <= {"143"}, output
     done = result["done"]
     assert len(set(done)) == 1, output  # every rank stopped after the same batch
     for report, stopped in zip(result["reports"], done, strict=True):
@@ -178,3 +182,15 @@ def test_a_stuck_handler_under_torchrun_leaves_the_checkpoint_and_a_relaunch_res
     lines = [json.loads(line) for line in (out / "m.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in lines if r["name"] == "loss/train"]
     assert steps == list(range(1, TOTAL["torchrun"] + 1)), steps  # every step once
+
+
+@pytest.mark.slow
+def test_every_rank_exits_143_also_the_one_torchrun_signals_as_it_ends(tmp_path: Path) -> None:
+    """Item 7: SIGTERM to rank 1 only; rank 0 stops with it and is still running (30 s more)
+    when rank 1 has exited and torchrun sends it ``SIGTERM``: it exits with 143 (before: it
+    died of the signal, -15), torchrun exits 1, and each rank's report says it was preempted."""
+    result = _preempt(tmp_path, "torchrun", "batch", 1, "1", "--linger", "0")
+    _check_stop(result, "torchrun")
+    codes = re.findall(r"exitcode\s*:\s*(-?\d+)", result["output"])
+    assert codes == ["143", "143"], result["output"]  # both ranks, in torchrun's summary
+    assert [r["reason"] for r in result["reports"]] == ["SIGTERM on another rank", "SIGTERM"]

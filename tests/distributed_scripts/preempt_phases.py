@@ -17,8 +17,9 @@ comes from ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``. On rank ``R`` (default 0) the run
 - ``stuck``: a plain ``batch_end`` at batch 3 that sleeps for an hour, whatever comes.
 
 Every rank writes ``OUT/exit-rank<r>`` (the status its ``fit_sync()`` raised, or 0) and
-``OUT/done-rank<r>`` (the batch it stopped at). ``--phase none`` trains to the end
-(``--load``: resumed from that checkpoint or folder).
+``OUT/done-rank<r>`` (the batch it stopped at); ``--linger R``: rank R then waits 30 s
+before it ends (torchrun's ``SIGTERM`` to the workers left finds it there). ``--phase none``
+trains to the end (``--load``: resumed from that checkpoint or folder).
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ def main() -> None:
     parser.add_argument("--phase", choices=phases, default="none")
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--load", default=None)
+    parser.add_argument("--linger", type=int, default=-1)  # this rank ends 30 s late
     args = parser.parse_args()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -158,6 +160,8 @@ def main() -> None:
     finally:
         (out / f"done-rank{rank}").write_text(str(int(trainer.state.timestamp.batch)))
         (out / f"exit-rank{rank}").write_text(str(status))
+        if rank == args.linger:  # still running when torchrun ends the workers left
+            time.sleep(30)
 
 
 if __name__ == "__main__":

@@ -72,9 +72,10 @@ there past the cluster's ``SIGKILL``. So the notice also starts a watchdog threa
   ``os._exit(exit_code)``, after the stop report. A notice from ``trainer.preempt()``
   never ends the process (a service that calls it keeps running).
 
-**The exit.** Every rank that stopped for a preemption exits with ``exit_code``: from the
-process's exit on it ignores ``SIGTERM`` (:meth:`Preemption.raise_if_triggered`), which
-torchrun sends to the workers still running once one has exited. With
+**The exit.** Every rank that stopped for a preemption exits with ``exit_code``: once
+``fit_sync()`` raised, a further ``SIGTERM`` (torchrun sends one to the workers still running
+once one has exited) ends the process at once with that status
+(:meth:`Preemption.raise_if_triggered`). With
 ``TRAINBUS_STOP_REPORT`` set, each such rank leaves a small JSON report
 (``runtime/stop_report.py``), which a job script reads to tell a preemption from a crash
 (torchrun's own status is 1 in both cases).
@@ -82,7 +83,6 @@ torchrun sends to the workers still running once one has exited. With
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import signal
@@ -475,34 +475,31 @@ class Preemption:
     def raise_if_triggered(self, state: State) -> None:
         """Raise :class:`TrainingPreempted` if a notice stopped the run.
 
-        The process is then on its way out with :attr:`exit_code`; from its exit on
-        (``atexit``) it ignores ``SIGTERM`` and :attr:`signals`: ``torchrun`` sends
-        ``SIGTERM`` to every worker still running once one has exited, and a rank that
-        stopped for the same preemption would otherwise die of it (status -15) while
-        Python tears down, instead of exiting with :attr:`exit_code`.
+        After a notice from a signal (here or on another rank) the process is on its way
+        out with :attr:`exit_code`: from here on ``SIGTERM`` and :attr:`signals` end it at
+        once with that status (main thread). ``torchrun`` sends ``SIGTERM`` to every
+        worker still running once one has exited, and a rank that stopped for the same
+        preemption would otherwise die of it (status -15) while it unwinds or Python tears
+        torch down, instead of exiting with :attr:`exit_code`.
         """
         notice = state.preemption
         if notice is not None:
-            _ignore_at_exit({signal.SIGTERM, *self.signals})
+            if notice.source != "call":
+                _exit_on({signal.SIGTERM, *self.signals}, self.exit_code)
             raise _preempted(self.exit_code, notice.reason)
 
 
-_ignoring: set[int] = set()
-
-
-def _ignore_at_exit(signals: set[int]) -> None:
-    """At the process's exit (main thread), ignore ``signals`` (registered once each)."""
-    new = signals - _ignoring
-    if not new or threading.current_thread() is not threading.main_thread():
+def _exit_on(signals: set[int], code: int) -> None:
+    """Make ``signals`` end the process at once with ``code`` (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
         return
-    _ignoring.update(new)
 
-    def ignore() -> None:
-        for s in new:
-            with contextlib.suppress(ValueError, OSError):
-                signal.signal(s, signal.SIG_IGN)
+    def leave(signum: int, frame: FrameType | None) -> None:
+        os._exit(code)  # the process was ending with this status anyway
 
-    atexit.register(ignore)
+    for s in signals:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(s, leave)
 
 
 def _preempted(code: int, reason: str) -> TrainingPreempted:
