@@ -165,6 +165,7 @@ class CheckpointSaver(Callback):
         self._closing = False
         self._save_requested = False  # request_save(): at the next checkpoint event or FIT_END
         self._trained = True  # a batch ended in this fit() (FIT_START resets it)
+        self._closed = False  # close() ran (FIT_START resets it)
         self._requested_captured = threading.Event()  # that save is captured (or none asked)
         self._requested_captured.set()
         self._pool: BufferPool = {}  # host buffers of the last write, reused by the next capture
@@ -250,9 +251,10 @@ class CheckpointSaver(Callback):
             self._stats["saves"] += 1
             self._submit(cap, timestamp, path)
         self._requested_captured.set()
-        if not self.wait_written(timeout) or self._error is not None:
-            return None
-        return path
+        written = self.wait_written(timeout) and self._error is None
+        if self._closed:  # after close() (a notice while the callbacks close): no writer left
+            self._stop_writer()
+        return path if written else None
 
     def path_for(self, timestamp: Timestamp) -> pathlib.Path:
         """The file a checkpoint at ``timestamp`` is written to (a folder for an FSDP model)."""
@@ -266,6 +268,7 @@ class CheckpointSaver(Callback):
     def fit_start(self, state: State, logger: Logger) -> None:
         """Delete temporary files that killed writes left in the folder (ours only)."""
         self._trained = False  # no batch of this fit() yet: a requested save has nothing
+        self._closed = False
         if self.folder.is_dir() and _rank() == 0:
             remove_stale_partials(self.folder, time.time_ns(), self._subfolders)
 
@@ -423,6 +426,14 @@ class CheckpointSaver(Callback):
                 self._job = None
                 self._lock.notify_all()
 
+    def _stop_writer(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._closing = True
+            self._lock.notify_all()
+        if thread is not None:
+            thread.join()
+
     def _prune(self) -> None:
         keep = self.num_checkpoints_to_keep
         while keep > 0 and len(self._saved) > keep:
@@ -433,12 +444,8 @@ class CheckpointSaver(Callback):
 
     def close(self, state: State, logger: Logger) -> None:
         """Wait for the write in flight, stop the writer; raise a write error not yet raised."""
-        with self._lock:
-            thread, self._thread = self._thread, None
-            self._closing = True
-            self._lock.notify_all()
-        if thread is not None:
-            thread.join()
+        self._closed = True
+        self._stop_writer()
         group, self._group = self._group, None  # DCP's group: every write on it is done
         _dcp.destroy_group(group)
         self._pool = {}  # give the host buffers back between fit() cycles

@@ -464,6 +464,9 @@ class Preemption:
             if watchdog is not None:
                 watchdog.finish()  # first: it sends no signal after this
             notice = state.preemption
+            left = 0.0 if notice is None else max(0.0, notice.time_left() - EXIT_MARGIN)
+            if notice is not None and fit.saving.acquire(timeout=left):
+                fit.saving.release()  # a checkpoint the watchdog was writing is done
             if notice is not None:
                 _say(stop_summary(notice, state))
                 write_report(notice, state, self.exit_code)

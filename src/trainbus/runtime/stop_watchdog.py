@@ -95,7 +95,9 @@ class FitRun:
     #: handler, no record sees them), so the newest complete batch here is the one it
     #: was held at, whose checkpoint the watchdog wrote: no later one is written.
     silenced: bool = False
-    saving: threading.Lock = field(default_factory=threading.Lock)
+    #: Held while a notice's checkpoint is written off the training thread; ``fit()``
+    #: waits for it (within the deadline) before it returns.
+    saving: threading.RLock = field(default_factory=threading.RLock)
 
 
 class Owner(Protocol):
@@ -166,7 +168,9 @@ class StopWatchdog(threading.Thread):
         if fit is not None and fit.send is not None and self.notice.source != "peer":
             fit.send(self.notice.signum or 0, self.notice.time_left())  # every rank, now
         if fit is not None and fit.loop_ended and not fit.silenced:  # no event comes now
-            self.owner.save_requested(self.state, fit)
+            with fit.saving:  # fit() waits for it; once it is returning, nothing starts
+                if not self.done.is_set():
+                    self.owner.save_requested(self.state, fit)
         if self.done.wait(self.patience):
             return
         savers = savers_here(self.state, self.engine)
