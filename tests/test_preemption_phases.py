@@ -35,6 +35,7 @@ GRACE = 8  # TORCH_ELASTIC_SHUTDOWN_TIMEOUT: torchrun's SIGTERM -> SIGKILL, and 
 BOUND = 120  # a hung launch fails the test instead of the suite (a safety bound)
 LAST_BOUND = "is almost over and fit() has not returned"  # the watchdog's os._exit line
 TOTAL = {"one": 32, "torchrun": 32}  # batches of the whole run, a rank's
+SUMMARY = r"exitcode\s+:\s*(-?\d+)"  # a rank's status in torchrun's closing summary
 
 
 def _env(out: Path) -> dict[str, str]:
@@ -127,7 +128,7 @@ def _check_stop(result: dict[str, Any], mode: str) -> None:
         assert result["status"] == 1, output
     assert LAST_BOUND not in output, output  # no rank needed the last bound
     # torchrun's summary (when a worker's exit ended the job): every rank's real status.
-    assert set(re.findall(r"exitcode\s*:\s*(-?\d+)", output)) <= {"143"}, output
+    assert set(re.findall(SUMMARY, output)) <= {"143"}, output
     done = result["done"]
     assert len(set(done)) == 1, output  # every rank stopped after the same batch
     for report, stopped in zip(result["reports"], done, strict=True):
@@ -201,6 +202,6 @@ def test_every_rank_exits_143_also_the_one_torchrun_signals_as_it_ends(tmp_path:
     died of the signal, -15), torchrun exits 1, and each rank's report says it was preempted."""
     result = _preempt(tmp_path, "torchrun", "batch", 1, "1", "--linger", "0")
     _check_stop(result, "torchrun")
-    codes = re.findall(r"exitcode\s*:\s*(-?\d+)", result["output"])
+    codes = re.findall(SUMMARY, result["output"])
     assert codes == ["143", "143"], result["output"]  # both ranks, in torchrun's summary
     assert [r["reason"] for r in result["reports"]] == ["SIGTERM on another rank", "SIGTERM"]

@@ -13,7 +13,7 @@ comes from ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``. On rank ``R`` (default 0) the run
 - ``batch``: the model's forward of the first batch;
 - ``eval``: the model's forward of the first evaluation batch (evaluation after batch 2);
 - ``checkpoint``: the saver's writer thread, while it writes ``ba10.pt`` (a listener);
-- ``close``: a plain ``close`` (every batch trained);
+- ``close``: a plain ``close`` (every batch trained), on every rank;
 - ``stuck``: a plain ``batch_end`` at batch 3 that sleeps for an hour, whatever comes.
 
 Every rank writes ``OUT/exit-rank<r>`` (the status its ``fit_sync()`` raised, or 0) and
@@ -123,7 +123,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", "0"))
-    here = args.phase if rank == args.rank else "none"
+    # close: every rank holds (one that ended before the notice was not preempted)
+    here = args.phase if rank == args.rank or args.phase == "close" else "none"
     cue = out / f"phase-rank{rank}"
     (out / f"pid-rank{rank}").write_text(str(os.getpid()))
     saver = CheckpointSaver(out / "ckpt", "ba{batch}.pt", save_interval="10ba")
