@@ -74,8 +74,8 @@ there past the cluster's ``SIGKILL``. So the notice also starts a watchdog threa
 
 **The exit.** Every rank that stopped for a preemption exits with ``exit_code``: once
 ``fit_sync()`` raised, a further ``SIGTERM`` (torchrun sends one to the workers still running
-once one has exited) ends the process at once with that status
-(:meth:`Preemption.raise_if_triggered`). With
+once one has exited) ends the process at once with that status, and from the process's
+exit on it is ignored (:meth:`Preemption.raise_if_triggered`). With
 ``TRAINBUS_STOP_REPORT`` set, each such rank leaves a small JSON report
 (``runtime/stop_report.py``), which a job script reads to tell a preemption from a crash
 (torchrun's own status is 1 in both cases).
@@ -83,6 +83,7 @@ once one has exited) ends the process at once with that status
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -493,7 +494,10 @@ class Preemption:
 
 
 def _exit_on(signals: set[int], code: int) -> None:
-    """Make ``signals`` end the process at once with ``code`` (main thread only)."""
+    """Make ``signals`` end the process at once with ``code`` (main thread only), and
+    ignore them from its exit on: Python's finalization puts the default action back in
+    place of a Python handler (and runs none), so a signal while torch is torn down would
+    still end the process with -15; an ignored one leaves it to exit with ``code``."""
     if threading.current_thread() is not threading.main_thread():
         return
 
@@ -503,6 +507,13 @@ def _exit_on(signals: set[int], code: int) -> None:
     for s in signals:
         with contextlib.suppress(ValueError, OSError):
             signal.signal(s, leave)
+    atexit.register(_ignore, tuple(signals))
+
+
+def _ignore(signals: tuple[int, ...]) -> None:
+    for s in signals:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(s, signal.SIG_IGN)
 
 
 def _preempted(code: int, reason: str) -> TrainingPreempted:
