@@ -24,6 +24,7 @@ EXPECTED = {
     "A notice the cluster announces": [
         "spot interruption | stopped at batch 5 | checkpoints: [5] | within 120 s: True",
     ],
+    "Telling a preemption from a crash": ["143 True maintenance 4 ckpt-leave/ba4.pt"],
 }
 
 

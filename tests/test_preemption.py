@@ -18,6 +18,7 @@ import anyio
 import pytest
 import torch
 
+import trainbus
 from tests.helpers import TinyModel, make_trainer
 from trainbus import Callback, CallbackSignatureError, Preemption, TrainingPreempted
 from trainbus.callbacks import CheckpointSaver
@@ -46,7 +47,10 @@ def test_sigterm_checkpoints_where_training_stopped_and_fit_sync_exits_143(
         trainer.fit_sync()
     assert caught.value.code == 143
     assert trainer.preempted
-    assert signal.getsignal(signal.SIGTERM) is before  # the handler is fit()'s only
+    # The process is ending with 143: a second SIGTERM (torchrun's, as it ends the other
+    # workers) ends it at once with that status, not with -15.
+    assert signal.getsignal(signal.SIGTERM) not in (before, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, before)  # this test process goes on
     stopped = int(trainer.state.timestamp.batch)
     assert 5 <= stopped < 20
     [(timestamp, [_path])] = saver.saved_checkpoints
@@ -384,3 +388,113 @@ def test_a_deadline_already_past_says_so(
     assert "before its deadline, which had already passed when the notice came" in lines[0]
     assert trainer.preempted
     assert [p.name for _, [p] in saver.saved_checkpoints] == ["ep0-ba2-rank0.pt"]
+
+
+# -- the phases of one process, in the test's process (issue 53) --------------------------
+
+
+class PreemptIn(Callback):
+    """Calls ``trainer.preempt()`` from ``fit_start`` (blocking: no batch trained yet) or
+    from ``close`` (every batch trained, the loop done)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.trainer: Any = None
+
+    @trainbus.blocking
+    def fit_start(self, state: Any, logger: Any) -> None:
+        if self.where == "fit_start":
+            self.trainer.preempt("before the first batch")
+
+    def close(self, state: Any, logger: Any) -> None:
+        if self.where == "close":
+            self.trainer.preempt("while closing")
+
+
+def test_a_notice_before_the_first_batch_saves_nothing(tmp_path: Path) -> None:
+    saver = CheckpointSaver(tmp_path / "ckpt", "ba{batch}.pt", save_interval="100ba")
+    at = PreemptIn("fit_start")
+    trainer = make_trainer(6, callbacks=[saver, at])
+    at.trainer = trainer
+    with pytest.raises(TrainingPreempted):
+        trainer.fit_sync()
+    assert int(trainer.state.timestamp.batch) == 0
+    assert saver.saved_checkpoints == []  # no batch trained: nothing to save
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
+
+
+def test_a_notice_while_the_callbacks_close_writes_the_last_batch_at_once(
+    tmp_path: Path,
+) -> None:
+    saver = CheckpointSaver(tmp_path / "ckpt", "ba{batch}.pt", save_interval="4ba")
+    at = PreemptIn("close")
+    trainer = make_trainer(6, callbacks=[at, saver])  # `at` closes first: the saver after
+    at.trainer = trainer
+    with pytest.raises(TrainingPreempted):
+        trainer.fit_sync()
+    assert [int(ts.batch) for ts, _ in saver.saved_checkpoints] == [4, 6]
+    assert (tmp_path / "ckpt" / "ba6.pt").is_file()  # no checkpoint event came after it
+
+
+def test_the_stop_report_is_written_where_the_variable_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAINBUS_STOP_REPORT", str(tmp_path / "reports" / "stop-{rank}.json"))
+    saver = CheckpointSaver(tmp_path / "ckpt", "ba{batch}.pt", save_interval="100ba")
+    at = PreemptIn("close")
+    trainer = make_trainer(3, callbacks=[at, saver])
+    at.trainer = trainer
+    with pytest.raises(TrainingPreempted):
+        trainer.fit_sync()
+    report = json.loads((tmp_path / "reports" / "stop-0.json").read_text())
+    assert report["preempted"] is True and report["reason"] == "while closing"
+    assert (report["rank"], report["world_size"], report["batch"]) == (0, 1, 3)
+    assert report["checkpoint"] == str(tmp_path / "ckpt" / "ba3.pt")
+    assert (report["exit_code"], report["source"], report["signal"]) == (143, "call", None)
+
+
+def test_a_stop_report_that_cannot_be_written_is_named_and_the_stop_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TRAINBUS_STOP_REPORT", str(tmp_path / "file" / "stop.json"))
+    at = PreemptIn("close")
+    trainer = make_trainer(2, callbacks=[at])
+    at.trainer = trainer
+    with pytest.raises(TrainingPreempted):
+        trainer.fit_sync()
+    assert "the stop report could not be written" in capsys.readouterr().err
+
+
+def test_peer_notices_reach_the_other_rank_at_once_through_a_real_store() -> None:
+    """Two ranks' channels on one real ``TCPStore`` (127.0.0.1, port 0): a notice sent by
+    one is given on the other by its thread, with the seconds left; close ends each thread."""
+    import torch.distributed as dist
+
+    from trainbus.runtime.peer_notices import PeerNotices
+
+    server = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
+    got: list[tuple[int, float]] = []
+    given = threading.Event()
+
+    def on_notice(signum: int, left: float) -> None:
+        got.append((signum, left))
+        given.set()
+
+    def channel(rank: int, on: Any) -> PeerNotices:
+        def client() -> Any:
+            return dist.TCPStore("127.0.0.1", server.port, 2, is_master=False)
+
+        peers = PeerNotices(client(), client(), "test/0", rank, 2)
+        peers._thread = threading.Thread(target=peers._listen, args=(on,), daemon=True)
+        peers._thread.start()
+        return peers
+
+    zero, one = channel(0, on_notice), channel(1, lambda s, left: None)
+    one.send(signal.SIGTERM, 7.5)
+    assert given.wait(30)
+    assert got == [(int(signal.SIGTERM), 7.5)]
+    threads = [zero._thread, one._thread]
+    zero.close()
+    one.close()
+    assert not any(t is not None and t.is_alive() for t in threads)

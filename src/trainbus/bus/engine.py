@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -450,6 +450,16 @@ class Engine:
     def _describe_waiting(self) -> str:
         session = self._session
         return session.describe_waiting() if session is not None else ""
+
+    def _callbacks(self) -> list[Any]:
+        """The callbacks this engine runs (on this rank), in order."""
+        return [member.table.callback for member in self._members]
+
+    def _training_thread_held(self) -> bool:
+        """Whether the training thread waits for handlers right now (at a barrier, for
+        room in a queue, for a ``@blocking`` handler's turn): any thread."""
+        session = self._session
+        return session is not None and bool(session.gate._waiting)  # the gate's invariant
 
     def _interrupt(self, cancel: Callable[[], None]) -> None:
         self.stop()

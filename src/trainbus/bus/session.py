@@ -505,7 +505,9 @@ class Session:
         message = long_wait_message(kind, event, lanes, seconds)
         self.loop.call_soon(report_at, message, CallbackTimeoutWarning, where)
         at = f" of Event.{event.name}" if event is not None else ""
-        self.watch.check(f"the training thread's wait{at} ({seconds:g} s, wait_warning_seconds)")
+        self.watch.check(  # a warning's threshold: named, never interrupted (D7)
+            f"the training thread's wait{at} ({seconds:g} s, wait_warning_seconds)", interrupt=False
+        )
 
     def _warn_slow(self, message: str, where: object) -> None:
         """Report a SlowCallbackWarning on the loop thread, where the caller's filters

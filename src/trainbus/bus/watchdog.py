@@ -7,16 +7,23 @@ a long computation) silences every one of them: the loop never gets control back
 cancel it or to warn. :class:`LoopWatch` keeps them from another thread instead: when a
 deadline passes (the training thread's wait at a barrier passes ``wait_warning``; a close's
 deadline, kept by one watch thread for all the closes of a session), it looks at the loop's
-thread. If that thread runs
-user code and does not run a call handed to it within :data:`CONFIRM_S`, a handler holds
-it: the handler and its event are named on stderr, once, and
+thread. If that thread runs user code and does not run a call handed to it within
+:data:`CONFIRM_S`, a handler holds it: the handler and its event are named on stderr, once.
+
+**The one timed behaviour, and its rule.** Only a deadline the user set ends a handler's
+wait (SPEC D7): the close's ``close_timeout`` here (a preemption's deadline is kept by
+``runtime/stop_watchdog.py``). When a close's deadline has passed, by
+:data:`CLOSE_MARGIN_S`, and the loop's thread still runs user code and has not run a call
+handed to it within :data:`CONFIRM_S`:
 
 - under ``fit_sync()`` (trainbus started the loop, on the main thread: :data:`OWN_LOOP`)
-  :class:`~trainbus.HandlerInterrupted` is raised inside it (as Ctrl-C raises
-  ``KeyboardInterrupt`` there); the run then fails with that error, named by the bus's
-  note, or the close goes on without that callback;
+  :class:`~trainbus.HandlerInterrupted` is raised inside the handler (as Ctrl-C raises
+  ``KeyboardInterrupt`` there); the close goes on without that callback;
 - under ``await trainer.fit()`` in your own loop, nothing is raised (the exception could
-  land in your code, not the handler's): the message is all, and the run waits.
+  land in your code, not the handler's): the message is all, and the close waits.
+
+``wait_warning`` is a warning's threshold, not a deadline: when it passes at a barrier the
+handler holding the loop is named, never interrupted, and the run waits for it.
 
 A plain ``def`` handler never holds the loop (it runs on its callback's thread), and a
 handler blocked in a C call (``time.sleep`` inside ``async def``) gets the exception
@@ -71,8 +78,10 @@ class LoopWatch:
         #: The system refused the watch thread: the session raises it once it has closed.
         self.refused: ThreadStartError | None = None
 
-    def check(self, deadline: str) -> None:
-        """The ``deadline`` passed: name a handler that holds the loop, interrupt it if ours.
+    def check(self, deadline: str, *, interrupt: bool = True) -> None:
+        """The ``deadline`` passed: name a handler that holds the loop, and interrupt it if
+        the loop is ours and ``interrupt`` (a deadline the user set: ``close_timeout``;
+        ``False`` for ``wait_warning``, a warning's threshold).
 
         Called from a thread that is not the loop's; it waits at most :data:`CONFIRM_S`.
         """
@@ -90,21 +99,27 @@ class LoopWatch:
         with self._lock:
             first = held not in self._reported
             self._reported.add(held)
-        if self.interrupt:
+        interrupting = self.interrupt and interrupt
+        if interrupting:
             what = "raising HandlerInterrupted in it (fit_sync() owns the loop)"
+        elif self.interrupt:
+            what = (
+                "the run waits for it (wait_warning only warns; close_timeout, or a "
+                "preemption's deadline, ends a handler's wait): make it await"
+            )
         else:
             what = (
                 "it cannot be interrupted in your own event loop (await trainer.fit()): the "
                 "run waits for it; make it await, or a plain def (its own thread)"
             )
-        if first or self.interrupt:
+        if first or interrupting:
             print(
                 f"trainbus: {held} has held the event loop's thread past {deadline} without "
                 f"awaiting (a loop with no await?); {what}",
                 file=sys.stderr,
                 flush=True,
             )
-        if self.interrupt:
+        if interrupting:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(tid), ctypes.py_object(HandlerInterrupted)
             )

@@ -169,6 +169,8 @@ class CheckpointSaver(Callback):
         self._thread: threading.Thread | None = None
         self._closing = False
         self._save_requested = False  # request_save(): at the next checkpoint event or FIT_END
+        self._trained = True  # a batch ended in this fit() (FIT_START resets it)
+        self._closed = False  # close() ran (FIT_START resets it)
         self._requested_captured = threading.Event()  # that save is captured (or none asked)
         self._requested_captured.set()
         self._pool: BufferPool = {}  # host buffers of the last write, reused by the next capture
@@ -254,9 +256,10 @@ class CheckpointSaver(Callback):
             self._stats["saves"] += 1
             self._submit(cap, timestamp, path)
         self._requested_captured.set()
-        if not self.wait_written(timeout) or self._error is not None:
-            return None
-        return path
+        written = self.wait_written(timeout) and self._error is None
+        if self._closed:  # after close() (a notice while the callbacks close): no writer left
+            self._stop_writer()
+        return path if written else None
 
     def path_for(self, timestamp: Timestamp) -> pathlib.Path:
         """The file a checkpoint at ``timestamp`` is written to (a folder for an FSDP model)."""
@@ -271,6 +274,8 @@ class CheckpointSaver(Callback):
         """Delete temporary files that killed writes left in the folder (ours only); move
         the checkpoints later than where this fit starts aside (``checkpoint/abandoned.py``).
         """
+        self._trained = False  # no batch of this fit() yet: a requested save has nothing
+        self._closed = False
         if self.folder.is_dir() and _rank() == 0:
             remove_stale_partials(self.folder, time.time_ns(), self._subfolders)
             self._abandon_later(state.timestamp)
@@ -296,6 +301,7 @@ class CheckpointSaver(Callback):
     @blocking
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         """Save if due (runs on the training thread: it captures, the writer writes)."""
+        self._trained = True
         self._maybe_save(Event.BATCH_CHECKPOINT, state)
 
     @blocking
@@ -305,7 +311,13 @@ class CheckpointSaver(Callback):
 
     @blocking
     def fit_end(self, state: State, logger: Logger) -> None:
-        """Save if :meth:`request_save` asked and no checkpoint event has saved since."""
+        """Save if :meth:`request_save` asked and no checkpoint event has saved since.
+
+        A ``fit()`` that trained no batch (a notice before its first one) has nothing new
+        to save: the request is dropped, and the newest checkpoint stays the newest."""
+        if self._save_requested and not self._trained:
+            self._save_requested = False
+            self._requested_captured.set()
         if self._save_requested:
             self._maybe_save(Event.FIT_END, state)
 
@@ -440,6 +452,14 @@ class CheckpointSaver(Callback):
                 self._job = None
                 self._lock.notify_all()
 
+    def _stop_writer(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._closing = True
+            self._lock.notify_all()
+        if thread is not None:
+            thread.join()
+
     def _prune(self) -> None:
         keep = self.num_checkpoints_to_keep
         while keep > 0 and len(self._saved) > keep:
@@ -450,12 +470,8 @@ class CheckpointSaver(Callback):
 
     def close(self, state: State, logger: Logger) -> None:
         """Wait for the write in flight, stop the writer; raise a write error not yet raised."""
-        with self._lock:
-            thread, self._thread = self._thread, None
-            self._closing = True
-            self._lock.notify_all()
-        if thread is not None:
-            thread.join()
+        self._closed = True
+        self._stop_writer()
         group, self._group = self._group, None  # DCP's group: every write on it is done
         _dcp.destroy_group(group)
         self._pool = {}  # give the host buffers back between fit() cycles

@@ -29,6 +29,11 @@ The Trainer calls into this module at a few points and nowhere else:
   the same batch. Each boundary starts a non-blocking ``all_reduce`` (MAX) of this rank's
   flags on a gloo group of its own and waits for the one started at the boundary before,
   long finished by then: every rank stops one batch after the first asked, together;
+- :class:`~trainbus.runtime.peer_notices.PeerNotices` (each ``fit()``, beside the
+  agreement): a preemption notice reaches every rank at once through the process group's
+  key-value store, not at a batch boundary, so that a rank whose training thread cannot
+  reach one (it waits at a barrier for a stuck handler, or in a collective for such a
+  peer) still gets it and bounds its stop;
 - :func:`sigterm_stops` (``fit()``, main thread): ``torchrun`` sends ``SIGTERM`` to every
   other worker once one has failed; during a distributed ``fit()`` that signal stops
   training at the next batch and lets every callback close before ``fit()`` raises
@@ -535,3 +540,4 @@ class StopAgreement:
             work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
             self._pending = (work, tensor)
         return None
+

@@ -15,9 +15,15 @@ it at the next batch boundary (:meth:`Preemption.poll`). Every source gives the 
    (``Engine._notify_preemption``), beside whatever handler its callback runs;
 2. in a single process every checkpoint taker (:class:`SavesOnRequest`, e.g.
    ``CheckpointSaver``) is asked to save at its next checkpoint event, or at ``FIT_END``;
-   under ``torchrun`` the savers are asked once every rank agreed to stop
+   under ``torchrun`` the notice also goes to every other rank at once
+   (:class:`~trainbus.runtime.peer_notices.PeerNotices`, through the process group's
+   store), and the savers are asked once every rank agreed to stop
    (``runtime/distributed.py``, :class:`~trainbus.runtime.distributed.StopAgreement`), so
-   that the checkpoint is of the batch every rank stopped at;
+   that the checkpoint is of the batch every rank stopped at (or at once, as in one
+   process, once the stop batch no longer depends on the other ranks:
+   :meth:`Preemption.stop_fixed`). A notice once the loop published ``FIT_END`` (while the
+   callbacks close) has its checkpoint written at once (:meth:`Preemption.loop_ended`);
+   a ``fit()`` that trained no batch has nothing to save;
 3. every callback with a ``close_timeout`` (the HTTP uploader, MLflow) has it lowered so
    that ``close`` ends before the deadline: what is not delivered by then stays in the
    spool or journal, for the resumed run;
@@ -37,7 +43,7 @@ it at the next batch boundary (:meth:`Preemption.poll`). Every source gives the 
 **A stuck handler.** The steps above need the training thread to reach the next batch
 boundary; a handler that blocks (the barrier at ``BATCH_END`` waits for it) would hold it
 there past the cluster's ``SIGKILL``. So the notice also starts a watchdog thread
-(:class:`_Watchdog`), bounded by the deadline:
+(:class:`StopWatchdog`), bounded by the deadline:
 
 - after ``patience`` seconds (the Trainer's ``close_timeout``, at most half the time left)
   without the requested checkpoint captured (in a run with a ``CheckpointSaver``;
@@ -47,6 +53,13 @@ there past the cluster's ``SIGKILL``. So the notice also starts a watchdog threa
   state consistent as of the batch it finished), then gives what still runs 2 s more and
   abandons it (``Engine._abandon``, as a second Ctrl-C does: threads left behind as
   daemons, coroutines cancelled) so that every other callback closes under its deadline;
+- under ``torchrun``, before the ranks agreed, the watchdog of the rank whose training
+  thread is held at a barrier by its own stuck handler writes the checkpoint of the batch
+  it is held at (the saver's rank), then abandons the handler; that rank trains on without
+  events (no handler and no record sees those batches: ``FitRun.silenced``) until the
+  ranks agree one batch later, and writes no later checkpoint. A rank whose training
+  thread waits in a collective for such a peer does nothing: the peer's watchdog frees
+  it, and its savers write the agreed batch;
 - a handler that blocks the event loop's own thread (``time.sleep`` inside ``async def``)
   cannot be cancelled from the loop; for a signal's notice, when the loop runs on the main
   thread (``fit_sync()``, ``anyio.run(trainer.fit)``) the watchdog re-sends the signal to
@@ -56,36 +69,54 @@ there past the cluster's ``SIGKILL``. So the notice also starts a watchdog threa
 - one second before the deadline, if ``fit()`` still has not returned and the notice came
   from a signal (here or on another rank: the process is about to be killed anyway), it
   writes what it could not finish to stderr and ends the process with
-  ``os._exit(exit_code)``. A notice from ``trainer.preempt()`` never ends the process
-  (a service that calls it keeps running).
+  ``os._exit(exit_code)``, after the stop report. A notice from ``trainer.preempt()``
+  never ends the process (a service that calls it keeps running).
+
+**The exit.** Every rank that stopped for a preemption exits with ``exit_code``: once
+``fit_sync()`` raised, a further ``SIGTERM`` (torchrun sends one to the workers still running
+once one has exited) ends the process at once with that status, and from the process's
+exit on it is ignored (:meth:`Preemption.raise_if_triggered`). With
+``TRAINBUS_STOP_REPORT`` set, each such rank leaves a small JSON report
+(``runtime/stop_report.py``), which a job script reads to tell a preemption from a crash
+(torchrun's own status is 1 in both cases).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import signal
-import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from trainbus.bus.session import ABANDON_TIMEOUT
-from trainbus.bus.threads import start_thread
 from trainbus.core.exceptions import HandlerAbandoned, ThreadStartError, TrainingPreempted
 from trainbus.core.notice import NoticeSource, PreemptionNotice
 from trainbus.runtime.stop_report import say as _say
-from trainbus.runtime.stop_report import stop_summary
+from trainbus.runtime.stop_report import stop_summary, write_report
+from trainbus.runtime.stop_watchdog import (
+    EXIT_MARGIN,
+    EXIT_RESERVE,
+    FitRun,
+    SavesOnRequest,
+    StopWatchdog,
+    plan_time,
+    savers,
+    savers_here,
+)
 
 if TYPE_CHECKING:
     from trainbus.bus.engine import Engine
     from trainbus.core.state import State
 
 __all__ = [
+    "EXIT_MARGIN",
+    "EXIT_RESERVE",
     "AnnouncesPreemption",
     "DEFAULT_GRACE",
     "GRACE_ENV",
@@ -97,13 +128,6 @@ __all__ = [
     "default_grace",
 ]
 
-#: Seconds before the deadline at which a run that has not stopped is ended.
-EXIT_MARGIN = 1.0
-#: Seconds the watchdog's plan leaves at the end of the grace period for the process's own
-#: exit once ``fit_sync()`` raised: the caller's ``finally`` blocks, then Python tearing torch
-#: down (0.2-0.4 s on a quiet 2-core machine, 2-4 s with it loaded 4x; nothing bounds it
-#: but the launcher's ``SIGKILL``). At most half the time left at the notice.
-EXIT_RESERVE = 2.0
 #: The grace period when neither the argument nor the environment gives one.
 DEFAULT_GRACE = 30.0
 #: Our variable for the grace period (SLURM, Kubernetes: the delay is set outside).
@@ -111,22 +135,6 @@ GRACE_ENV = "TRAINBUS_PREEMPTION_GRACE"
 #: torchrun's delay between its SIGTERM and its SIGKILL, when given through the environment.
 TORCHRUN_GRACE_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 
-
-@runtime_checkable
-class SavesOnRequest(Protocol):
-    """What preemption asks of a callback that takes checkpoints (``CheckpointSaver``).
-
-    ``runtime/`` sits below ``callbacks/``: it asks for these methods, not for the class.
-    """
-
-    def request_save(self) -> None:
-        """Save at the next checkpoint event, or at ``FIT_END`` (any thread, signal-safe)."""
-
-    def requested_save_captured(self) -> bool:
-        """Whether the requested save has been captured (or none was requested)."""
-
-    def save_now(self, state: State, timeout: float) -> Path | None:
-        """Capture and write the requested checkpoint from the calling thread."""
 
 
 def _env_seconds(environ: Mapping[str, str], name: str) -> float | None:
@@ -166,10 +174,6 @@ def default_grace(environ: Mapping[str, str] | None = None) -> tuple[float, str]
         if seconds is not None:
             return seconds, name
     return DEFAULT_GRACE, "default"
-
-
-def _savers(callbacks: Iterable[Any]) -> list[SavesOnRequest]:
-    return [cb for cb in callbacks if isinstance(cb, SavesOnRequest)]
 
 
 @runtime_checkable
@@ -227,10 +231,10 @@ class Preemption:
     signum: int | None = field(default=None, init=False)
     seconds: float = field(default=DEFAULT_GRACE, init=False)
     seconds_from: str = field(default="default", init=False)
-    _watchdog: _Watchdog | None = field(default=None, init=False, repr=False)
+    _watchdog: StopWatchdog | None = field(default=None, init=False, repr=False)
     #: The system refused the watchdog's thread at the last notice (said on stderr).
     watchdog_refused: ThreadStartError | None = field(default=None, init=False, repr=False)
-    _fit: _Fit | None = field(default=None, init=False, repr=False)
+    _fit: FitRun | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -319,10 +323,10 @@ class Preemption:
                 self.give(state, self.notice(reason, deadline=deadline))
                 return
 
-    def _act(self, fit: _Fit, notice: PreemptionNotice) -> None:
+    def _act(self, fit: FitRun, notice: PreemptionNotice) -> None:
         state = fit.state
-        if not fit.distributed:  # distributed: asked once the ranks agreed (module doc)
-            for saver in _savers(state.callbacks):
+        if not fit.agreeing:  # distributed: asked once the ranks agreed (module doc)
+            for saver in savers_here(state, fit.engine):
                 saver.request_save()
         _bound_close(state.callbacks, max(0.1, notice.time_left() - 2 * EXIT_MARGIN))
         state.stop_training()
@@ -330,7 +334,7 @@ class Preemption:
             fit.engine._notify_preemption()
             left = plan_time(notice.time_left())
             patience = min(fit.patience, left / 2) if fit.patience > 0 else left / 2
-            self._watchdog = _Watchdog(self, notice, state, fit.engine, patience)
+            self._watchdog = StopWatchdog(self, notice, state, fit.engine, patience)
             self._watchdog.start()
 
     def agreed(self, state: State, *, signum: int) -> None:
@@ -338,11 +342,77 @@ class Preemption:
         give this rank the notice if it has none, and ask its savers for a checkpoint now,
         so that it is of the batch every rank stops at (``FIT_END`` writes it)."""
         if state.preemption is None:
-            name = signal.Signals(signum).name if signum else ""
-            reason = f"{name} on another rank" if name else "preempted on another rank"
-            self.give(state, self.notice(reason, source="peer", signum=signum or None))
-        for saver in _savers(state.callbacks):
-            saver.request_save()
+            self.from_peer(state, signum)
+        self.stop_fixed(state)
+
+    def from_peer(self, state: State, signum: int, seconds_left: float | None = None) -> None:
+        """Another rank had a notice (``signum``: its signal, or 0): give this rank one
+        (``source="peer"``) whose deadline is the peer's (``seconds_left`` from now), or the
+        grace period when not known. Any thread (the agreement's, or ``PeerNotices``')."""
+        name = signal.Signals(signum).name if signum else ""
+        reason = f"{name} on another rank" if name else "preempted on another rank"
+        deadline = None if seconds_left is None else time.monotonic() + seconds_left
+        self.give(state, self.notice(reason, source="peer", deadline=deadline,
+                                     signum=signum or None))  # fmt: skip
+
+    def stop_fixed(self, state: State) -> None:
+        """The batch this rank stops at no longer depends on the other ranks (the ranks
+        agreed, or the loop passed its last boundary; training thread): a notice from now
+        on asks the savers at once, as in one process, and one given already does now."""
+        fit = self._fit
+        if fit is None or not fit.agreeing:
+            return
+        fit.agreeing = False
+        if state.preemption is not None and not fit.silenced:
+            for saver in savers_here(state, fit.engine):
+                saver.request_save()
+
+    def loop_ended(self, state: State) -> None:
+        """The training loop published ``FIT_END`` (training thread): no checkpoint event
+        comes any more, and the state is the last batch's for good. A notice's save still
+        requested is written now, here; one given later is written by the watchdog at once
+        (a notice while the callbacks close)."""
+        fit = self._fit
+        if fit is None:
+            return
+        fit.loop_ended = True
+        self.stop_fixed(state)
+        if state.preemption is not None and not fit.silenced:
+            self.save_requested(state, fit)
+
+    def save_requested(self, state: State, fit: FitRun) -> None:
+        """Write what the savers were asked for and have not captured (the loop ended)."""
+        with fit.saving:
+            for saver in savers_here(state, fit.engine):
+                if saver.requested_save_captured():
+                    continue
+                notice = state.preemption
+                left = plan_time(notice.time_left()) if notice is not None else 0.0
+                try:
+                    path = saver.save_now(state, max(0.0, left))
+                except Exception as exc:  # reported; the stop goes on
+                    _say(f"trainbus: the checkpoint could not be written: {exc!r}")
+                else:
+                    if path is not None:
+                        _say(f"trainbus: checkpoint written to {str(path)!r}")
+
+    @property
+    def running(self) -> FitRun | None:
+        """The ``fit()`` notices act on now, or ``None`` (for the watchdog)."""
+        return self._fit
+
+    def leave_report(self) -> None:
+        """Leave the stop report (``TRAINBUS_STOP_REPORT``) for the running fit's notice."""
+        fit = self._fit
+        if fit is not None and fit.state.preemption is not None:
+            write_report(fit.state.preemption, fit.state, self.exit_code)
+
+    def connect_peers(self, send: Callable[[int, float], None] | None) -> None:
+        """Distributed: ``send(signum, seconds_left)`` gives every other rank a notice given
+        here (``PeerNotices.send``); the watchdog calls it as it starts (this ``fit()``)."""
+        fit = self._fit
+        if fit is not None:
+            fit.send = send
 
     @contextmanager
     def installed(
@@ -361,7 +431,7 @@ class Preemption:
         handlers are abandoned; the Trainer passes its ``close_timeout``).
         """
         self._watchdog = None
-        fit = _Fit(state, engine, patience, distributed)
+        fit = FitRun(state, engine, patience, distributed, agreeing=distributed)
         self._fit = fit
         pending = state.preemption
         if pending is not None:  # given before this fit(): it stops at the first boundary
@@ -388,166 +458,61 @@ class Preemption:
             if watchdog is not None:
                 watchdog.finish()  # first: it sends no signal after this
             notice = state.preemption
+            left = 0.0 if notice is None else max(0.0, notice.time_left() - EXIT_MARGIN)
+            if notice is not None and fit.saving.acquire(timeout=left):
+                fit.saving.release()  # a checkpoint the watchdog was writing is done
             if notice is not None:
                 _say(stop_summary(notice, state))
+                write_report(notice, state, self.exit_code)
             for s, old in previous.items():
                 signal.signal(s, old)
             self._watchdog = None
             self._fit = None
 
     def raise_if_triggered(self, state: State) -> None:
-        """Raise :class:`TrainingPreempted` if a notice stopped the run."""
+        """Raise :class:`TrainingPreempted` if a notice stopped the run.
+
+        After a notice from a signal (here or on another rank) the process is on its way
+        out with :attr:`exit_code`: from here on ``SIGTERM`` and :attr:`signals` end it at
+        once with that status (main thread). ``torchrun`` sends ``SIGTERM`` to every
+        worker still running once one has exited, and a rank that stopped for the same
+        preemption would otherwise die of it (status -15) while it unwinds or Python tears
+        torch down, instead of exiting with :attr:`exit_code`.
+        """
         notice = state.preemption
         if notice is not None:
+            if notice.source != "call":
+                _exit_on({signal.SIGTERM, *self.signals}, self.exit_code)
             raise _preempted(self.exit_code, notice.reason)
 
 
-@dataclass
-class _Fit:
-    """The running ``fit()`` a :class:`Preemption` acts on."""
+def _exit_on(signals: set[int], code: int) -> None:
+    """Make ``signals`` end the process at once with ``code`` (main thread only), and
+    ignore them from its exit on: Python's finalization puts the default action back in
+    place of a Python handler (and runs none), so a signal while torch is torn down would
+    still end the process with -15; an ignored one leaves it to exit with ``code``."""
+    if threading.current_thread() is not threading.main_thread():
+        return
 
-    state: State
-    engine: Engine | None
-    patience: float
-    distributed: bool
-    signals: tuple[int, ...] = ()
+    def leave(signum: int, frame: FrameType | None) -> None:
+        os._exit(code)  # the process was ending with this status anyway
+
+    for s in signals:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(s, leave)
+    atexit.register(_ignore, tuple(signals))
+
+
+def _ignore(signals: tuple[int, ...]) -> None:
+    for s in signals:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(s, signal.SIG_IGN)
 
 
 def _preempted(code: int, reason: str) -> TrainingPreempted:
     exc = TrainingPreempted(code)
     exc.add_note(f"trainbus: preempted ({reason}); the run stopped after a checkpoint")
     return exc
-
-
-_WATCHDOG_ROLE = "It bounds a preempted run's stop by the notice's deadline"
-
-
-class _Watchdog(threading.Thread):
-    """Bounds a preempted run's stop by its deadline when a handler is stuck (module doc)."""
-
-    def __init__(
-        self,
-        owner: Preemption,
-        notice: PreemptionNotice,
-        state: State,
-        engine: Engine,
-        patience: float,
-    ) -> None:
-        super().__init__(name="trainbus-preemption-watchdog", daemon=True)
-        self.owner, self.notice, self.state, self.engine = owner, notice, state, engine
-        self.patience = patience
-        self.started_at = time.monotonic()
-        self.deadline = max(self.started_at, notice.deadline - EXIT_MARGIN)
-        self.done = threading.Event()  # fit() is returning
-        self.raise_now = False  # the main thread's handler raises HandlerAbandoned
-        self.main = threading.main_thread().ident
-        self._sending = threading.Lock()  # no signal to the main thread once fit() returns
-        # The last bound, on a timer of its own: it fires even if this thread is stuck
-        # (a callback's state_dict() that waits for the stuck handler, say).
-        self._last: threading.Timer | None = None
-        if notice.source != "call":  # a call never ends the process (module docstring)
-            self._last = threading.Timer(self.deadline - self.started_at, self._exit)
-            self._last.daemon = True
-            self._last.name = "trainbus-preemption-deadline"
-
-    def start(self) -> None:
-        """Start the deadline's timer, then this thread (``bus.threads.start_thread``).
-
-        Refused by the system: neither runs (the timer is cancelled), the stop goes on
-        unwatched, and the refusal is said on stderr and kept in ``owner.watchdog_refused``.
-        """
-        try:
-            if self._last is not None:
-                start_thread(self._last, needed=_WATCHDOG_ROLE)
-            start_thread(self, needed=_WATCHDOG_ROLE, start=super().start)
-        except ThreadStartError as exc:
-            self.finish()
-            self.owner.watchdog_refused = exc
-            self._say(f"{exc}; the preemption's stop goes on without it")
-
-    def finish(self) -> None:
-        with self._sending:
-            self.done.set()
-        if self._last is not None:
-            self._last.cancel()
-
-    def _say(self, text: str) -> None:
-        _say(f"trainbus: {text}")
-
-    def run(self) -> None:
-        name = self.notice.reason
-        if self.done.wait(self.patience):
-            return
-        savers = _savers(self.state.callbacks)
-        if all(s.requested_save_captured() for s in savers):
-            # The checkpoint is taken (or there is none to take: without a saver nothing
-            # tells a stuck run from one still closing): only the last bound applies.
-            return
-        waiting = self.engine._describe_waiting()
-        late = self.started_at >= self.notice.deadline - EXIT_MARGIN
-        within = (
-            "before its deadline, which had already passed when the notice came"
-            if late
-            else f"within {self.patience:.1f} s"
-        )
-        if waiting:
-            self._say(
-                f"{name}: the run did not reach its checkpoint {within}; abandoning the "
-                f"stuck handler(s) {waiting}, writing the checkpoint now and closing the "
-                "other callbacks"
-            )
-        else:
-            self._say(
-                f"{name}: the run did not reach its checkpoint {within}; writing the "
-                "checkpoint now and closing the callbacks"
-            )
-        for saver in savers:
-            try:
-                path = saver.save_now(self.state, max(0.0, self.deadline - time.monotonic()))
-            except Exception as exc:  # reported; the exit below still comes in time
-                self._say(f"{name}: the checkpoint could not be written: {exc!r}")
-            else:
-                if path is not None:
-                    self._say(f"{name}: checkpoint written to {str(path)!r}")
-        left = plan_time(self.notice.time_left())  # the abandoned get at most half of it
-        self.engine._abandon(f"{name}'s forced stop", min(ABANDON_TIMEOUT, max(0.1, left / 2)))
-        if self.done.wait(min(ABANDON_TIMEOUT, max(0.0, left) / 2)):
-            return
-        fit = self.owner._fit
-        signum = self.notice.signum
-        if signum is None or fit is None or signum not in fit.signals:
-            return  # only our own signal handler can interrupt the main thread
-        with self._sending:
-            if not self.done.is_set() and self._loop_wedged():
-                self._say(f"{name}: the event loop is blocked by {waiting}; interrupting it")
-                self.raise_now = True
-                signal.pthread_kill(self.main or 0, signum)
-
-    def _loop_wedged(self) -> bool:
-        """Whether the main thread runs user code, not the event loop's wait for I/O."""
-        frame = sys._current_frames().get(self.main or 0)
-        if frame is None:
-            return False
-        where = frame.f_code.co_filename.replace("\\", "/")
-        idle = ("/selectors.py", "/asyncio/", "/trio/", "/anyio/", "/threading.py")
-        return not any(part in where for part in idle)
-
-    def _exit(self) -> None:
-        if self.done.is_set():
-            return
-        waiting = self.engine._describe_waiting()
-        self._say(
-            f"{self.notice.reason}: the deadline ({self.owner.seconds:g}s grace) is almost "
-            f"over and fit() has not returned (still running: {waiting or 'closing'}); "
-            f"exiting with status {self.owner.exit_code} now"
-        )
-        os._exit(self.owner.exit_code)
-
-
-def plan_time(left: float) -> float:
-    """The seconds the watchdog plans with when ``left`` remain: the grace period less the
-    process's exit (:data:`EXIT_RESERVE`, at most half of ``left``)."""
-    return left - min(EXIT_RESERVE, left / 2)
 
 
 def _bound_close(callbacks: Iterable[Any], seconds: float) -> None:
@@ -585,4 +550,4 @@ def launched_by_a_scheduler(environ: Mapping[str, str] | None = None) -> bool:
 
 def takes_checkpoints(callbacks: Iterable[Any]) -> bool:
     """Whether a callback takes checkpoints on request (``CheckpointSaver``)."""
-    return bool(_savers(callbacks))
+    return bool(savers(callbacks))

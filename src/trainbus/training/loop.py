@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainbus.bus.lanes import Stopped
 from trainbus.checkpoint.resume import epoch_batches
 from trainbus.core.events import Event
 from trainbus.core.logger import LogLevel
@@ -113,6 +114,8 @@ class TrainingLoop:
         self.poll_notices = poll_notices
         self._stopped = False  # every rank agreed to stop
         self._held: Exception | None = None  # a failed publish, raised once all stopped
+        #: The held publish is the bus stopped for a preemption, not a failure (``bind``).
+        self.silenced = False
         self.model = state.model
         self.calls = BatchCalls(state.model, config.loss_fn)
         # Training goes through the DDP wrapper (state.ddp_model is state.model without one).
@@ -205,6 +208,9 @@ class TrainingLoop:
                 publish(*events)
             except Exception as exc:
                 self._held = exc
+                # The preemption's watchdog stopped this rank's bus (a stuck handler was
+                # abandoned): no failure of the run, only no more events here.
+                self.silenced = isinstance(exc, Stopped) and self.state.preemption is not None
 
         self.publish = holding
 
@@ -225,7 +231,8 @@ class TrainingLoop:
             return self._done()
         reached = self._reached()
         if not self._stopped:
-            self._stopped = self.rank_stops(self._held is not None, reached)
+            failed = self._held is not None and not self.silenced
+            self._stopped = self.rank_stops(failed, reached)
         return self._stopped or reached
 
     def _eval_due(self, unit: TimeUnit) -> bool:

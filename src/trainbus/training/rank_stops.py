@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trainbus.runtime.distributed import FAILED, PREEMPTED, SIGNUM, DistInfo, StopAgreement
+from trainbus.runtime.peer_notices import PeerNotices
 
 if TYPE_CHECKING:
     from trainbus.core.state import State
@@ -35,19 +36,30 @@ class RankStops:
         self.state = state
         self.notices = notices
         self.agreement: StopAgreement | None = None
+        self.peers: PeerNotices | None = None
         self.peer_failed = False
         self.stopped_at: int | None = None
 
     def open(self) -> None:
         """A new ``fit()`` (training thread, every rank: a collective): forget the last
-        one's outcome and start this one's agreement."""
+        one's outcome and start this one's agreement and its channel for notices
+        (:class:`~trainbus.runtime.peer_notices.PeerNotices`)."""
         self.peer_failed = False
         self.stopped_at = None
         self.agreement = StopAgreement.create(self.info)
+        self.peers = PeerNotices.create(self.info, self._from_peer)
+        self.notices.connect_peers(self.peers.send if self.peers is not None else None)
+
+    def _from_peer(self, signum: int, seconds_left: float) -> None:
+        self.notices.from_peer(self.state, signum, seconds_left)
 
     def close(self, *, ended: bool) -> None:
         """The ``fit()`` ended (training thread; ``ended``: without a raise): the
-        agreement's group goes (:meth:`StopAgreement.close`)."""
+        agreement's group goes (:meth:`StopAgreement.close`), and the channel for notices."""
+        self.notices.stop_fixed(self.state)
+        peers, self.peers = self.peers, None
+        if peers is not None:
+            peers.close()
         agreement, self.agreement = self.agreement, None
         if agreement is not None:
             agreement.close(ended=ended)
@@ -66,11 +78,15 @@ class RankStops:
             return False
         agreed = agreement.step(flags, last=last)
         if agreed is None:
+            if last:  # every rank ends here anyway: a notice now acts as in one process
+                self.notices.stop_fixed(state)
             return False
         state.stop_training()
         self.stopped_at = int(state.timestamp.batch)
         if agreed[PREEMPTED] and not failed:
             self.notices.agreed(state, signum=agreed[SIGNUM])
+        else:
+            self.notices.stop_fixed(state)
         if agreed[FAILED] and not failed:
             self.peer_failed = True
         return True

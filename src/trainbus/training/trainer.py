@@ -405,12 +405,15 @@ class Trainer(OutsideFit):
         deliver_init = not self._init_delivered
         self._init_delivered = True
 
+        notices = self._notices
+
         def produce() -> None:
             loop.bind(self.engine.publisher())  # this cycle's
             if rank_stops is not None:
                 rank_stops.open()  # a collective: every rank's training thread, here
             try:
                 loop.run(deliver_init=deliver_init)
+                notices.loop_ended(state)  # a notice's checkpoint still due: written now
             except BaseException:
                 if rank_stops is not None:
                     rank_stops.close(ended=False)
@@ -420,7 +423,6 @@ class Trainer(OutsideFit):
             if rank_stops is not None:
                 rank_stops.close(ended=True)
 
-        notices = self._notices
         with (
             notices.installed(
                 state, self.engine, self._close_timeout, distributed=self._distributed
