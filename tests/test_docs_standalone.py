@@ -24,7 +24,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUN_BY: dict[str, list[tuple[str, int]]] = {
     "README.md": [("tests/test_readme.py", 4)],
     "callbacks.md": [("tests/test_docs_callbacks.py", 10)],
-    "checkpoints.md": [("tests/test_docs_checkpoints.py", 7)],
+    "checkpoints.md": [("tests/test_docs_checkpoints.py", 8)],
     "crash-consistency.md": [("tests/test_docs_crash_consistency.py", 4)],
     "dashboard.md": [("tests/test_dashboard.py", 1)],
     "distributed.md": [
@@ -33,7 +33,7 @@ RUN_BY: dict[str, list[tuple[str, int]]] = {
     ],
     "loggers.md": [("tests/test_docs_loggers.py", 11)],
     "porting-from-composer.md": [("tests/test_docs_porting.py", 6)],
-    "preemption.md": [("tests/test_docs_preemption.py", 5)],
+    "preemption.md": [("tests/test_docs_preemption.py", 6)],
     "service.md": [
         ("tests/test_docs_service.py", 3),  # EventStream, the httpx client, the job factory
         ("tests/test_serve.py", 2),  # examples/service/{starlette,trio}_embed.py, verbatim
