@@ -66,7 +66,7 @@ __all__ = [
 
 _perf = time.perf_counter
 
-WaitKind = Literal["barrier", "backpressure", "records", "blocking"]
+WaitKind = Literal["barrier", "fence", "backpressure", "records", "blocking"]
 
 
 class LoopEvent(Protocol):
@@ -322,6 +322,8 @@ class Counts:
         wait_done: The ``done`` count the training thread waits for now, if it waits.
         uniform: Whether all its lanes' slots have lag 0 (a barrier waits for ``enq``).
         last_by_lag: Per lag: the ``enq`` count after its last item of that lag.
+        last_fenced: With lags (not ``uniform``): the ``enq`` count after its last item
+            that the live fence waits for (not a declared ``@trailing`` handler's).
         due: Per lag > 0: ``(due batch, enq count)`` marks pushed at each ``BATCH_END``.
         last_batch: The batch of the last item done (lag statistics).
         peak: The most items queued at once.
@@ -329,7 +331,7 @@ class Counts:
     """
 
     __slots__ = ("abandoned", "done", "due", "enq", "gate", "lanes", "last_batch",
-                 "last_by_lag", "peak", "uniform", "wait_done")
+                 "last_by_lag", "last_fenced", "peak", "uniform", "wait_done")
 
     def __init__(self, lanes: Sequence[Lane], gate: Gate) -> None:
         self.lanes = list(lanes)
@@ -340,6 +342,7 @@ class Counts:
         lags = frozenset({0}).union(*(lane.member.lags for lane in self.lanes))
         self.uniform = lags == frozenset({0})
         self.last_by_lag = dict.fromkeys(lags, 0)
+        self.last_fenced = 0
         self.due: dict[int, deque[tuple[int, int]]] = {k: deque() for k in lags if k}
         self.last_batch = 0
         self.peak = 0
@@ -360,6 +363,11 @@ class Counts:
             while marks and marks[0][0] <= batches:
                 target = max(target, marks.popleft()[1])
         return target
+
+    def fence_target(self) -> int:
+        """The ``done`` count the live fence waits for: every item queued so far, but a
+        declared ``@trailing`` handler's (``producer.Producer.fence``)."""
+        return self.enq if self.uniform else self.last_fenced
 
     # -- counting (the runner) ------------------------------------------------------------
 
