@@ -101,7 +101,9 @@ WAKES_LOOP: Final = frozenset(
 #: A batch's lead events, published before the training thread first changes the model's
 #: gradients or weights in it: the live fence (``Producer.fence``) does not wait for their
 #: handlers (they may run beside the batch's compute), only for every earlier event's.
-FENCE_LEADS: Final = frozenset({Event.AFTER_DATALOADER, Event.BATCH_START, Event.BEFORE_TRAIN_BATCH})
+FENCE_LEADS: Final = frozenset(
+    {Event.AFTER_DATALOADER, Event.BATCH_START, Event.BEFORE_TRAIN_BATCH}
+)
 
 #: The events that end a batch: the loop is handed what the batch queued for it by the
 #: barrier's wait, or, if that waited for nothing, at the end of the publish.
