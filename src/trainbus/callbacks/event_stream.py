@@ -144,7 +144,7 @@ class EventStream(LoggerDestination):
     """
 
     rank_zero_only = True  # under torchrun: rank 0 only (docs/distributed.md)
-    trailing = 2  # reads only snapshots and records (docs/concurrency.md, Trailing handlers)
+    trailing: int | None = 2  # only snapshots and records (docs/concurrency.md, Trailing)
 
     def __init__(
         self,
@@ -163,7 +163,7 @@ class EventStream(LoggerDestination):
         if self.events & LIVE_TENSOR_EVENTS:
             # Trailing handlers of these events are refused (issue 54): the stream's
             # handlers then keep the trainer's lag, and finish before the next compute.
-            self.trailing: int | None = None
+            self.trailing = None
         self.metrics = bool(metrics)
         self._subscribers: dict[Subscription, None] = {}  # insertion-ordered set
         self._ended = False
