@@ -432,7 +432,7 @@ class Logger:
         partial = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.part")
         shutil.copyfile(source, partial)
         os.replace(partial, target)
-        _note_artifacts(self.artifact_folder)
+        _note_artifacts(self.artifact_folder.absolute())
         return target
 
     def symlink_artifact(self, log_level: LogLevel | int | str, existing_artifact_name: str,
