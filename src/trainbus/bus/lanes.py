@@ -322,8 +322,7 @@ class Counts:
         wait_done: The ``done`` count the training thread waits for now, if it waits.
         uniform: Whether all its lanes' slots have lag 0 (a barrier waits for ``enq``).
         last_by_lag: Per lag: the ``enq`` count after its last item of that lag.
-        last_fenced: With lags (not ``uniform``): the ``enq`` count after its last item
-            that the live fence waits for (not a declared ``@trailing`` handler's).
+        last_fenced: With lags: ``enq`` after its last item not of a ``@trailing`` handler.
         due: Per lag > 0: ``(due batch, enq count)`` marks pushed at each ``BATCH_END``.
         last_batch: The batch of the last item done (lag statistics).
         peak: The most items queued at once.
@@ -363,11 +362,6 @@ class Counts:
             while marks and marks[0][0] <= batches:
                 target = max(target, marks.popleft()[1])
         return target
-
-    def fence_target(self) -> int:
-        """The ``done`` count the live fence waits for: every item queued so far, but a
-        declared ``@trailing`` handler's (``producer.Producer.fence``)."""
-        return self.enq if self.uniform else self.last_fenced
 
     # -- counting (the runner) ------------------------------------------------------------
 

@@ -325,7 +325,10 @@ class Producer:
         """Mark what the next fence waits for: each FIFO's items queued so far, but a
         declared ``@trailing`` handler's."""
         self._fence_owed = False
-        self._fence_marks = [(counts, counts.fence_target()) for counts in self.counts]
+        self._fence_marks = [  # every item so far, but a declared @trailing handler's
+            (counts, counts.enq if counts.uniform else counts.last_fenced)
+            for counts in self.counts
+        ]
 
     def owe_loop(self) -> None:
         """Note that a loop lane's inbox holds a record (publishing thread): it rides the
