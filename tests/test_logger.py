@@ -21,6 +21,7 @@ from trainbus import (
     State,
     UnknownHandlerWarning,
     blocking,
+    trailing,
 )
 from trainbus.loggers import InMemoryLogger
 
@@ -97,6 +98,9 @@ class LateLogger(Callback):
         self.live = live
         self.live_batch_when_logging: int | None = None
 
+    # It reads only its snapshot: declared trailing, it may run through later batches'
+    # compute (without the declaration the live fence would hold batch 2 for it).
+    @trailing(10)
     async def batch_end(self, state: Any, logger: Logger) -> None:
         if int(state.timer.batch) == 1:
             opened = await anyio.to_thread.run_sync(self.gate.wait, 30.0)
