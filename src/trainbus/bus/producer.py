@@ -105,6 +105,10 @@ FENCE_LEADS: Final = frozenset(
     {Event.AFTER_DATALOADER, Event.BATCH_START, Event.BEFORE_TRAIN_BATCH}
 )
 
+#: The event after which the training thread zeroes the gradients: a publish that includes it
+#: ends at the live fence. (A module constant: ``Event.X`` costs a metaclass lookup per use.)
+_FENCE_AT: Final = Event.BEFORE_TRAIN_BATCH
+
 #: The events that end a batch: the loop is handed what the batch queued for it by the
 #: barrier's wait, or, if that waited for nothing, at the end of the publish.
 ENDS_BATCH: Final = frozenset({Event.BATCH_END, Event.EVAL_BATCH_END})
@@ -277,7 +281,7 @@ class Producer:
                 self._loop_owed = True
             if event in INSIDE_BATCH:
                 inside = True
-                if event is Event.BEFORE_TRAIN_BATCH:
+                if event is _FENCE_AT:
                     fence = True
             else:
                 threads = True
