@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -20,6 +21,7 @@ from trainbus import (
     State,
     UnknownHandlerWarning,
     blocking,
+    trailing,
 )
 from trainbus.loggers import InMemoryLogger
 
@@ -96,6 +98,9 @@ class LateLogger(Callback):
         self.live = live
         self.live_batch_when_logging: int | None = None
 
+    # It reads only its snapshot: declared trailing, it may run through later batches'
+    # compute (without the declaration the live fence would hold batch 2 for it).
+    @trailing(10)
     async def batch_end(self, state: Any, logger: Logger) -> None:
         if int(state.timer.batch) == 1:
             opened = await anyio.to_thread.run_sync(self.gate.wait, 30.0)
@@ -457,23 +462,39 @@ class ArtifactDestination(LoggerDestination):
 
 class UploadsAnArtifact(Callback):
     def fit_start(self, state: Any, logger: Logger) -> None:
-        logger.file_artifact(LogLevel.FIT, "config.yaml", "config.yaml")
+        Path("config.yaml").write_text("lr: 0.1\n")
+        logger.file_artifact(LogLevel.FIT, "{run_name}/config.yaml", "config.yaml")
+        logger.symlink_artifact(LogLevel.FIT, "{run_name}/config.yaml", "latest.yaml")
 
 
-def test_artifacts_are_not_there_and_say_what_to_use_instead() -> None:
+def test_artifacts_are_stored_under_the_run_folder_with_one_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 54: Composer's ``logger.file_artifact`` stores the file under
+    ``<run_name>/artifacts`` (no destination receives artifacts: one note says where); a
+    destination's ``log_file_artifact`` is still never called, and says so."""
+    monkeypatch.chdir(tmp_path)
     warned = (
-        r"ArtifactDestination.log_file_artifact is never called by trainbus: trainbus has no "
-        r"artifact API; take checkpoint files from CheckpointSaver.add_listener"
+        r"ArtifactDestination.log_file_artifact is never called by trainbus: "
+        r"logger.file_artifact\(...\) stores each file under <run_name>/artifacts itself"
     )
     with pytest.warns(UnknownHandlerWarning, match=warned):
         make_trainer(loggers=[ArtifactDestination()])
-    trainer = make_trainer(callbacks=[UploadsAnArtifact()], loggers=[InMemoryLogger()])
-    raised = (
-        r"logger.file_artifact\('config.yaml'\): trainbus has no artifact API .* "
-        r"CheckpointSaver.add_listener"
-    )
-    with pytest.raises(NotImplementedError, match=raised):
-        trainer.fit_sync()
+    trainer = make_trainer(callbacks=[UploadsAnArtifact()], loggers=[InMemoryLogger()],
+                           run_name="art")  # fmt: skip
+    trainer.fit_sync()
+    folder = tmp_path / "art" / "artifacts"
+    assert (folder / "art" / "config.yaml").read_text() == "lr: 0.1\n"
+    assert (folder / "latest.yaml").is_symlink()
+    assert (folder / "latest.yaml").read_text() == "lr: 0.1\n"
+    err = capfd.readouterr().err
+    assert err.count(f"logger.file_artifact stores artifacts under {folder}/") == 1
+    with pytest.raises(FileExistsError, match="pass overwrite=True"):
+        trainer.logger.file_artifact(LogLevel.FIT, "art/config.yaml", "config.yaml")
+    with pytest.raises(ValueError, match="inside the run's artifact folder"):
+        trainer.logger.file_artifact(LogLevel.FIT, "../x", "config.yaml")
+    with pytest.raises(FileNotFoundError, match="store it first"):
+        trainer.logger.symlink_artifact(LogLevel.FIT, "missing", "latest.yaml")
 
 
 class ComposerV04LogData(LoggerDestination):

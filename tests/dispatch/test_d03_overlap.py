@@ -180,15 +180,25 @@ async def _runs_during_batch_0(early: type[Callback], answered: threading.Event)
 
 
 async def test_a_plain_handler_outside_a_batch_starts_at_once() -> None:
-    # EPOCH_START lies outside a batch: publishing it wakes the callback's thread.
+    # EPOCH_START lies outside a batch: publishing it wakes the callback's thread. The
+    # handler runs while the training thread is in batch 0's lead events (a @blocking
+    # AFTER_DATALOADER waits there for it); it finishes before batch 0's gradients are
+    # zeroed (the live fence, issue 54), so it cannot overlap the batch's compute.
     answered = threading.Event()
+    seen: list[bool] = []
 
     class Early(Callback):
         def epoch_start(self, state: Any, logger: Any) -> None:
-            if self.inside.wait(WATCHDOG / 2):  # type: ignore[attr-defined]
-                answered.set()
+            answered.set()
 
-    await _runs_during_batch_0(Early, answered)
+    class Lead(Callback):
+        @blocking
+        def after_dataloader(self, state: Any, logger: Any) -> None:
+            if batch_of(state) == 0:
+                seen.append(answered.wait(WATCHDOG / 2))
+
+    await fit(make_trainer(2, callbacks=[Early(), Lead()]))
+    assert seen == [True]
 
 
 async def test_an_async_before_forward_handler_runs_during_its_batch() -> None:

@@ -68,6 +68,11 @@ async def test_d4_no_barriers_leaves_only_close(kind: str) -> None:
     progress = Progress()
 
     class Behind(Callback):
+        # Declared trailing: without a barrier nothing but close waits for it. (Without
+        # the declaration the live fence would wait for epoch_start before batch 1's
+        # gradients are zeroed: tests/dispatch/test_live_fence.py.)
+        trailing = 100
+
         def __init__(self) -> None:
             self.batch_ends: list[int] = []
             self.at_close: list[int] | None = None
@@ -99,27 +104,37 @@ async def test_d4_no_barriers_leaves_only_close(kind: str) -> None:
 
 
 @pytest.mark.parametrize("max_lag", [1, 2])
-async def test_d4_max_lag_lets_handlers_trail_by_k_batches_and_never_more(max_lag: int) -> None:
+async def test_d4_max_lag_lets_handlers_trail_the_barrier_but_not_the_next_compute(
+    max_lag: int,
+) -> None:
+    # Issue 54: max_lag alone lets a handler of batch m trail BATCH_END m (the barrier of
+    # batch m waits for batch m - max_lag) across batch m+1's data loading and lead
+    # events, never across its compute (the live fence; before this change this test let
+    # it trail max_lag whole batches, as a late reader of live gradients crashed the
+    # process). Declared @trailing(k) handlers still trail k batches: test_trailing.py.
     n = 6
     progress = Progress()
 
     class Lagging(Callback):
         def __init__(self) -> None:
-            self.lag: dict[int, int] = {}
+            self.ahead: dict[int, tuple[int, int]] = {}
 
         async def batch_end(self, state: Any, logger: Any) -> None:
             m = batch_of(state)
-            # May trail by max_lag: the producer publishes BATCH_END m + max_lag first ...
-            await until(lambda: progress.batches >= min(m + max_lag, n), "the producer")
+            # Held until the producer loaded batch m+1 (in lockstep: a deadlock) ...
+            await until(
+                lambda: progress.started >= m + 1 or progress.fit_ended, "the producer"
+            )
             await anyio.sleep(0.02)  # ... and gets room to run further ahead if it ignored us
-            self.lag[m] = progress.batches - m
+            self.ahead[m] = (progress.started, progress.batches)
 
     lagging = Lagging()
     trainer = make_trainer(
         n, callbacks=[progress, lagging], max_lag=max_lag
     )
     await fit(trainer)
-    assert lagging.lag == {m: min(max_lag, n - m) for m in range(1, n + 1)}
+    # Batch m+1 started, and it never ended while batch m's handler ran.
+    assert lagging.ahead == {m: (min(m + 1, n), m) for m in range(1, n + 1)}
 
 
 async def test_d4_barriers_sets_the_barrier_events() -> None:

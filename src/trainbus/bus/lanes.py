@@ -67,7 +67,7 @@ __all__ = [
 
 _perf = time.perf_counter
 
-WaitKind = Literal["barrier", "backpressure", "records", "blocking"]
+WaitKind = Literal["barrier", "fence", "backpressure", "records", "blocking"]
 
 
 class LoopEvent(Protocol):
@@ -320,6 +320,7 @@ class Counts:
         wait_done: The ``done`` count the training thread waits for now, if it waits.
         uniform: Whether all its lanes' slots have lag 0 (a barrier waits for ``enq``).
         last_by_lag: Per lag: the ``enq`` count after its last item of that lag.
+        last_fenced: With lags: ``enq`` after its last item not of a ``@trailing`` handler.
         due: Per lag > 0: ``(due batch, enq count)`` marks pushed at each ``BATCH_END``.
         last_batch: The batch of the last item done (lag statistics).
         peak: The most items queued at once.
@@ -327,7 +328,7 @@ class Counts:
     """
 
     __slots__ = ("abandoned", "done", "due", "enq", "gate", "lanes", "last_batch",
-                 "last_by_lag", "peak", "uniform", "wait_done")
+                 "last_by_lag", "last_fenced", "peak", "uniform", "wait_done")
 
     def __init__(self, lanes: Sequence[Lane], gate: Gate) -> None:
         self.lanes = list(lanes)
@@ -338,6 +339,7 @@ class Counts:
         lags = frozenset({0}).union(*(lane.member.lags for lane in self.lanes))
         self.uniform = lags == frozenset({0})
         self.last_by_lag = dict.fromkeys(lags, 0)
+        self.last_fenced = 0
         self.due: dict[int, deque[tuple[int, int]]] = {k: deque() for k in lags if k}
         self.last_batch = 0
         self.peak = 0

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainbus.core.backpressure import backpressure_of
-from trainbus.core.trailing import lag_of
+from trainbus.core.trailing import declared_lag, refuse_live_trailing
 
 if TYPE_CHECKING:
     from trainbus.core.callback import Handler, HandlerTable
@@ -37,6 +37,7 @@ class Slot:
     __slots__ = (
         "calls",
         "event",
+        "fenced",
         "fn",
         "handler",
         "here",
@@ -49,7 +50,9 @@ class Slot:
         "when",
     )
 
-    def __init__(self, handler: Handler, event: Event | None, lag: int = 0) -> None:
+    def __init__(
+        self, handler: Handler, event: Event | None, lag: int = 0, *, fenced: bool = True
+    ) -> None:
         self.handler = handler
         self.event = event
         self.fn = handler.fn
@@ -63,6 +66,9 @@ class Slot:
         self.when: Callable[[Any], bool] | None = handler.when
         #: Batches this handler may trail the ``BATCH_END`` barrier by (``@trailing``).
         self.lag = lag
+        #: Whether its items finish before the training thread next zeroes the gradients
+        #: (the live fence, ``producer.py``): every handler but a declared ``@trailing(k)``.
+        self.fenced = fenced
         self.calls = 0
         self.total_time = 0.0
         self.max_time = 0.0
@@ -121,9 +127,12 @@ class Member:
         self.table = table
         self.name = table.name
         self.index = index
-        self.slots = {
-            event: Slot(h, event, lag_of(h, default_lag)) for event, h in table.handlers.items()
-        }
+        self.slots: dict[Event, Slot] = {}
+        for event, h in table.handlers.items():
+            declared = declared_lag(h)
+            refuse_live_trailing(h, event, declared, f"callbacks[{index}]")
+            lag = default_lag if declared is None else declared
+            self.slots[event] = Slot(h, event, lag, fenced=not declared)
         self.log_slot = Slot(log_handler, None) if log_handler is not None else None
         self.backpressure = (
             backpressure_of(table.callback, f"callbacks[{index}]")

@@ -26,6 +26,16 @@ everything is woken and handed over.
 At a barrier event it then waits at the gate for what the barrier waits for (D4, with each
 lane's lag): for each FIFO's count (a loop lane's, a lane thread's), not for each callback.
 Nothing here depends on how long anything took.
+
+The live fence (D4's companion, ``docs/concurrency.md``): a publish that includes
+``BEFORE_TRAIN_BATCH`` (after which the training thread zeroes the gradients) returns only
+once every handler of every event before the batch's lead events (``FENCE_LEADS``) has
+finished, but a declared ``@trailing(k)`` one's. So ``max_lag`` lets handlers trail the
+``BATCH_END`` barrier across the next batch's data loading and lead events, never across its
+compute. What the fence waits for is marked before the batch's first lead item is queued
+(:meth:`Producer._mark_fence`); when a barrier waited for everything (every FIFO without
+lags) and nothing was queued since but lead items, the fence has nothing to do and costs
+one test.
 """
 
 from __future__ import annotations
@@ -87,6 +97,17 @@ INSIDE_BATCH: Final = frozenset({
 WAKES_LOOP: Final = frozenset(
     set(Event) - INSIDE_BATCH - {Event.BATCH_END, Event.BATCH_CHECKPOINT, Event.EVAL_BATCH_END}
 )
+
+#: A batch's lead events, published before the training thread first changes the model's
+#: gradients or weights in it: the live fence (``Producer.fence``) does not wait for their
+#: handlers (they may run beside the batch's compute), only for every earlier event's.
+FENCE_LEADS: Final = frozenset(
+    {Event.AFTER_DATALOADER, Event.BATCH_START, Event.BEFORE_TRAIN_BATCH}
+)
+
+#: The event after which the training thread zeroes the gradients: a publish that includes it
+#: ends at the live fence. (A module constant: ``Event.X`` costs a metaclass lookup per use.)
+_FENCE_AT: Final = Event.BEFORE_TRAIN_BATCH
 
 #: The events that end a batch: the loop is handed what the batch queued for it by the
 #: barrier's wait, or, if that waited for nothing, at the end of the publish.
@@ -182,6 +203,11 @@ class Producer:
             if any(not lane.on_thread for lane in queued)
             or any(not lane.on_thread and not slot.here for lane, slot in others)
         )
+        #: The live fence: whether items were queued, since a barrier last waited for
+        #: every item, that the next fence must wait for (events other than
+        #: ``FENCE_LEADS``); and the targets marked at the current batch's first lead item.
+        self._fence_owed = False
+        self._fence_marks: list[tuple[Counts, int]] | None = None
 
     def is_producer(self) -> bool:
         """Whether the calling thread is the one publishing."""
@@ -201,13 +227,18 @@ class Producer:
         if gate.stopping:
             raise Stopped
         queue_size = self.queue_size
-        threads = loop = inside = False
+        threads = loop = inside = fence = False
         ended: int | None = None  # hand-overs when the batch's end was published
         for event in events:
             self.counters.published += 1
             queued, threads_of, here, others = self.plan[event]
             if queued or threads_of or here or others:
                 item = self._item(event)
+                if event in FENCE_LEADS:
+                    if self._fence_owed:  # before the batch's first lead item
+                        self._mark_fence()
+                elif queued or threads_of or others:
+                    self._fence_owed = True
             for lane in queued:  # D3: an enq count and an append; woken below
                 counts = lane.counts
                 if counts.enq - counts.done >= queue_size:  # D12: wait for room first
@@ -221,6 +252,7 @@ class Producer:
                 counts.enq += 1
                 if not counts.uniform:  # a lag-0 item of a thread with trailing callbacks
                     counts.last_by_lag[0] = counts.enq
+                    counts.last_fenced = counts.enq
                 thread.pending.append(item)
             if here:
                 self._run_here(here, item)
@@ -237,6 +269,8 @@ class Producer:
                 counts.enq += 1  # before the item: its runner never counts past enq
                 if not counts.uniform:
                     counts.last_by_lag[slot.lag] = counts.enq
+                    if slot.fenced:
+                        counts.last_fenced = counts.enq
                 if lane.thread is not None:
                     lane.thread.pending.append((lane, item))
                 else:
@@ -247,6 +281,8 @@ class Producer:
                 self._loop_owed = True
             if event in INSIDE_BATCH:
                 inside = True
+                if event is _FENCE_AT:
+                    fence = True
             else:
                 threads = True
                 if event in WAKES_LOOP:
@@ -261,6 +297,8 @@ class Producer:
                     self._trace_mark = _perf()  # the next batch's span starts after the wait
             if gate.stopping:
                 raise Stopped
+        if fence and (self._fence_owed or self._fence_marks is not None):
+            self.fence()
         if self._loop_owed and (  # not owed after a wait, which handed everything over
             loop or ended == self.hand_overs or (inside and not self._woke_inside)
         ):
@@ -269,6 +307,32 @@ class Producer:
             self._woke_inside = False  # the next batch's first publish may wake it
         if threads:
             self.wake_threads()
+
+    def fence(self) -> None:
+        """The live fence: wait until every handler of every event published before the
+        current batch's lead events (``FENCE_LEADS``) has finished, but a declared
+        ``@trailing(k)`` one's (training thread; ``publish`` calls it after
+        ``BEFORE_TRAIN_BATCH``, before the gradients are zeroed).
+
+        Raises:
+            Stopped: The session is stopping.
+        """
+        if self._fence_owed:  # queued after the marks (or no lead item marked them)
+            self._mark_fence()
+        marks, self._fence_marks = self._fence_marks, None
+        if marks:
+            targets = [(counts, target) for counts, target in marks if counts.done < target]
+            if targets:
+                self.wait(targets, "fence", Event.BEFORE_TRAIN_BATCH)
+
+    def _mark_fence(self) -> None:
+        """Mark what the next fence waits for: each FIFO's items queued so far, but a
+        declared ``@trailing`` handler's."""
+        self._fence_owed = False
+        self._fence_marks = [  # every item so far, but a declared @trailing handler's
+            (counts, counts.enq if counts.uniform else counts.last_fenced)
+            for counts in self.counts
+        ]
 
     def owe_loop(self) -> None:
         """Note that a loop lane's inbox holds a record (publishing thread): it rides the
@@ -411,6 +475,9 @@ class Producer:
                 targets.append((counts, target))
         if targets:
             self.wait(targets, "barrier", event)
+        if self._barrier_all or not self.lagged:  # it waited for every item: none owed
+            self._fence_owed = False
+            self._fence_marks = None
 
     def run_now(self, event: Event) -> None:
         """Publish ``event`` as a barrier that waits for every handler (plain-code callers)."""
@@ -426,6 +493,8 @@ class Producer:
         targets = [(counts, counts.enq) for counts in self.counts if counts.done < counts.enq]
         if targets:
             self.wait(targets, "barrier")
+        self._fence_owed = False
+        self._fence_marks = None
         if records:
             own = self.running_here  # the @blocking handler's lane that asks, if any
             logged = [

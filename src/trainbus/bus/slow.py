@@ -113,6 +113,7 @@ def _message(member: Member) -> str:
 
 _WAITING_FOR = {
     "barrier": "at the barrier",
+    "fence": "at the live fence (before the gradients are zeroed)",
     "backpressure": "for room in a callback's queue (queue_size)",
     "records": "for room among logged records (queue_size)",
     "blocking": "to run a @blocking handler",

@@ -47,6 +47,7 @@ from trainbus.core.events import Event
 from trainbus.core.exceptions import StreamOverflowError
 from trainbus.core.logger import LogRecord
 from trainbus.core.renamed import renamed_option
+from trainbus.core.trailing import LIVE_TENSOR_EVENTS
 
 if TYPE_CHECKING:
     from trainbus.bus.engine import Engine
@@ -144,7 +145,7 @@ class EventStream(LoggerDestination):
     """
 
     rank_zero_only = True  # under torchrun: rank 0 only (docs/distributed.md)
-    trailing = 2  # reads only snapshots and records (docs/concurrency.md, Trailing handlers)
+    trailing: int | None = 2  # only snapshots and records (docs/concurrency.md, Trailing)
 
     def __init__(
         self,
@@ -160,6 +161,10 @@ class EventStream(LoggerDestination):
         self.buffer_size = _check_buffer_size(buffer_size)
         self.on_overflow = _check_policy(on_overflow)
         self.events = _resolve_events(events)
+        if self.events & LIVE_TENSOR_EVENTS:
+            # Trailing handlers of these events are refused (issue 54): the stream's
+            # handlers then keep the trainer's lag, and finish before the next compute.
+            self.trailing = None
         self.metrics = bool(metrics)
         self._subscribers: dict[Subscription, None] = {}  # insertion-ordered set
         self._ended = False

@@ -8,13 +8,14 @@ handler the bus calls with each record on the destination's lane.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainbus.core.backpressure import Backpressure
 from trainbus.core.callback import Callback, Handler, HandlerTable, _check_signature
 from trainbus.core.handler_names import warn_uncalled_destination_methods
-from trainbus.core.logger import LogLevel, LogRecord
+from trainbus.core.logger import LogLevel, LogRecord, _to_level
 
 if TYPE_CHECKING:
     from trainbus.core.state import State
@@ -66,7 +67,32 @@ class LoggerDestination(Callback):
         arrive at ``LogLevel.FIT``, as Composer's ``logger.data_fit(...)``). A destination
         that overrides it gets no ``log_record``/``log_metrics``/``log_hyperparameters``
         calls. May be ``async def``.
+
+        Not overridden, calling it (as Composer's own tests do) records what
+        :meth:`log_record` would: a :class:`LogRecord` of ``data`` at ``log_level``, with
+        ``state``'s timestamp and its batch count as the step. For a destination whose
+        ``log_record`` is ``async def`` it returns that coroutine: await it.
+
+        Example:
+            >>> memory = InMemoryLogger()
+            >>> memory.log_data(trainer.state, LogLevel.BATCH, {"loss": 0.5})
+            >>> memory.most_recent_values["loss"]
+            0.5
+
+        Raises:
+            TypeError: ``data`` is not a mapping of names to values.
         """
+        if not isinstance(data, Mapping):
+            raise TypeError(
+                f"log_data(state, log_level, data): data={data!r} must be a dict of names to "
+                'values, e.g. {"loss": 0.5}'
+            )
+        timestamp = getattr(state, "timestamp", None)
+        step = int(timestamp.batch) if timestamp is not None else 0
+        record = LogRecord(
+            dict(data), step, time.time(), _to_level(log_level), timestamp, _live=state
+        )
+        return self.log_record(record)
 
 
 def _overrides_method(dest: LoggerDestination, name: str) -> bool:

@@ -72,11 +72,13 @@ _COMPOSER_UNCALLED = {
         "and read the timestamp as state.timestamp"
     ),
     "log_file_artifact": (
-        "trainbus has no artifact API; take checkpoint files from "
+        "logger.file_artifact(...) stores each file under <run_name>/artifacts itself "
+        "(no destination receives artifacts); take checkpoint files from "
         "CheckpointSaver.add_listener(fn), which hands over each file complete on disk"
     ),
     "log_symlink_artifact": (
-        "trainbus has no artifact API; take checkpoint files from "
+        "logger.symlink_artifact(...) links within <run_name>/artifacts itself "
+        "(no destination receives artifacts); take checkpoint files from "
         "CheckpointSaver.add_listener(fn), which hands over each file complete on disk"
     ),
 }

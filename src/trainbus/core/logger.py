@@ -11,12 +11,15 @@ from __future__ import annotations
 import math
 import operator
 import os
+import shutil
+import sys
 import threading
 import time
 from _thread import get_ident
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainbus.core.scalars import copy_value, resolve_value
@@ -214,12 +217,30 @@ def _check_step(step: Any) -> int:
     )
 
 
-_NO_ARTIFACTS = (
-    "logger.{call}: trainbus has no artifact API (records reach each destination later, on "
-    "its own lane, when the file may be gone); for checkpoint files use "
-    "CheckpointSaver.add_listener(fn) or trainbus.callbacks.CheckpointUploader, for other "
-    "files upload them from an `async def` handler of your callback"
-)
+#: The artifact folders noted this process (one note each, :func:`_note_artifacts`).
+_noted: set[Path] = set()
+_noted_lock = threading.Lock()
+
+
+def _note_artifacts(folder: Path) -> None:
+    """Say once per folder where ``logger.file_artifact`` stores files (stderr)."""
+    with _noted_lock:
+        if folder in _noted:
+            return
+        _noted.add(folder)
+    sys.stderr.write(
+        f"trainbus: logger.file_artifact stores artifacts under {folder}/ (no destination of "
+        "this run uploads artifacts: upload that folder, or take checkpoint files from "
+        "CheckpointSaver.add_listener(fn))\n"
+    )
+
+
+def _refuse_existing(path: Path, name: str, overwrite: bool, call: str) -> None:
+    if not overwrite and (path.exists() or path.is_symlink()):
+        raise FileExistsError(
+            f"logger.{call}: artifact {name!r} exists ({path}); pass overwrite=True to "
+            "replace it"
+        )
 
 
 class Logger:
@@ -360,25 +381,109 @@ class Logger:
         name: str = self._state.run_name
         return name
 
+    @property
+    def artifact_folder(self) -> Path:
+        """Where :meth:`file_artifact` stores files: ``<run_name>/artifacts`` under the
+        working directory (Composer v0.6's ``FileLogger`` writes ``<run_name>/logs-...``
+        beside it)."""
+        return Path(self.run_name) / "artifacts"
+
     def file_artifact(self, log_level: LogLevel | int | str, artifact_name: str,
-                      file_path: Any, *, overwrite: bool = False) -> None:  # fmt: skip
-        """Composer v0.6's artifact call; trainbus has no artifact API, so it raises.
+                      file_path: str | os.PathLike[str], *,
+                      overwrite: bool = False) -> Path:  # fmt: skip
+        """Composer v0.6's artifact call: store a copy of ``file_path`` as ``artifact_name``.
+
+        The copy goes to :attr:`artifact_folder` (``<run_name>/artifacts/<artifact_name>``;
+        ``{run_name}`` and ``{rank}`` in the name are filled in), written whole and then
+        renamed, so a reader never sees half a file and the caller may delete or rewrite
+        its file at once. No built-in destination uploads artifacts: the first call of a
+        run prints one note saying where they are (upload that folder, or take checkpoint
+        files from ``CheckpointSaver.add_listener``). Safe from any handler's thread.
+
+        Args:
+            log_level: The call's :class:`LogLevel` (checked, not used).
+            artifact_name: A relative name, e.g. ``"{run_name}/logs-rank0.txt"``.
+            file_path: The file to store.
+            overwrite: Replace an artifact of that name (Composer's ``FileLogger`` passes
+                ``True`` at each flush).
+
+        Returns:
+            The stored copy's path.
 
         Raises:
-            NotImplementedError: always, naming what to use instead (see
-                ``docs/porting-from-composer.md``, "Logger destinations").
+            ValueError: ``artifact_name`` is empty, absolute or leaves the folder (``..``).
+            FileNotFoundError: ``file_path`` is not a file.
+            FileExistsError: The artifact exists and ``overwrite`` is false.
+
+        Example:
+            >>> logger.file_artifact(LogLevel.FIT, "config.yaml", "config.yaml")
+            PosixPath('my-run/artifacts/config.yaml')
         """
-        raise NotImplementedError(_NO_ARTIFACTS.format(call=f"file_artifact({artifact_name!r})"))
+        _to_level(log_level)
+        target = self._artifact_path(artifact_name, "artifact_name")
+        source = Path(file_path)
+        if not source.is_file():
+            raise FileNotFoundError(
+                f"logger.file_artifact({artifact_name!r}, file_path={str(file_path)!r}): no "
+                "such file; pass the path of a file that exists"
+            )
+        _refuse_existing(target, artifact_name, overwrite, "file_artifact")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.part")
+        shutil.copyfile(source, partial)
+        os.replace(partial, target)
+        _note_artifacts(self.artifact_folder.absolute())
+        return target
 
     def symlink_artifact(self, log_level: LogLevel | int | str, existing_artifact_name: str,
-                         symlink_artifact_name: str, overwrite: bool = False) -> None:  # fmt: skip
-        """Composer v0.6's artifact call; trainbus has no artifact API, so it raises.
+                         symlink_artifact_name: str, overwrite: bool = False) -> Path:  # fmt: skip
+        """Composer v0.6's artifact call: name a stored artifact a second way.
+
+        Makes ``symlink_artifact_name`` in :attr:`artifact_folder` a symbolic link to the
+        artifact :meth:`file_artifact` stored as ``existing_artifact_name`` (relative, so
+        the folder can be moved or uploaded whole).
+
+        Returns:
+            The link's path.
 
         Raises:
-            NotImplementedError: always, naming what to use instead.
+            ValueError: A name is empty, absolute or leaves the folder.
+            FileNotFoundError: No artifact ``existing_artifact_name`` was stored.
+            FileExistsError: ``symlink_artifact_name`` exists and ``overwrite`` is false.
+
+        Example:
+            >>> logger.symlink_artifact(LogLevel.FIT, "ep1.pt", "latest.pt", overwrite=True)
+            PosixPath('my-run/artifacts/latest.pt')
         """
-        call = f"symlink_artifact({existing_artifact_name!r}, {symlink_artifact_name!r})"
-        raise NotImplementedError(_NO_ARTIFACTS.format(call=call))
+        _to_level(log_level)
+        existing = self._artifact_path(existing_artifact_name, "existing_artifact_name")
+        link = self._artifact_path(symlink_artifact_name, "symlink_artifact_name")
+        if not existing.exists():
+            raise FileNotFoundError(
+                f"logger.symlink_artifact({existing_artifact_name!r}, "
+                f"{symlink_artifact_name!r}): no artifact {existing_artifact_name!r} in "
+                f"{self.artifact_folder}; store it first with logger.file_artifact(...)"
+            )
+        _refuse_existing(link, symlink_artifact_name, overwrite, "symlink_artifact")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        partial = link.with_name(f".{link.name}.{os.getpid()}.{threading.get_ident()}.part")
+        os.symlink(os.path.relpath(existing, link.parent), partial)
+        os.replace(partial, link)
+        return link
+
+    def _artifact_path(self, name: str, argument: str) -> Path:
+        """``name`` (with ``{run_name}``/``{rank}`` filled in) under the artifact folder."""
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"{argument}={name!r} must be a relative file name, e.g. 'log.txt'")
+        rank = str(getattr(self._state, "rank", 0))
+        filled = name.replace("{run_name}", self.run_name).replace("{rank}", rank)
+        relative = Path(filled.lstrip("/"))
+        if Path(filled).is_absolute() or ".." in relative.parts:
+            raise ValueError(
+                f"{argument}={name!r} must stay inside the run's artifact folder: a relative "
+                "name without '..', e.g. 'logs/rank0.txt'"
+            )
+        return self.artifact_folder / relative
 
     @property
     def destinations(self) -> tuple[Any, ...]:

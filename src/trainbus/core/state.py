@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from trainbus.core.evaluator import Evaluator, evaluators_of
 from trainbus.core.notice import PreemptionNotice
 from trainbus.core.serializable import Serializable
 from trainbus.core.time import Time, TimeUnit, ensure_time
@@ -115,6 +116,7 @@ class State(Serializable):
         train_dataloader: The training data loader.
         steps_per_epoch: Batches trained per epoch (settable; see the property).
         eval_dataloader: The evaluation data loader, or ``None``.
+        evaluators: Composer v0.6's view of it: ``[Evaluator("eval", ...)]`` or ``[]``.
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
         grad_accum: Number of microbatches per batch.
         callbacks: The callbacks, loggers last.
@@ -203,6 +205,23 @@ class State(Serializable):
                 "e.g. '2ep' or state.timer.batch"
             )
         self._max_duration = duration
+
+    @property
+    def evaluators(self) -> list[Evaluator]:
+        """Composer v0.6's ``state.evaluators``: one :class:`~trainbus.core.evaluator.Evaluator`
+        (label ``"eval"``, ``evaluator.dataloader.dataloader`` is ``eval_dataloader``), or
+        none without an ``eval_dataloader``. Read-only: set ``eval_dataloader`` instead.
+
+        Example:
+            >>> [e.label for e in state.evaluators]
+            ['eval']
+        """
+        loader = self.eval_dataloader
+        cached = self.__dict__.get("_evaluators")
+        if cached is None or cached[0] is not loader:
+            cached = (loader, evaluators_of(loader))
+            self.__dict__["_evaluators"] = cached
+        return list(cached[1])
 
     @property
     def steps_per_epoch(self) -> int | None:
