@@ -46,6 +46,8 @@ class CallbackStatistics:
         barrier_wait_caused: Seconds the training thread waited at barriers, for queues
             or for ``@blocking`` hand-overs while this callback was the last one it waited
             for (each wait is charged to the callback that ended it).
+        inline_time: Of ``total_time``, the seconds its plain ``@blocking`` handlers ran
+            on the training thread (the rest ran off it).
     """
 
     name: str
@@ -64,6 +66,7 @@ class CallbackStatistics:
     records_dropped: int = 0
     records_coalesced: int = 0
     values_dropped: int = 0
+    inline_time: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +148,7 @@ def collect_statistics(
                 records_dropped=member.records_dropped,
                 records_coalesced=member.records_coalesced,
                 values_dropped=member.values_dropped,
+                inline_time=sum(s.total_time for s in slots if s.here),
             )
         )
         if counts is not None and counts.lanes[0] is lane:  # a shared queue counts once

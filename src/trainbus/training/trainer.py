@@ -65,8 +65,10 @@ from trainbus.training.checks import (
     check_optimizers_train_the_model,
     check_run_name,
 )
+from trainbus.training.account import FitClock, TimeAccount
 from trainbus.training.fit_call import FitCall
 from trainbus.training.loop import LoopConfig, TrainingLoop
+from trainbus.training.output import default_output, print_account, progress_on
 from trainbus.training.rank_stops import RankStops
 
 __all__ = ["Trainer"]
@@ -151,6 +153,14 @@ class Trainer:
             ``torchrun`` or in a SLURM job and a ``CheckpointSaver`` is among the
             callbacks, off otherwise; ``False`` turns it off. :meth:`preempt` works in
             every case. See ``docs/preemption.md``.
+        progress: Show progress (a :class:`~trainbus.callbacks.ProgressBar`, unless one
+            is among the callbacks: a bar on a terminal, a line per epoch and per 100
+            batches elsewhere), log the time account as ``time/...`` metrics at each
+            epoch's end and the fit's, and print the account's table when a fit ends.
+            ``None`` (the default): on, unless the environment sets
+            ``TRAINBUS_PROGRESS=0`` (for CI); ``False``: none of it.
+        track_time: Keep the fit's time account (:attr:`time_account`); ``False`` only
+            to measure what it costs (a few clock reads a batch).
 
     Example:
         >>> trainer = Trainer(model, loader, "2ep", loss_fn=F.cross_entropy,
@@ -189,6 +199,8 @@ class Trainer:
         load_path: str | os.PathLike[str] | None = None,
         dist_timeout: float = DEFAULT_DIST_TIMEOUT,
         preemption: Preemption | bool | None = None,
+        progress: bool | None = None,
+        track_time: bool = True,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(
@@ -233,6 +245,15 @@ class Trainer:
         callbacks = _as_list(callbacks, "callbacks")
         loggers = _as_list(loggers, "loggers")
         check_callbacks(callbacks, loggers)
+        self._progress = progress_on(progress)
+        if not isinstance(track_time, bool):
+            raise TypeError(f"track_time={track_time!r} must be True or False")
+        self._track_time = track_time
+        self._clock: FitClock | None = None
+        output = default_output(
+            [*callbacks, *loggers], progress=self._progress, track_time=track_time,
+            account=lambda: self.time_account,
+        )
         self.preemption = check_preemption(
             preemption,
             auto=launched_by_a_scheduler() and takes_checkpoints([*callbacks, *loggers]),
@@ -282,7 +303,7 @@ class Trainer:
             eval_dataloader=eval_dataloader,
             precision=precision or "fp32",
             grad_accum=grad_accum,
-            callbacks=[*callbacks, *loggers],
+            callbacks=[*callbacks, *loggers, *output],
             device=resolved_device,
             run_name=run_name or _default_run_name(),
         )
@@ -390,23 +411,31 @@ class Trainer:
             state, self.logger, self._config, self.engine.run_event, rank_stops,
             self._poll_notices,
         )
+        clock = self._clock = self._new_clock() if self._track_time else None
+        loop.clock = clock
         # The saver waits for every handler and record before it captures (CheckpointSaver).
-        attach_handler_drain(state, functools.partial(self.engine.wait_all, records=True))
+        drain = functools.partial(self.engine.wait_all, records=True)
+        attach_handler_drain(state, drain if clock is None else clock.timed_drain(drain))
         deliver_init = not self._init_delivered
         self._init_delivered = True
 
         def produce() -> None:
-            loop.bind(self.engine.publisher())  # this cycle's
+            publish = self.engine.publisher()  # this cycle's
+            loop.bind(publish if clock is None else clock.timed(publish))
             if rank_stops is not None:
                 rank_stops.open()  # a collective: every rank's training thread, here
             try:
                 loop.run(deliver_init=deliver_init)
             except BaseException:
+                if clock is not None:
+                    clock.loop_ended()
                 if rank_stops is not None:
                     rank_stops.close(ended=False)
                 if self._distributed:  # peers waiting in a collective fail now, not later
                     abort_on_failure()
                 raise
+            if clock is not None:
+                clock.loop_ended()
             if rank_stops is not None:
                 rank_stops.close(ended=True)
 
@@ -424,6 +453,10 @@ class Trainer:
                     raise  # a handler freed by preemption's watchdog fails, as meant
             finally:
                 self._notice_acted = state.preemption is not None
+                if clock is not None:
+                    clock.end()
+        if clock is not None and self._progress and state.rank == 0:
+            print_account(clock.account(), state.callbacks)
         self._finished = _reached(state)  # a later fit() without duration= would do nothing
         if rank_stops is not None and rank_stops.peer_failed:
             raise RuntimeError(
@@ -436,6 +469,25 @@ class Trainer:
                 f"fit() stopped on rank {state.rank}: the process received SIGTERM (torchrun "
                 "sends it to every worker once one has failed; see that worker's error)"
             )
+
+    @property
+    def time_account(self) -> TimeAccount | None:
+        """Where the running or last ``fit()``'s wall time went (``None`` before the first
+        fit, or with ``track_time=False``): a :class:`~trainbus.TimeAccount`, live while
+        the fit runs. See ``docs/where-the-time-went.md``."""
+        clock = self._clock
+        return clock.account() if clock is not None else None
+
+    def _new_clock(self) -> FitClock:
+        state = self.state
+        members = state.callbacks
+        return FitClock(
+            self.engine.statistics,
+            first_batch=int(state.timestamp.batch),
+            replay_until=_replay_until(members),
+            cuda=state.device.type == "cuda",
+            savers=_saver_names(members),
+        )
 
     @property
     def preempted(self) -> bool:
@@ -538,6 +590,25 @@ def _only_abandoned(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return all(_only_abandoned(e) for e in exc.exceptions)
     return isinstance(exc, HandlerAbandoned)
+
+
+def _replay_until(callbacks: Sequence[object]) -> int | None:
+    """The last batch a killed run trained after the checkpoint this run resumed from, as
+    its destinations' files tell (``replayed_until()``), or ``None``."""
+    found = [
+        until()
+        for cb in callbacks
+        if callable(until := getattr(cb, "replayed_until", None))
+    ]
+    known = [int(v) for v in found if v is not None]
+    return max(known) if known else None
+
+
+def _saver_names(callbacks: Sequence[object]) -> frozenset[str]:
+    """The class names of the callbacks that capture checkpoints on the training thread."""
+    from trainbus.callbacks.checkpoint_saver import CheckpointSaver
+
+    return frozenset(type(cb).__name__ for cb in callbacks if isinstance(cb, CheckpointSaver))
 
 
 def _what_callbacks_write(load_path: object, callbacks: Sequence[object]) -> dict[str, Any]:

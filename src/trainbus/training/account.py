@@ -1,0 +1,472 @@
+"""The time account of a fit: where its wall time went, from what the loop and the bus know.
+
+One concept: a fit's wall time, from ``fit()``'s start to its return, split into parts that
+add up to it, with no host-device synchronisation:
+
+- on the training thread, a :class:`FitClock` reads ``time.perf_counter_ns`` at phase
+  boundaries (the batch fetched, the batch ended, evaluation entered and left, the loop
+  ended) and around each ``publish`` (three reads a batch, two a publish); every
+  nanosecond between two reads is charged to the phase in force (startup, data, compute,
+  evaluation, replayed, close), less the time spent publishing;
+- the time spent publishing is split with the bus's own counters
+  (``Engine.statistics()``, read, not duplicated): waits at barriers and for full queues
+  (each charged to the callback that ended it), plain ``@blocking`` handlers run on the
+  training thread (a ``CheckpointSaver``'s: the checkpoint capture), and the rest, the
+  bus's own cost;
+- beside the split: the callbacks' work done off the training thread, and the part of it
+  the training thread did not wait for (hidden).
+
+On CUDA the clock also records a pair of CUDA events around each batch's compute (no
+synchronisation: ``record`` only); :meth:`FitClock.device_seconds` reads the pairs whose
+end has completed (``query``, never ``synchronize``) from whichever thread builds the
+account (the account's metrics are built on a callback's lane, off the training thread).
+
+The Trainer makes one clock per ``fit()``; :attr:`Trainer.time_account
+<trainbus.Trainer.time_account>` builds a :class:`TimeAccount` from it (live during the
+fit, final after it). ``docs/where-the-time-went.md`` reads one part by part.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+from trainbus.core.callback import Callback
+
+if TYPE_CHECKING:
+    from trainbus.bus.statistics import BusStatistics, CallbackStatistics
+    from trainbus.core.logger import Logger
+    from trainbus.core.state import State
+
+__all__ = ["CallbackTime", "FitClock", "TimeAccount", "TimeMetrics", "format_account"]
+
+_now = time.perf_counter_ns
+
+# The phases of the training thread (indices into FitClock.phase_ns).
+STARTUP: Final = 0  # fit() entered until the first batch is fetched
+DATA: Final = 1  # fetching batches (and the loop's work between batches and epochs)
+COMPUTE: Final = 2  # forward, loss, backward, optimizer step of a batch
+EVALUATION: Final = 3  # evaluation passes
+REPLAYED: Final = 4  # fetching and computing batches that a resumed run trains again
+CLOSE: Final = 5  # the loop ended until fit() returned: callbacks catch up and close
+_PHASES = 6
+_NS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackTime:
+    """One callback's share of a fit.
+
+    Attributes:
+        name: The callback's class name.
+        waited: Seconds the training thread waited for it: at barriers, for its full
+            queue, for its ``@blocking`` handlers' turn (each wait charged to the callback
+            that ended it).
+        on_training_thread: Seconds its plain ``@blocking`` handlers ran on the training
+            thread.
+        off_thread: Seconds its handlers ran off the training thread (its lane thread or
+            the event loop; an awaited ``async def`` handler counts its awaits).
+        hidden: Of ``off_thread``, the work done while the training loop ran, less
+            ``waited`` (never below 0): its work that overlapped training.
+        calls: Handler calls completed.
+        lag_batches: Batches it trailed the training thread by when the account was taken.
+        peak_pending: The most of its calls ever queued at once.
+    """
+
+    name: str
+    waited: float
+    on_training_thread: float
+    off_thread: float
+    hidden: float
+    calls: int
+    lag_batches: int
+    peak_pending: int
+
+    @property
+    def hidden_share(self) -> float:
+        """``hidden / off_thread`` (1 when it did no work off the training thread)."""
+        return self.hidden / self.off_thread if self.off_thread > 0 else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class TimeAccount:
+    """Where a fit's wall time went (seconds; see :attr:`Trainer.time_account`).
+
+    The parts ``startup`` to ``other`` add up to ``wall``; ``other`` is what the clock could
+    not place (the loop's own bookkeeping, timer resolution), a few percent at most.
+
+    Attributes:
+        wall: Seconds from ``fit()``'s start to its return (to now, while it runs).
+        startup: Before the first batch: threads started, ``INIT`` and ``FIT_START``
+            handlers' own training-thread time excluded (they are in ``callbacks``).
+        data: Waiting for the data loader (and moving batches to the device).
+        compute: Forward, loss, backward and optimizer steps, as the host saw them (on
+            CUDA the host only launches the work: see ``device_compute``).
+        evaluation: Evaluation passes, less their events' callback time.
+        checkpoint: ``CheckpointSaver`` captures on the training thread (the host copy;
+            the write runs beside training and is in ``off_thread``).
+        callbacks: The training thread waiting for callbacks (barriers, full queues) and
+            running their ``@blocking`` handlers; per callback in ``per_callback``.
+        bus: The bus's own cost on the training thread: snapshots, queueing, wake-ups.
+        replayed: Fetching and computing the batches a resumed run trains a second time
+            (those the killed run had trained after its checkpoint).
+        close: After the last batch until ``fit()`` returned: callbacks finishing their
+            queues, then ``close``.
+        other: ``wall`` less every part above.
+        off_thread: Callback work done off the training thread (beside ``wall``, not in it).
+        hidden: Of ``off_thread``, what ran while training went on: each callback's work
+            done before the loop ended, less the training thread's waits for it.
+        batches: Batches trained in this fit.
+        replayed_batches: Of those, batches trained a second time after a resume.
+        device_compute: On CUDA, seconds the device spent on the batches' compute (CUDA
+            events, read without synchronising: batches still in flight are not in it);
+            ``None`` elsewhere.
+        running: Whether the fit was still running when the account was taken.
+        per_callback: One :class:`CallbackTime` per callback, in registration order.
+
+    Example:
+        >>> trainer.fit_sync()
+        >>> acct = trainer.time_account
+        >>> round(acct.compute / acct.wall, 2)
+        0.71
+        >>> print(acct.table())
+    """
+
+    wall: float
+    startup: float
+    data: float
+    compute: float
+    evaluation: float
+    checkpoint: float
+    callbacks: float
+    bus: float
+    replayed: float
+    close: float
+    other: float
+    off_thread: float
+    hidden: float
+    batches: int
+    replayed_batches: int
+    device_compute: float | None
+    running: bool
+    per_callback: tuple[CallbackTime, ...]
+
+    #: The parts that add up to ``wall``, in the order they are shown.
+    PARTS: ClassVar[tuple[str, ...]] = (
+        "startup", "data", "compute", "evaluation", "checkpoint", "callbacks", "bus",
+        "replayed", "close", "other",
+    )
+
+    def parts(self) -> dict[str, float]:
+        """The parts that add up to ``wall``, by name, in order."""
+        return {name: float(getattr(self, name)) for name in self.PARTS}
+
+    @property
+    def hidden_share(self) -> float:
+        """``hidden / off_thread`` (1 when no callback work ran off the training thread)."""
+        return self.hidden / self.off_thread if self.off_thread > 0 else 1.0
+
+    def metrics(self) -> dict[str, float]:
+        """The account as ``time/...`` metrics (seconds), as the trainer logs them."""
+        out = {f"time/{name}": value for name, value in self.parts().items()}
+        out["time/wall"] = self.wall
+        out["time/off_thread"] = self.off_thread
+        out["time/hidden"] = self.hidden
+        if self.device_compute is not None:
+            out["time/device_compute"] = self.device_compute
+        for cb in self.per_callback:
+            out[f"time/callback/{cb.name}/waited"] = cb.waited + cb.on_training_thread
+            out[f"time/callback/{cb.name}/off_thread"] = cb.off_thread
+        return out
+
+    def table(self) -> str:
+        """A short table of the account, as printed at the end of a fit."""
+        return format_account(self)
+
+
+def format_account(acct: TimeAccount) -> str:
+    """The end-of-fit table: each part with its share of the wall time, then the
+    callbacks that cost the training thread something, then the work hidden."""
+    wall = acct.wall if acct.wall > 0 else 1.0
+    lines = [f"where the time went ({acct.batches} batches, {acct.wall:.2f} s):"]
+    for name, value in acct.parts().items():
+        if name in ("replayed", "other", "checkpoint") and abs(value) < 0.0005:
+            continue
+        lines.append(f"  {name:<11}{value:9.3f} s {value / wall:6.1%}")
+    charged = sorted(
+        (cb for cb in acct.per_callback if cb.waited + cb.on_training_thread >= 0.0005),
+        key=lambda cb: -(cb.waited + cb.on_training_thread),
+    )
+    for cb in charged[:5]:
+        lines.append(
+            f"    {cb.name:<20} {cb.waited + cb.on_training_thread:7.3f} s on the training thread"
+        )
+    if acct.replayed_batches:
+        lines.append(f"  ({acct.replayed_batches} batches trained again after the resume)")
+    if acct.device_compute is not None:
+        lines.append(f"  device compute (CUDA events) {acct.device_compute:.3f} s")
+    lines.append(
+        f"  callback work off the training thread {acct.off_thread:.3f} s, "
+        f"{acct.hidden_share:.0%} of it hidden behind training"
+    )
+    return "\n".join(lines)
+
+
+class FitClock:
+    """The training thread's clock for one fit (see the module docstring).
+
+    Written by the training thread only (``fit()``'s start and end by the event loop's
+    thread, before the training thread starts and after it ended); read from any thread
+    (a live account is approximate).
+
+    Invariant: every nanosecond from ``started`` to now is in exactly one of
+    ``phase_ns[i]`` (closed phases), ``publish_ns`` (inside ``publish``), or the open
+    phase ``phase`` since ``mark`` (less the publishing since ``publish_mark``).
+    """
+
+    def __init__(
+        self,
+        statistics: Callable[[], BusStatistics],
+        *,
+        first_batch: int,
+        replay_until: int | None,
+        cuda: bool,
+        savers: frozenset[str] = frozenset(),
+        hide: frozenset[str] = frozenset({"TimeMetrics"}),
+    ) -> None:
+        self._statistics = statistics
+        self.before = statistics()  # the bus's counters when the fit began
+        self.at_loop_end: BusStatistics | None = None
+        self.started = _now()
+        self.ended: int | None = None
+        self.phase = STARTUP
+        self.mark = self.started
+        self.phase_ns = [0] * _PHASES
+        self.publish_ns = 0
+        self.publish_mark = 0
+        self.drain_ns = 0  # the saver's wait for every handler, inside its @blocking call
+        self.batch = first_batch  # the batch count the loop is at
+        self.first_batch = first_batch
+        self.replay_until = replay_until if replay_until is not None else -1
+        self.replayed_batches = 0
+        self.savers = savers  # the names of the callbacks that capture checkpoints
+        self.hide = hide  # trainbus's own callbacks, left out of per_callback
+        self._cuda = cuda
+        self._events: deque[tuple[Any, Any]] = deque()  # (start, end) CUDA events
+        self._open_event: Any = None
+        self._device_ns = 0
+
+    # -- the training thread ----------------------------------------------------------------
+
+    def _switch(self, phase: int) -> None:
+        now = _now()
+        published = self.publish_ns
+        self.phase_ns[self.phase] += now - self.mark - (published - self.publish_mark)
+        self.mark = now
+        self.publish_mark = published
+        self.phase = phase
+
+    def timed(self, publish: Callable[..., None]) -> Callable[..., None]:
+        """``publish``, with the time spent in it counted (two clock reads a call)."""
+
+        def timed_publish(*events: Any) -> None:
+            t0 = _now()
+            try:
+                publish(*events)
+            finally:
+                self.publish_ns += _now() - t0
+
+        return timed_publish
+
+    def timed_drain(self, drain: Callable[[], None]) -> Callable[[], None]:
+        """The saver's wait for every handler, timed (it happens inside its ``@blocking``
+        handler, whose time would otherwise count it twice)."""
+
+        def timed() -> None:
+            t0 = _now()
+            try:
+                drain()
+            finally:
+                self.drain_ns += _now() - t0
+
+        return timed
+
+    def fetching(self) -> None:
+        """The loop starts fetching an epoch's batches."""
+        if self.phase == STARTUP:
+            self._switch(DATA)
+
+    def fetched(self) -> None:
+        """A batch arrived: its fetch was data (or replayed) time; its compute begins."""
+        self.batch += 1
+        phase = COMPUTE
+        if self.batch <= self.replay_until:
+            phase = REPLAYED
+            self.replayed_batches += 1
+            self.phase = REPLAYED  # the fetch of a replayed batch is replayed work too
+        self._switch(phase)
+        if self._cuda:
+            self._open_event = _cuda_event()
+
+    def batch_done(self) -> None:
+        """The batch's events are published: what follows is fetching the next one."""
+        if self._cuda and self._open_event is not None:
+            self._events.append((self._open_event, _cuda_event()))
+            self._open_event = None
+        self._switch(DATA)
+
+    def evaluating(self) -> int:
+        """Evaluation starts; returns the phase to go back to (:meth:`evaluated`)."""
+        back = self.phase
+        self._switch(EVALUATION)
+        return back
+
+    def evaluated(self, back: int) -> None:
+        """Evaluation ended."""
+        self._switch(back)
+
+    def loop_ended(self) -> None:
+        """The training loop returned (or raised): the bus's counters as of now (the waits
+        and ``@blocking`` time the publishing held); close begins."""
+        self.at_loop_end = self._statistics()
+        self._switch(CLOSE)
+
+    # -- the event loop's thread ------------------------------------------------------------
+
+    def end(self) -> None:
+        """``fit()`` returns."""
+        if self.ended is None:
+            if self.at_loop_end is None:  # the loop never started (an error before it)
+                self.at_loop_end = self._statistics()
+            self._switch(CLOSE)
+            self.ended = self.mark
+
+    # -- any thread ---------------------------------------------------------------------------
+
+    def device_seconds(self) -> float | None:
+        """Seconds of the completed batches' device compute (CUDA); ``None`` on CPU. Reads
+        only pairs whose end event has completed (``query``), never waits for the device."""
+        if not self._cuda:
+            return None
+        events = self._events
+        while events:
+            start, end = events[0]
+            if not end.query():
+                break
+            self._device_ns += int(start.elapsed_time(end) * 1e6)  # ms to ns
+            events.popleft()
+        return self._device_ns * _NS
+
+    def account(self) -> TimeAccount:
+        """The account as of now (live) or of the fit's end."""
+        now = self.ended if self.ended is not None else _now()
+        phase_ns = list(self.phase_ns)
+        if self.ended is None:  # the open phase, so far
+            phase_ns[self.phase] += now - self.mark - (self.publish_ns - self.publish_mark)
+        final = self._statistics()
+        held = self.at_loop_end if self.at_loop_end is not None else final
+        before = {i: c for i, c in enumerate(self.before.callbacks)}
+        per_callback = []
+        inline_total = capture = off_total = hidden_total = 0.0
+        for i, (c_held, c_final) in enumerate(zip(held.callbacks, final.callbacks, strict=False)):
+            b = before.get(i)
+            waited = c_held.barrier_wait_caused - (b.barrier_wait_caused if b else 0.0)
+            inline = c_held.inline_time - (b.inline_time if b else 0.0)
+            off_before = (b.total_time - b.inline_time) if b else 0.0
+            off = c_final.total_time - c_final.inline_time - off_before
+            # Hidden: the work done while the loop ran that the training thread did not wait
+            # for (work after the loop ended, while fit() closes, is in ``close``).
+            hidden = max(0.0, c_held.total_time - c_held.inline_time - off_before - waited)
+            if c_final.name in self.savers:
+                capture += inline
+            else:
+                inline_total += inline
+            off_total += off
+            hidden_total += hidden
+            if c_final.name not in self.hide:
+                per_callback.append(_callback_time(c_final, b, waited, inline, off, hidden))
+        waits = (held.barrier_wait_time + held.backpressure_wait_time) - (
+            self.before.barrier_wait_time + self.before.backpressure_wait_time
+        )
+        drain = self.drain_ns * _NS
+        checkpoint = max(0.0, capture - drain)
+        callbacks = waits + inline_total
+        published = self.publish_ns * _NS
+        bus = max(0.0, published - waits - inline_total - checkpoint)
+        wall = (now - self.started) * _NS
+        parts = [ns * _NS for ns in phase_ns]
+        close = parts[CLOSE]
+        placed = sum(parts) + checkpoint + callbacks + bus
+        return TimeAccount(
+            wall=wall,
+            startup=parts[STARTUP],
+            data=parts[DATA],
+            compute=parts[COMPUTE],
+            evaluation=parts[EVALUATION],
+            checkpoint=checkpoint,
+            callbacks=callbacks,
+            bus=bus,
+            replayed=parts[REPLAYED],
+            close=close,
+            other=wall - placed,
+            off_thread=off_total,
+            hidden=min(hidden_total, off_total),
+            batches=self.batch - self.first_batch,
+            replayed_batches=self.replayed_batches,
+            device_compute=self.device_seconds(),
+            running=self.ended is None,
+            per_callback=tuple(per_callback),
+        )
+
+
+def _callback_time(
+    c: CallbackStatistics, before: CallbackStatistics | None, waited: float, inline: float,
+    off: float, hidden: float,
+) -> CallbackTime:
+    return CallbackTime(
+        name=c.name,
+        waited=float(waited),
+        on_training_thread=float(inline),
+        off_thread=float(off),
+        hidden=min(hidden, float(off)),
+        calls=c.handled - (before.handled if before else 0),
+        lag_batches=c.lag_batches,
+        peak_pending=c.peak_pending,
+    )
+
+
+def _cuda_event() -> Any:
+    import torch
+
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+class TimeMetrics(Callback):
+    """Logs the running fit's :class:`TimeAccount` as ``time/...`` metrics to every
+    destination, at each epoch's end and at the fit's end (as of ``FIT_END``: ``close``
+    is in the account :attr:`Trainer.time_account` gives after the fit, not in these).
+
+    Its handlers are plain methods: they run on its lane, off the training thread (the
+    account reads CUDA events there). The Trainer adds it with the progress output.
+    """
+
+    def __init__(self, account: Callable[[], TimeAccount | None]) -> None:
+        self._account = account
+
+    def _log(self, state: State, logger: Logger) -> None:
+        acct = self._account()
+        if acct is not None:
+            logger.log_metrics(acct.metrics())
+
+    def epoch_end(self, state: State, logger: Logger) -> None:
+        """Log the account so far."""
+        self._log(state, logger)
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        """Log the account as of the last batch."""
+        self._log(state, logger)
