@@ -56,6 +56,8 @@ from trainbus.integrations.loop import Bus as Bus
 from trainbus.runtime.distributed import rank_zero_only as rank_zero_only
 from trainbus.runtime.preemption import Preemption as Preemption
 from trainbus.runtime.preemption import TrainingPreempted as TrainingPreempted
+from trainbus.training.account import CallbackTime as CallbackTime
+from trainbus.training.account import TimeAccount as TimeAccount
 from trainbus.training.trainer import Trainer as Trainer
 
 __version__ = "0.1.0.dev0"
@@ -67,6 +69,7 @@ __all__ = (
     "Callback",
     "CallbackSignatureError",
     "CallbackStatistics",
+    "CallbackTime",
     "CallbackTimeoutWarning",
     "HandlerInterrupted",
     "CheckpointLoadError",
@@ -88,6 +91,7 @@ __all__ = (
     "SlowCallbackWarning",
     "State",
     "Time",
+    "TimeAccount",
     "TimeUnit",
     "Timer",
     "Timestamp",
