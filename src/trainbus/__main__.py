@@ -88,6 +88,21 @@ def _parser() -> argparse.ArgumentParser:
             "`pip install 'trainbus[service]'`"
         ),
     )
+    report = commands.add_parser(
+        "report",
+        help="write one HTML page of a run: its curves and where its time went",
+        description=(
+            "Write one self-contained HTML page (no network needed to open it) from a run's "
+            "JSON-lines metrics file: loss and metric curves with every logged point, the "
+            "time account per epoch, the callbacks' costs, the batches it resumed from."
+        ),
+    )
+    report.add_argument(
+        "run", metavar="RUN", help="a run folder (its metrics.jsonl) or a JSON-lines file"
+    )
+    report.add_argument(
+        "--out", default=None, help="the page to write (default: report.html beside the file)"
+    )
     return parser
 
 
@@ -104,6 +119,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "report":
+        from trainbus.report import write_report
+
+        try:
+            print(write_report(args.run, args.out))
+        except FileNotFoundError as exc:
+            print(f"trainbus report: {exc}", file=sys.stderr)
+            return 1
+        return 0
     if args.command != "demo":
         parser.print_help()
         return 2

@@ -177,9 +177,15 @@ class TimeAccount:
         out["time/hidden"] = self.hidden
         if self.device_compute is not None:
             out["time/device_compute"] = self.device_compute
+        out["time/batches"] = float(self.batches)
+        out["time/replayed_batches"] = float(self.replayed_batches)
         for cb in self.per_callback:
-            out[f"time/callback/{cb.name}/waited"] = cb.waited + cb.on_training_thread
-            out[f"time/callback/{cb.name}/off_thread"] = cb.off_thread
+            head = f"time/callback/{cb.name}/"
+            out[head + "training_thread"] = cb.waited + cb.on_training_thread
+            out[head + "off_thread"] = cb.off_thread
+            out[head + "hidden"] = cb.hidden
+            out[head + "lag_batches"] = float(cb.lag_batches)
+            out[head + "peak_pending"] = float(cb.peak_pending)
         return out
 
     def table(self) -> str:
@@ -448,8 +454,11 @@ def _cuda_event() -> Any:
 
 class TimeMetrics(Callback):
     """Logs the running fit's :class:`TimeAccount` as ``time/...`` metrics to every
-    destination, at each epoch's end and at the fit's end (as of ``FIT_END``: ``close``
-    is in the account :attr:`Trainer.time_account` gives after the fit, not in these).
+    destination, at each epoch's end and at the fit's end unless an epoch just ended there
+    (as of ``FIT_END``: ``close`` is in the account :attr:`Trainer.time_account` gives
+    after the fit, not in these). The values add up from the fit's start; at its start it
+    logs ``time/fit_start`` (the batch it starts from: above 0 after a resume), which is
+    how ``trainbus report`` finds where a run resumed.
 
     Its handlers are plain methods: they run on its lane, off the training thread (the
     account reads CUDA events there). The Trainer adds it with the progress output.
@@ -457,16 +466,24 @@ class TimeMetrics(Callback):
 
     def __init__(self, account: Callable[[], TimeAccount | None]) -> None:
         self._account = account
+        self._logged_at = -1
 
     def _log(self, state: State, logger: Logger) -> None:
         acct = self._account()
         if acct is not None:
+            self._logged_at = int(state.timestamp.batch)
             logger.log_metrics(acct.metrics())
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        """Log where the fit starts."""
+        self._logged_at = -1
+        logger.log_metrics({"time/fit_start": float(state.timestamp.batch)})
 
     def epoch_end(self, state: State, logger: Logger) -> None:
         """Log the account so far."""
         self._log(state, logger)
 
     def fit_end(self, state: State, logger: Logger) -> None:
-        """Log the account as of the last batch."""
-        self._log(state, logger)
+        """Log the account as of the last batch (unless its epoch's end just did)."""
+        if int(state.timestamp.batch) != self._logged_at:
+            self._log(state, logger)
