@@ -191,9 +191,8 @@ def _callback_table(run: RunData) -> str:
     if not run.accounts or not run.accounts[-1].callbacks:
         return '<p class="muted">No callbacks.</p>'
     rows = []
-    for name, v in sorted(
-        run.accounts[-1].callbacks.items(), key=lambda kv: -kv[1].get("training_thread", 0.0)
-    ):
+    shown = {k: v for k, v in run.accounts[-1].callbacks.items() if not k.startswith("_")}
+    for name, v in sorted(shown.items(), key=lambda kv: -kv[1].get("training_thread", 0.0)):
         off = v.get("off_thread", 0.0)
         share = f"{v.get('hidden', 0.0) / off:.0%}" if off > 0 else "-"
         rows.append(
