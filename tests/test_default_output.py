@@ -29,7 +29,9 @@ def _bars(trainer: object) -> list[object]:
 
 
 @pytest.mark.usefixtures("default_env")
-def test_a_bare_fit_shows_progress_lines_and_the_account(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bare_fit_shows_progress_lines_and_the_account(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     trainer = make_trainer(3, epochs=2)
     assert len(_bars(trainer)) == 1
     trainer.fit_sync()
@@ -79,10 +81,10 @@ def test_progress_true_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch
 
 
 def test_bad_values_name_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(TypeError, match="progress=.*True, False or None"):
+    with pytest.raises(TypeError, match=r"progress=.*True, False or None"):
         make_trainer(2, progress="yes")
     monkeypatch.setenv("TRAINBUS_PROGRESS", "maybe")
-    with pytest.raises(ValueError, match="TRAINBUS_PROGRESS='maybe'.*set it to 0"):
+    with pytest.raises(ValueError, match=r"TRAINBUS_PROGRESS='maybe'.*set it to 0"):
         make_trainer(2)
 
 

@@ -447,7 +447,7 @@ def _callback_time(
 def _cuda_event() -> Any:
     import torch
 
-    event = torch.cuda.Event(enable_timing=True)
+    event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     event.record()
     return event
 

@@ -51,6 +51,7 @@ from trainbus.runtime.preemption import (
     launched_by_a_scheduler,
     takes_checkpoints,
 )
+from trainbus.training.account import FitClock, TimeAccount
 from trainbus.training.checks import (
     _as_list,
     _check_loader,
@@ -65,7 +66,6 @@ from trainbus.training.checks import (
     check_optimizers_train_the_model,
     check_run_name,
 )
-from trainbus.training.account import FitClock, TimeAccount
 from trainbus.training.fit_call import FitCall
 from trainbus.training.loop import LoopConfig, TrainingLoop
 from trainbus.training.output import default_output, print_account, progress_on
