@@ -53,6 +53,15 @@ def open_report(page: Any, path: Path) -> list[str]:
     return seen
 
 
+def open_report_url(page: Any, url: str) -> list[str]:
+    """Open ``url``; return the console errors it produced."""
+    seen: list[str] = []
+    page.on("console", lambda m: seen.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda exc: seen.append(str(exc)))
+    page.goto(url)
+    return seen
+
+
 def off_this_thread(fn: Any) -> None:
     """Run ``fn`` on another thread (Playwright's sync API runs a loop on this one, and
     ``fit_sync()`` refuses a thread with a loop); re-raise its exception here."""
@@ -141,3 +150,20 @@ def test_a_resumed_runs_report_marks_the_resume(page: Any, tmp_path: Path) -> No
     assert marks == ["4"]
     # Each step once (the resumed run's replayed points were not written twice).
     assert curves(page)["loss/train"] == (12, 12)
+
+
+def test_the_dashboard_shows_the_account(page: Any) -> None:
+    from trainbus.callbacks import Dashboard
+
+    with Dashboard() as dashboard:
+        off_this_thread(lambda: make_trainer(
+            6, epochs=2, loggers=[dashboard], progress=True
+        ).fit_sync())
+        errors = open_report_url(page, dashboard.url)
+        page.wait_for_function("window.trainbusDashboard.account.step === 12", timeout=30_000)
+        page.wait_for_function(
+            "document.getElementById('account').textContent.includes('compute')",
+            timeout=30_000,
+        )
+        assert "s to batch 12: " in page.locator("#account").inner_text()
+        assert errors == []

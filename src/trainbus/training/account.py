@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
@@ -265,6 +265,24 @@ class FitClock:
         self._open_event: Any = None
         self._device_ns = 0
 
+    @classmethod
+    def for_fit(cls, state: State, statistics: Callable[[], BusStatistics]) -> FitClock:
+        """The clock of a fit that starts now, from ``state`` (its batch, its device, its
+        callbacks: the checkpoint savers, the destinations that know what a resume
+        replays) and the bus's ``statistics``."""
+        from trainbus.callbacks.checkpoint_saver import CheckpointSaver
+
+        callbacks = state.callbacks
+        return cls(
+            statistics,
+            first_batch=int(state.timestamp.batch),
+            replay_until=_replay_until(callbacks),
+            cuda=state.device.type == "cuda",
+            savers=frozenset(
+                type(cb).__name__ for cb in callbacks if isinstance(cb, CheckpointSaver)
+            ),
+        )
+
     # -- the training thread ----------------------------------------------------------------
 
     def _switch(self, phase: int) -> None:
@@ -426,6 +444,16 @@ class FitClock:
             running=self.ended is None,
             per_callback=tuple(per_callback),
         )
+
+
+def _replay_until(callbacks: Sequence[object]) -> int | None:
+    """The last batch a killed run trained after the checkpoint this run resumed from, as
+    its destinations' files tell (``replayed_until()``: ``JSONLinesLogger``), or ``None``."""
+    found = [
+        until() for cb in callbacks if callable(until := getattr(cb, "replayed_until", None))
+    ]
+    known = [int(v) for v in found if v is not None]
+    return max(known) if known else None
 
 
 def _callback_time(

@@ -411,7 +411,9 @@ class Trainer:
             state, self.logger, self._config, self.engine.run_event, rank_stops,
             self._poll_notices,
         )
-        clock = self._clock = self._new_clock() if self._track_time else None
+        clock = self._clock = (
+            FitClock.for_fit(state, self.engine.statistics) if self._track_time else None
+        )
         loop.clock = clock
         # The saver waits for every handler and record before it captures (CheckpointSaver).
         drain = functools.partial(self.engine.wait_all, records=True)
@@ -477,17 +479,6 @@ class Trainer:
         the fit runs. See ``docs/where-the-time-went.md``."""
         clock = self._clock
         return clock.account() if clock is not None else None
-
-    def _new_clock(self) -> FitClock:
-        state = self.state
-        members = state.callbacks
-        return FitClock(
-            self.engine.statistics,
-            first_batch=int(state.timestamp.batch),
-            replay_until=_replay_until(members),
-            cuda=state.device.type == "cuda",
-            savers=_saver_names(members),
-        )
 
     @property
     def preempted(self) -> bool:
@@ -590,25 +581,6 @@ def _only_abandoned(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return all(_only_abandoned(e) for e in exc.exceptions)
     return isinstance(exc, HandlerAbandoned)
-
-
-def _replay_until(callbacks: Sequence[object]) -> int | None:
-    """The last batch a killed run trained after the checkpoint this run resumed from, as
-    its destinations' files tell (``replayed_until()``), or ``None``."""
-    found = [
-        until()
-        for cb in callbacks
-        if callable(until := getattr(cb, "replayed_until", None))
-    ]
-    known = [int(v) for v in found if v is not None]
-    return max(known) if known else None
-
-
-def _saver_names(callbacks: Sequence[object]) -> frozenset[str]:
-    """The class names of the callbacks that capture checkpoints on the training thread."""
-    from trainbus.callbacks.checkpoint_saver import CheckpointSaver
-
-    return frozenset(type(cb).__name__ for cb in callbacks if isinstance(cb, CheckpointSaver))
 
 
 def _what_callbacks_write(load_path: object, callbacks: Sequence[object]) -> dict[str, Any]:
