@@ -199,7 +199,7 @@ def format_account(acct: TimeAccount) -> str:
     wall = acct.wall if acct.wall > 0 else 1.0
     lines = [f"where the time went ({acct.batches} batches, {acct.wall:.2f} s):"]
     for name, value in acct.parts().items():
-        if name in ("replayed", "other", "checkpoint") and abs(value) < 0.0005:
+        if name not in ("compute", "callbacks") and abs(value) < 0.0005:
             continue
         lines.append(f"  {name:<11}{value:9.3f} s {value / wall:6.1%}")
     charged = sorted(
