@@ -424,6 +424,9 @@ class FitClock:
         parts = [ns * _NS for ns in phase_ns]
         close = parts[CLOSE]
         placed = sum(parts) + checkpoint + callbacks + bus
+        other = wall - placed
+        if abs(other) < 1e-6:  # float rounding of a partition that adds up
+            other = 0.0
         return TimeAccount(
             wall=wall,
             startup=parts[STARTUP],
@@ -435,7 +438,7 @@ class FitClock:
             bus=bus,
             replayed=parts[REPLAYED],
             close=close,
-            other=wall - placed,
+            other=other,
             off_thread=off_total,
             hidden=min(hidden_total, off_total),
             batches=self.batch - self.first_batch,
@@ -482,7 +485,8 @@ def _cuda_event() -> Any:
 
 class TimeMetrics(Callback):
     """Logs the running fit's :class:`TimeAccount` as ``time/...`` metrics to every
-    destination, at each epoch's end and at the fit's end unless an epoch just ended there
+    destination, at each epoch's end (``EPOCH_CHECKPOINT``: after the epoch's evaluation)
+    and at the fit's end unless an epoch just ended there
     (as of ``FIT_END``: ``close`` is in the account :attr:`Trainer.time_account` gives
     after the fit, not in these). The values add up from the fit's start; at its start it
     logs ``time/fit_start`` (the batch it starts from: above 0 after a resume), which is
@@ -507,8 +511,8 @@ class TimeMetrics(Callback):
         self._logged_at = -1
         logger.log_metrics({"time/fit_start": float(state.timestamp.batch)})
 
-    def epoch_end(self, state: State, logger: Logger) -> None:
-        """Log the account so far."""
+    def epoch_checkpoint(self, state: State, logger: Logger) -> None:
+        """Log the account so far (the epoch's evaluation included)."""
         self._log(state, logger)
 
     def fit_end(self, state: State, logger: Logger) -> None:
