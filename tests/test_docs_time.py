@@ -18,8 +18,8 @@ def test_the_page_runs_and_prints_the_account(
     monkeypatch.chdir(tmp_path)
     printed = PAGE.run_all_printing(capsys)
     out = printed["The account in code"]
-    assert out.startswith("20 batches; SlowPlot cost the training thread ")
-    assert "where the time went (20 batches" in out and "SlowPlot" in out
+    assert out.startswith("10 batches; SlowPlot cost the training thread ")
+    assert "where the time went (10 batches" in out and "SlowPlot" in out
 
 
 def test_every_part_of_the_account_is_explained() -> None:
