@@ -28,6 +28,7 @@ fit, final after it). ``docs/where-the-time-went.md`` reads one part by part.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -37,6 +38,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 from trainbus.core.callback import Callback
 
 if TYPE_CHECKING:
+    import torch
+
     from trainbus.bus.statistics import BusStatistics, CallbackStatistics
     from trainbus.core.logger import Logger
     from trainbus.core.state import State
@@ -54,6 +57,8 @@ REPLAYED: Final = 4  # fetching and computing batches that a resumed run trains 
 CLOSE: Final = 5  # the loop ended until fit() returned: callbacks catch up and close
 _PHASES = 6
 _NS = 1e-9
+#: CUDA event pairs kept before the training thread reads the completed ones itself.
+_PENDING_EVENTS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +244,7 @@ class FitClock:
         *,
         first_batch: int,
         replay_until: int | None,
-        cuda: bool,
+        cuda: torch.device | None = None,
         savers: frozenset[str] = frozenset(),
         hide: frozenset[str] = frozenset({"TimeMetrics"}),
     ) -> None:
@@ -260,8 +265,9 @@ class FitClock:
         self.replayed_batches = 0
         self.savers = savers  # the names of the callbacks that capture checkpoints
         self.hide = hide  # trainbus's own callbacks, left out of per_callback
-        self._cuda = cuda
+        self._cuda = cuda  # the CUDA device whose compute is timed, or None
         self._events: deque[tuple[Any, Any]] = deque()  # (start, end) CUDA events
+        self._events_lock = threading.Lock()  # device_seconds runs on any thread
         self._open_event: Any = None
         self._device_ns = 0
 
@@ -277,7 +283,7 @@ class FitClock:
             statistics,
             first_batch=int(state.timestamp.batch),
             replay_until=_replay_until(callbacks),
-            cuda=state.device.type == "cuda",
+            cuda=state.device if state.device.type == "cuda" else None,
             savers=frozenset(
                 type(cb).__name__ for cb in callbacks if isinstance(cb, CheckpointSaver)
             ),
@@ -332,14 +338,16 @@ class FitClock:
             self.replayed_batches += 1
             self.phase = REPLAYED  # the fetch of a replayed batch is replayed work too
         self._switch(phase)
-        if self._cuda:
-            self._open_event = _cuda_event()
+        if self._cuda is not None:
+            self._open_event = _cuda_event(self._cuda)
 
     def batch_done(self) -> None:
         """The batch's events are published: what follows is fetching the next one."""
-        if self._cuda and self._open_event is not None:
-            self._events.append((self._open_event, _cuda_event()))
+        if self._cuda is not None and self._open_event is not None:
+            self._events.append((self._open_event, _cuda_event(self._cuda)))
             self._open_event = None
+            if len(self._events) > _PENDING_EVENTS:  # bounded when nobody reads them
+                self.device_seconds()
         self._switch(DATA)
 
     def evaluating(self) -> int:
@@ -373,16 +381,17 @@ class FitClock:
     def device_seconds(self) -> float | None:
         """Seconds of the completed batches' device compute (CUDA); ``None`` on CPU. Reads
         only pairs whose end event has completed (``query``), never waits for the device."""
-        if not self._cuda:
+        if self._cuda is None:
             return None
         events = self._events
-        while events:
-            start, end = events[0]
-            if not end.query():
-                break
-            self._device_ns += int(start.elapsed_time(end) * 1e6)  # ms to ns
-            events.popleft()
-        return self._device_ns * _NS
+        with self._events_lock:
+            while events:
+                start, end = events[0]
+                if not end.query():
+                    break
+                self._device_ns += int(start.elapsed_time(end) * 1e6)  # ms to ns
+                events.popleft()
+            return self._device_ns * _NS
 
     def account(self) -> TimeAccount:
         """The account as of now (live) or of the fit's end."""
@@ -475,11 +484,12 @@ def _callback_time(
     )
 
 
-def _cuda_event() -> Any:
+def _cuda_event(device: torch.device) -> Any:
+    """A timing event recorded on ``device``'s current stream (no synchronisation)."""
     import torch
 
     event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    event.record()
+    event.record(torch.cuda.current_stream(device))
     return event
 
 
