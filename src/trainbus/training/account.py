@@ -5,7 +5,7 @@ add up to it, with no host-device synchronisation:
 
 - on the training thread, a :class:`FitClock` reads ``time.perf_counter_ns`` at phase
   boundaries (the batch fetched, the batch ended, evaluation entered and left, the loop
-  ended) and around each ``publish`` (three reads a batch, two a publish); every
+  ended) and around each ``publish`` (two reads a batch, two a publish: 16 a batch); every
   nanosecond between two reads is charged to the phase in force (startup, data, compute,
   evaluation, replayed, close), less the time spent publishing;
 - the time spent publishing is split with the bus's own counters
