@@ -3,11 +3,12 @@
 One concept: a fit's wall time, from ``fit()``'s start to its return, split into parts that
 add up to it, with no host-device synchronisation:
 
-- on the training thread, a :class:`FitClock` reads ``time.perf_counter`` at phase
-  boundaries (the batch fetched, the batch ended, evaluation entered and left, the loop
-  ended) and around each ``publish`` (one read a batch, two a publish: 15 a batch); every
-  nanosecond between two reads is charged to the phase in force (startup, data, compute,
-  evaluation, replayed, close), less the time spent publishing;
+- on the training thread, a :class:`FitClock` reads ``time.perf_counter`` around each
+  ``publish`` (14 reads a batch) and at the phase boundaries that no publish marks
+  (evaluation entered, an epoch's first fetch, the loop ended): a batch's fetch ends at
+  its first publish, the batch at its last; every second between two reads is charged to
+  the phase in force (startup, data, compute, evaluation, replayed, close), less the time
+  spent publishing;
 - the time spent publishing is split with the bus's own counters
   (``Engine.statistics()``, read, not duplicated): waits at barriers and for full queues
   (each charged to the callback that ended it), plain ``@blocking`` handlers run on the
@@ -262,6 +263,10 @@ class FitClock:
         self.publish_s = 0.0
         self.base = self.started
         self.last_end = self.started  # when the last publish returned
+        #: Set when a batch arrived: the batch's first publish closes its fetch (at its own
+        #: clock read) and opens ``next_phase``.
+        self.fetch_pending = False
+        self.next_phase = COMPUTE
         self.drain_s = 0.0  # the saver's wait for every handler, inside its @blocking call
         self.batch = first_batch  # the batch count the loop is at
         self.first_batch = first_batch
@@ -311,6 +316,13 @@ class FitClock:
 
         def timed_publish(*events: Any) -> None:
             t0 = _now()
+            if clock.fetch_pending:  # the batch's first publish: its fetch ended here
+                clock.fetch_pending = False
+                net = t0 - clock.publish_s
+                clock.phase_s[clock.phase] += net - clock.base
+                clock.base = net
+                clock.mark = t0
+                clock.phase = clock.next_phase
             try:
                 publish(*events)
             finally:
@@ -339,19 +351,16 @@ class FitClock:
             self._switch(DATA)
 
     def fetched(self) -> None:
-        """A batch arrived: its fetch was data (or replayed) time; its compute begins.
-        (Written out: this runs once a batch.)"""
+        """A batch arrived: its fetch (and its move to the device) was data (or replayed)
+        time until the batch's first publish, whose clock read closes it; its compute
+        begins there. (No clock read here: this runs once a batch.)"""
         self.batch = batch = self.batch + 1
-        phase = COMPUTE
         if batch <= self.replay_until:
-            phase = self.phase = REPLAYED  # the fetch of a replayed batch is replayed too
+            self.phase = self.next_phase = REPLAYED  # its fetch is replayed work too
             self.replayed_batches += 1
-        now = _now()
-        net = now - self.publish_s
-        self.phase_s[self.phase] += net - self.base
-        self.base = net
-        self.mark = now
-        self.phase = phase
+        else:
+            self.next_phase = COMPUTE
+        self.fetch_pending = True
         if self._cuda is not None:
             self._open_event = _cuda_event(self._cuda)
 
