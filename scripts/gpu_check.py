@@ -8,6 +8,9 @@ On a CUDA machine it
 2. trains with each built-in logging callback alone (whichever of SpeedMonitor,
    LRMonitor, MemoryMonitor, GradMonitor, ProgressBar, InMemoryLogger, JSONLinesLogger
    exist), with evaluation, under that mode, and reports PASS or the sync it hit;
+   It also fits with the default output (a progress bar, the time account's ``time/...``
+   metrics and its end-of-fit table) under that mode: no sync, and on CUDA the account's
+   ``device_compute`` comes from CUDA events;
 3. checks the fp16 step (issue 14): with ``precision="fp16"`` and ``grad_clip_norm``, the
    gradients at ``AFTER_TRAIN_BATCH`` are those of ``AFTER_BACKWARD`` divided by the
    grad scaler's scale (then clipped), finite, and applied by ``BATCH_END``; no sync
@@ -239,6 +242,7 @@ class Bench:
             loggers=list(loggers),
             device=self.device,
             warn_slow_callbacks=False,
+            progress=False,  # the default output is checked alone (check_account)
         )
         with sync_debug("error", arm):
             trainer.fit_sync()
@@ -295,6 +299,50 @@ def check_syncs(bench: Bench, cuda: bool, tmp: Path) -> tuple[bool, list[tuple[s
         _synchronize(cuda)
         print(f"  {name}: {verdict}")
     return ok, passed
+
+
+def check_account(bench: Bench, cuda: bool) -> bool:
+    """Step 2b: the time account with the default output (a progress bar, ``time/...``
+    metrics, the end-of-fit table) adds no sync under ``set_sync_debug_mode("error")``,
+    read live and after the fit; on CUDA it reports the device's compute from CUDA events."""
+    steps = bench.args.check_steps
+    model = bench.model()
+    logger = InMemoryLogger()
+    trainer = Trainer(
+        model,
+        StepClock(bench.batches, steps),
+        f"{steps}ba",
+        eval_dataloader=bench.eval_batches,
+        optimizers=torch.optim.AdamW(model.parameters(), lr=1e-3),
+        loggers=[logger],
+        device=bench.device,
+        warn_slow_callbacks=False,
+        progress=True,
+    )
+    try:
+        with sync_debug("error", cuda), contextlib.redirect_stderr(io.StringIO()) as shown:
+            trainer.fit_sync()
+            live = trainer.time_account  # read with the check still armed
+    except Exception as exc:
+        print(f"  time account and default output: FAIL {_first_line(exc)}")
+        _synchronize(cuda)
+        return False
+    _synchronize(cuda)
+    acct = trainer.time_account
+    assert acct is not None
+    assert live is not None
+    adds_up = abs(sum(acct.parts().values()) - acct.wall) <= 0.01 * acct.wall
+    logged = "time/compute" in logger.data and "where the time went" in shown.getvalue()
+    device = acct.device_compute
+    device_ok = not cuda or (device is not None and device > 0)
+    ok = adds_up and logged and device_ok
+    on_device = "-" if device is None else f"{device * 1e3:.1f} ms"
+    print(
+        f"  time account and default output: {'PASS' if ok else 'FAIL'} (host compute "
+        f"{acct.compute * 1e3:.1f} ms, device compute {on_device}, parts add up: "
+        f"{'yes' if adds_up else 'NO'}, logged and printed: {'yes' if logged else 'NO'})"
+    )
+    return ok
 
 
 def check_fp16_step(bench: Bench, steps: int = 4, clip: float = 0.5) -> bool:
@@ -417,6 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         print("sync checks (torch.cuda.set_sync_debug_mode('error')):")
         ok, passed = check_syncs(bench, cuda, Path(tmp))
+        ok = check_account(bench, cuda) and ok
         print("training step:")
         ok = check_fp16_step(bench) and ok
         print("step time (median ms/step):")

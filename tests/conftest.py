@@ -3,12 +3,18 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 
 import pytest
 
 from tests.loggers.mlflow_server import MLflowServer
+
+# The suite's fits (and the processes they start) are quiet: no default progress output, no
+# end-of-fit table, no ``time/...`` metrics, as a CI job would set it. The tests of the
+# default output (tests/test_time_account.py, tests/test_default_output.py) unset it.
+os.environ["TRAINBUS_PROGRESS"] = "0"
 
 
 @pytest.fixture(params=["asyncio", "trio"])

@@ -27,6 +27,7 @@ def test_cpu_dry_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert "plain loop" in out
     assert "with / without callbacks: x" in out
     assert "RESULT: OK" in out
+    assert "time account and default output: PASS" in out
 
 
 def test_without_cuda_it_says_so_and_exits_0(

@@ -52,6 +52,7 @@ def test_the_first_example_runs_as_printed_and_reports_what_it_overlapped(tmp_pa
     script = tmp_path / "readme_example.py"
     script.write_text(first_block("python"))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env.pop("TRAINBUS_PROGRESS", None)  # the default output, as the README shows it
     done = subprocess.run(
         [sys.executable, str(script)],
         cwd=tmp_path,
@@ -66,6 +67,11 @@ def test_the_first_example_runs_as_printed_and_reports_what_it_overlapped(tmp_pa
         r"training waited [\d.]+ s for the uploads\n",
         done.stdout,
     ), done.stdout
+    # The end-of-fit table the README shows, part by part, on stderr.
+    table = README.read_text().split("```text\n", 1)[1].split("```", 1)[0]
+    assert "where the time went (20 batches" in done.stderr
+    for line in table.splitlines()[1:]:
+        assert f"\n  {line.split()[0]} " in done.stderr, line
 
 
 # -- "Use it with your trainer": each host's snippet runs as printed (issue 33) -------------

@@ -12,4 +12,5 @@ MODULES = (
     "sleepers", "upload", "trailing_upload", "loop_wakeups", "many_callbacks",
     "thousand_callbacks", "first_example", "lateness", "memory", "checkpoint", "stop_agreement",
     "users_callbacks",
+    "account_cost",
 )

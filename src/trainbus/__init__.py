@@ -60,6 +60,8 @@ if _typing.TYPE_CHECKING:
     from trainbus.runtime.distributed import rank_zero_only as rank_zero_only
     from trainbus.runtime.preemption import Preemption as Preemption
     from trainbus.runtime.preemption import TrainingPreempted as TrainingPreempted
+    from trainbus.training.account import CallbackTime as CallbackTime
+    from trainbus.training.account import TimeAccount as TimeAccount
     from trainbus.training.trainer import Trainer as Trainer
 
 __version__ = "0.1.0.dev0"
@@ -116,6 +118,7 @@ __all__ = (
     "Callback",
     "CallbackSignatureError",
     "CallbackStatistics",
+    "CallbackTime",
     "CallbackTimeoutWarning",
     "HandlerInterrupted",
     "CheckpointLoadError",
@@ -138,6 +141,7 @@ __all__ = (
     "State",
     "ThreadStartError",
     "Time",
+    "TimeAccount",
     "TimeUnit",
     "Timer",
     "Timestamp",

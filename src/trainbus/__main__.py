@@ -1,4 +1,4 @@
-"""The ``trainbus`` command line (or ``python -m trainbus``): ``demo``, ``serve``.
+"""The ``trainbus`` command line (or ``python -m trainbus``): ``demo``, ``serve``, ``report``.
 
 Each subcommand is a row of :data:`COMMANDS`: its arguments are argparse only, and its
 runner imports what it needs (torch, the service) when it runs, so ``trainbus --help``
@@ -126,6 +126,26 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_arguments(report: argparse.ArgumentParser) -> None:
+    report.add_argument(
+        "run", metavar="RUN", help="a run folder (its metrics.jsonl) or a JSON-lines file"
+    )
+    report.add_argument(
+        "--out", default=None, help="the page to write (default: report.html beside the file)"
+    )
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from trainbus.report import write_report
+
+    try:
+        print(write_report(args.run, args.out))
+    except FileNotFoundError as exc:
+        print(f"trainbus report: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 COMMANDS: dict[str, Command] = {
     "demo": Command(
         help="train a small MLP on scikit-learn's digits with slow async callbacks",
@@ -148,6 +168,16 @@ COMMANDS: dict[str, Command] = {
         ),
         add_arguments=_serve_cli.add_arguments,
         run=_serve_cli.run,
+    ),
+    "report": Command(
+        help="write one HTML page of a run: its curves and where its time went",
+        description=(
+            "Write one self-contained HTML page (no network needed to open it) from a run's "
+            "JSON-lines metrics file: loss and metric curves with every logged point, the "
+            "time account per epoch, the callbacks' costs, the batches it resumed from."
+        ),
+        add_arguments=_report_arguments,
+        run=_run_report,
     ),
 }
 """The subcommands, in the order ``--help`` lists them: name, arguments, runner."""

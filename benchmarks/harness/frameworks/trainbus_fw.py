@@ -23,7 +23,12 @@ NAME = "trainbus"
 VERSION = f"trainbus {trainbus.__version__}"
 _ACCEPTS = inspect.signature(Trainer).parameters
 #: Options that keep the per-batch work equal to the peers' where this tree has them.
-QUIET = {k: False for k in ("log_train_loss", "warn_slow_callbacks") if k in _ACCEPTS}
+QUIET = {
+    k: False for k in ("log_train_loss", "warn_slow_callbacks", "progress") if k in _ACCEPTS
+}
+#: A scenario ending in ``-untracked`` fits without the time account (``track_time=False``):
+#: the account's cost is the difference (suite/account_cost.py).
+UNTRACKED = "-untracked"
 
 
 def noop_class(kind: str) -> type[Callback]:
@@ -70,7 +75,7 @@ class _AsyncPost(Callback):
 
 def callbacks_for(scenario: str, n: int, url: str | None) -> tuple[list[Any], list[Any]]:
     if scenario.startswith("noop"):
-        cls = noop_class(scenario)
+        cls = noop_class(scenario.removesuffix(UNTRACKED))
         return [cls() for _ in range(n)], []
     if scenario == "sleep":
         return [_Sleeper() for _ in range(n)], []
@@ -85,10 +90,16 @@ def callbacks_for(scenario: str, n: int, url: str | None) -> tuple[list[Any], li
 
 
 def make_fit(w: wl.Workload, scenario: str, n: int, url: str | None) -> tuple[Any, int]:
+    options = dict(QUIET)
+    if scenario.endswith(UNTRACKED):
+        if "track_time" not in _ACCEPTS:
+            raise ValueError("this tree has no time account (Trainer(track_time=...))")
+        options["track_time"] = False
+
     def fit(data: Any) -> None:
         callbacks, loggers = callbacks_for(scenario, n, url)
         trainer = Trainer(w.model, data, "1ep", loss_fn=w.loss_fn, optimizers=w.optimizer(),
-                          callbacks=callbacks, loggers=loggers, device="cpu", **QUIET)
+                          callbacks=callbacks, loggers=loggers, device="cpu", **options)
         trainer.fit_sync()
 
     per_cb = len(wl.PER_BATCH_POINTS) if scenario.startswith("noop") else 1

@@ -52,6 +52,8 @@ class CallbackStatistics:
             in the run depends on it (D7).
         slow_batches: Of the batches the last check compared, those its handlers took
             longer than.
+        inline_time: Of ``total_time``, the seconds its plain ``@blocking`` handlers ran
+            on the training thread (the rest ran off it).
     """
 
     name: str
@@ -72,6 +74,7 @@ class CallbackStatistics:
     values_dropped: int = 0
     slow: bool = False
     slow_batches: int = 0
+    inline_time: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +158,7 @@ def collect_statistics(
                 values_dropped=member.values_dropped,
                 slow=member.slow,
                 slow_batches=member.slow_batches,
+                inline_time=sum(s.total_time for s in slots if s.here),
             )
         )
         if counts is not None and counts.lanes[0] is lane:  # a shared queue counts once

@@ -104,6 +104,10 @@ def _fmt(value: float) -> str:
 class ProgressBar(LoggerDestination):
     """Shows training progress with the latest loss.
 
+    A :class:`~trainbus.Trainer` adds one by default (``progress=True``, unless
+    ``TRAINBUS_PROGRESS=0``); pass your own to choose its mode, stream or interval: it is
+    then the only bar, and the end-of-fit time account is written to its stream.
+
     With ``bar="auto"`` it draws a tqdm bar when ``stream`` is a terminal (and tqdm is
     installed) and otherwise writes plain lines, which read well in log files and CI:
     one every ``interval`` and one at the end of each epoch and evaluation.

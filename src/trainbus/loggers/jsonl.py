@@ -219,6 +219,7 @@ class JSONLinesLogger(LoggerDestination):
         self._last_flush = 0.0
         self._opened_size: int | None = None  # the file's length when this logger opened it
         self._replayed: Counter[tuple[str, int]] = Counter()  # skipped once each on resume
+        self._replayed_until: int | None = None  # the killed run's last step after it
 
     def _open(self) -> IO[str]:
         if self._file is None:
@@ -308,6 +309,13 @@ class JSONLinesLogger(LoggerDestination):
             data = b""
         replayed.update(_metric_keys(data))
         self._replayed = replayed
+        self._replayed_until = max((step for _, step in replayed), default=None)
+
+    def replayed_until(self) -> int | None:
+        """The last step the killed run wrote after the checkpoint this run resumed from
+        (the batches up to it are trained again: the time account's ``replayed``), or
+        ``None`` when it did not resume from a checkpoint with later points."""
+        return self._replayed_until
 
     def close(self, state: State, logger: Logger) -> None:
         """Flush, ``fsync`` and close the file (runs also when training failed)."""

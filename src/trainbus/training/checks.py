@@ -20,6 +20,7 @@ from trainbus.core.destination import LoggerDestination
 from trainbus.core.time import Time, TimeUnit, ensure_time
 
 __all__ = [
+    "what_callbacks_write",
     "check_callbacks",
     "check_eval_interval",
     "check_grad_clip_norm",
@@ -383,3 +384,19 @@ def _optimizer_list(optimizers: Any) -> list[torch.optim.Optimizer]:
             "e.g. optimizers=torch.optim.SGD(model.parameters(), lr=0.1), or None for AdamW"
         )
     return opts
+
+
+def what_callbacks_write(load_path: object, callbacks: Sequence[object]) -> dict[str, Any]:
+    """The folders the run's savers write and the S3 options of its uploader to
+    ``load_path``: where ``read_checkpoint`` may find the run's own checkpoints."""
+    from trainbus.callbacks.checkpoint_saver import CheckpointSaver
+    from trainbus.callbacks.checkpoint_uploader import CheckpointUploader
+
+    url = str(load_path).rstrip("/")
+    return {
+        "saver_folders": [cb.folder for cb in callbacks if isinstance(cb, CheckpointSaver)],
+        "s3_options": next(
+            (c.options for c in callbacks if isinstance(c, CheckpointUploader) and c.url == url),
+            None,
+        ),
+    }

@@ -29,6 +29,7 @@ from trainbus.training.batch import BatchCalls, batch_size_of
 if TYPE_CHECKING:
     from trainbus.core.logger import Logger
     from trainbus.core.state import State
+    from trainbus.training.account import FitClock
 
 __all__ = ["LoopConfig", "TrainingLoop"]
 
@@ -120,6 +121,8 @@ class TrainingLoop:
         self.calls = BatchCalls(state.model, config.loss_fn)
         # Training goes through the DDP wrapper (state.ddp_model is state.model without one).
         self.train_calls = BatchCalls(state.model, config.loss_fn, module=state.ddp_model)
+        #: The fit's time account clock (``training/account.py``): told at phase boundaries.
+        self.clock: FitClock | None = None
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = self.config.autocast_dtype
@@ -277,7 +280,12 @@ class TrainingLoop:
                 return True
             batches = itertools.islice(batches, limit - seen)
             num_batches = limit
+        clock = self.clock
+        if clock is not None:
+            clock.fetching()
         for raw in batches:
+            if clock is not None:
+                clock.fetched()
             seen += 1
             self.calls.check(raw, "train_dataloader")
             batch = to_device(raw, device)
@@ -298,6 +306,8 @@ class TrainingLoop:
                 publish(E.BATCH_CHECKPOINT)
             else:
                 publish(E.BATCH_END, E.BATCH_CHECKPOINT)
+            if clock is not None:
+                clock.batch_done()
             if self._boundary():
                 # The data ran out with this batch: the epoch is complete (EPOCH_END
                 # fires), as when max_duration in batches is a whole number of epochs.
@@ -314,6 +324,8 @@ class TrainingLoop:
         metrics, logged."""
         state, publish = self.state, self.publish
         loader = state.eval_dataloader if dataloader is None else dataloader
+        clock = self.clock
+        back = clock.evaluating() if clock is not None else 0
         model = self.model
         model.eval()
         publish(E.EVAL_START)
@@ -352,3 +364,5 @@ class TrainingLoop:
             {f"eval/{name}": value for name, value in means.items()}, level=LogLevel.EPOCH
         )
         publish(E.EVAL_END)
+        if clock is not None:
+            clock.evaluated(back)

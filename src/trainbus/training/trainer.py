@@ -52,6 +52,7 @@ from trainbus.runtime.preemption import (
     launched_by_a_scheduler,
     takes_checkpoints,
 )
+from trainbus.training.account import FitClock, TimeAccount
 from trainbus.training.checks import (
     _as_list,
     _check_loader,
@@ -71,9 +72,11 @@ from trainbus.training.checks import (
     check_schedulers,
     check_schedulers_step_the_optimizers,
     destinations_first,
+    what_callbacks_write,
 )
 from trainbus.training.fit_call import FitCall
 from trainbus.training.loop import LoopConfig, TrainingLoop
+from trainbus.training.output import default_output, print_account, progress_on
 from trainbus.training.outside_fit import OutsideFit
 from trainbus.training.rank_stops import RankStops
 
@@ -163,6 +166,14 @@ class Trainer(OutsideFit):
             every case. See ``docs/preemption.md``.
         wait_warning: Deprecated name of ``wait_warning_seconds`` (warns once; option
             names follow one rule, ``CONTRIBUTING.md``).
+        progress: Show progress (a :class:`~trainbus.callbacks.ProgressBar`, unless one
+            is among the callbacks: a bar on a terminal, a line per epoch and per 100
+            batches elsewhere), log the time account as ``time/...`` metrics at each
+            epoch's end and the fit's, and print the account's table when a fit ends.
+            ``None`` (the default): on, unless the environment sets
+            ``TRAINBUS_PROGRESS=0`` (for CI); ``False``: none of it.
+        track_time: Keep the fit's time account (:attr:`time_account`); ``False`` only
+            to measure what it costs (a few clock reads a batch).
 
     Example:
         >>> trainer = Trainer(model, loader, "2ep", loss_fn=F.cross_entropy,
@@ -204,6 +215,8 @@ class Trainer(OutsideFit):
         dist_timeout: float = DEFAULT_DIST_TIMEOUT,
         preemption: Preemption | bool | None = None,
         wait_warning: float | None = None,
+        progress: bool | None = None,
+        track_time: bool = True,
     ) -> None:
         check_model(model, train_dataloader)
         model, ddp_wrapper = unwrap(model)  # state.model is the user's module, never DDP
@@ -249,6 +262,15 @@ class Trainer(OutsideFit):
         loggers = _as_list(loggers, "loggers")
         check_callbacks(callbacks, loggers)
         callbacks, loggers = destinations_first(callbacks, loggers)
+        self._progress = progress_on(progress)
+        if not isinstance(track_time, bool):
+            raise TypeError(f"track_time={track_time!r} must be True or False")
+        self._track_time = track_time
+        self._clock: FitClock | None = None
+        output = default_output(
+            [*callbacks, *loggers], progress=self._progress, track_time=track_time,
+            account=lambda: self.time_account,
+        )
         self.preemption = check_preemption(
             preemption,
             auto=launched_by_a_scheduler() and takes_checkpoints([*callbacks, *loggers]),
@@ -293,7 +315,7 @@ class Trainer(OutsideFit):
             eval_dataloader=eval_dataloader,
             precision=precision or "fp32",
             grad_accum=grad_accum,
-            callbacks=[*callbacks, *loggers],
+            callbacks=[*callbacks, *loggers, *output],
             device=resolved_device,
             run_name=run_name or _default_run_name(),
         )
@@ -333,7 +355,7 @@ class Trainer(OutsideFit):
         self._finished = False  # whether a fit() of this trainer reached max_duration
         self._notice_acted = False  # whether a fit() ran with state.preemption set
         # Read and check the checkpoint before INIT; restore it after, as Composer does.
-        writes = _what_callbacks_write(load_path, self.state.callbacks)
+        writes = what_callbacks_write(load_path, self.state.callbacks)
         checkpoint = None if load_path is None else read_checkpoint(load_path, self.state, **writes)
         # Before the first checkpoint, the saver's folder holds the run's start: a restart
         # resumes its destinations from it (checkpoint/run_start.py, rank zero only).
@@ -400,26 +422,36 @@ class Trainer(OutsideFit):
         loop = TrainingLoop(
             state, self.logger, self._config, rank_stops, self._poll_notices,
         )
+        clock = self._clock = (
+            FitClock.for_fit(state, self.engine.statistics) if self._track_time else None
+        )
+        loop.clock = clock
         # The saver waits for every handler and record before it captures (CheckpointSaver).
-        attach_handler_drain(state, functools.partial(self.engine.wait_all, records=True))
+        drain = functools.partial(self.engine.wait_all, records=True)
+        attach_handler_drain(state, drain if clock is None else clock.timed_drain(drain))
         deliver_init = not self._init_delivered
         self._init_delivered = True
 
         notices = self._notices
 
         def produce() -> None:
-            loop.bind(self.engine.publisher())  # this cycle's
+            publish = self.engine.publisher()  # this cycle's
+            loop.bind(publish if clock is None else clock.timed(publish))
             if rank_stops is not None:
                 rank_stops.open()  # a collective: every rank's training thread, here
             try:
                 loop.run(deliver_init=deliver_init)
                 notices.loop_ended(state)  # a notice's checkpoint still due: written now
             except BaseException:
+                if clock is not None:
+                    clock.loop_ended()
                 if rank_stops is not None:
                     rank_stops.close(ended=False)
                 if self._distributed:  # peers waiting in a collective fail now, not later
                     abort_on_failure()
                 raise
+            if clock is not None:
+                clock.loop_ended()
             if rank_stops is not None:
                 rank_stops.close(ended=True)
 
@@ -436,6 +468,10 @@ class Trainer(OutsideFit):
                     raise  # a handler freed by preemption's watchdog fails, as meant
             finally:
                 self._notice_acted = state.preemption is not None
+                if clock is not None:
+                    clock.end()
+        if clock is not None and self._progress and state.rank == 0:
+            print_account(clock.account(), state.callbacks)
         self._finished = _reached(state)  # a later fit() without duration= would do nothing
         if rank_stops is not None and rank_stops.peer_failed:
             raise RuntimeError(
@@ -448,6 +484,14 @@ class Trainer(OutsideFit):
                 f"fit() stopped on rank {state.rank}: the process received SIGTERM (torchrun "
                 "sends it to every worker once one has failed; see that worker's error)"
             )
+
+    @property
+    def time_account(self) -> TimeAccount | None:
+        """Where the running or last ``fit()``'s wall time went (``None`` before the first
+        fit, or with ``track_time=False``): a :class:`~trainbus.TimeAccount`, live while
+        the fit runs. See ``docs/where-the-time-went.md``."""
+        clock = self._clock
+        return clock.account() if clock is not None else None
 
     @property
     def preempted(self) -> bool:
@@ -546,19 +590,3 @@ def _only_abandoned(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return all(_only_abandoned(e) for e in exc.exceptions)
     return isinstance(exc, HandlerAbandoned)
-
-
-def _what_callbacks_write(load_path: object, callbacks: Sequence[object]) -> dict[str, Any]:
-    """The folders the run's savers write and the S3 options of its uploader to
-    ``load_path``: where ``read_checkpoint`` may find the run's own checkpoints."""
-    from trainbus.callbacks.checkpoint_saver import CheckpointSaver
-    from trainbus.callbacks.checkpoint_uploader import CheckpointUploader
-
-    url = str(load_path).rstrip("/")
-    return {
-        "saver_folders": [cb.folder for cb in callbacks if isinstance(cb, CheckpointSaver)],
-        "s3_options": next(
-            (c.options for c in callbacks if isinstance(c, CheckpointUploader) and c.url == url),
-            None,
-        ),
-    }

@@ -27,12 +27,17 @@
     evals: { x: [], names: [], ys: {} },
     speed: { x: [], y: [] },
     bus: null, slowest: null, eventsPerSec: 0,
+    account: { step: null, parts: {} },  // the time account's latest time/... values
   };
   window.trainbusDashboard = D;
 
   const $ = (id) => document.getElementById(id);
   let queue = [];
-  const dirty = { loss: false, eval: false, speed: false, bus: false, header: false };
+  const dirty = { loss: false, eval: false, speed: false, bus: false, header: false,
+                  account: false };
+  // The time account's parts (Trainer.time_account, logged as time/<part> seconds).
+  const ACCOUNT_PARTS = ["startup", "data", "compute", "evaluation", "checkpoint",
+    "callbacks", "bus", "replayed", "close", "other"];
   let startWall = null;
   const recentBatches = [];  // [wall_time, batch] of the last second or so
   let lastSpeedAt = 0;
@@ -69,6 +74,11 @@
         D.loss.count += 1;
         if (D.loss.steps.length < 100000) D.loss.steps.push(data.step);
         dirty.loss = true;
+      } else if (name.startsWith("time/") && !name.startsWith("time/callback/")) {
+        const v = num(value);
+        if (v !== null) D.account.parts[name.slice(5)] = v;
+        D.account.step = data.step;
+        dirty.account = true;
       } else if (name.startsWith("eval/")) {
         const ev = D.evals;
         if (!(name in ev.ys)) {
@@ -345,11 +355,23 @@
     g.fillText(`${(t1 - t0).toFixed(1)} ms`, width - 60, height - 10);
   }
 
+  function renderAccount() {  // one line: each part's share of the wall time so far
+    const a = D.account.parts, wall = a.wall;
+    if (!(wall > 0)) return;
+    const shown = ACCOUNT_PARTS.filter((p) => a[p] > 0.0005)
+      .map((p) => `${p} ${(100 * a[p] / wall).toFixed(1)}%`);
+    const off = a.off_thread || 0, hidden = a.hidden || 0;
+    const share = off > 0 ? `, ${Math.round(100 * hidden / off)}% of callback work hidden` : "";
+    setText($("account"), `${wall.toFixed(2)} s to batch ${D.account.step}: ` +
+      shown.join(" · ") + share);
+  }
+
   function render() {
     if (dirty.loss) lossChart.setData([D.loss.x, D.loss.y]);
     if (dirty.speed) speedChart.setData([D.speed.x, D.speed.y]);
     if (dirty.eval) renderEval();
     if (dirty.bus && D.bus) renderBus();
+    if (dirty.account) renderAccount();
     setText($("epoch"), String(D.epoch));
     setText($("batch"), String(D.batch));
     setText($("dropped"), String(D.dropped));
