@@ -108,6 +108,8 @@ _HOMES: dict[str, str] = {  # each public name and the module that defines it
     "rank_zero_only": "trainbus.runtime.distributed",
     "Preemption": "trainbus.runtime.preemption",
     "TrainingPreempted": "trainbus.runtime.preemption",
+    "TimeAccount": "trainbus.training.account",
+    "CallbackTime": "trainbus.training.account",
     "Trainer": "trainbus.training.trainer",
 }
 
