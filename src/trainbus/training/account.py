@@ -199,13 +199,12 @@ class TimeAccount:
 
 
 def format_account(acct: TimeAccount) -> str:
-    """The end-of-fit table: each part with its share of the wall time, then the
-    callbacks that cost the training thread something, then the work hidden."""
+    """The end-of-fit table: every part with its share of the wall time (the same rows in
+    every run, whatever was measured), then the callbacks that cost the training thread
+    something, then the work hidden."""
     wall = acct.wall if acct.wall > 0 else 1.0
     lines = [f"where the time went ({acct.batches} batches, {acct.wall:.2f} s):"]
     for name, value in acct.parts().items():
-        if name not in ("compute", "callbacks") and abs(value) < 0.0005:
-            continue
         lines.append(f"  {name:<11}{value:9.3f} s {value / wall:6.1%}")
     charged = sorted(
         (cb for cb in acct.per_callback if cb.waited + cb.on_training_thread >= 0.0005),
