@@ -377,6 +377,14 @@ class Engine:
             self._members, self._last_lanes, self._counters, self.state._timer._ts._batch
         )
 
+    def training_thread_handler(self) -> str | None:
+        """``"Class.method"`` of the ``@blocking`` handler the training thread runs now, or
+        ``None`` (any thread; a read of what the training thread last wrote, so it may be a
+        moment old). A health check uses it to tell a checkpoint's capture from a hang."""
+        session = self._session
+        lane = session.producer.running_here if session is not None else None
+        return lane.current if lane is not None else None
+
     def record_trace(self, max_spans: int | None = None) -> TraceRecorder:
         """Start recording a timeline of handler calls and producer waits.
 

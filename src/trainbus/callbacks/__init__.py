@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from trainbus.callbacks._run_watch import Health as Health
+from trainbus.callbacks._run_watch import RunWatch as RunWatch
 from trainbus.callbacks.checkpoint_saver import CheckpointSaver as CheckpointSaver
 from trainbus.callbacks.checkpoint_saver import SaverStatistics as SaverStatistics
 from trainbus.callbacks.checkpoint_uploader import CheckpointUploader as CheckpointUploader
@@ -21,6 +23,7 @@ from trainbus.callbacks.grad_monitor import GradMonitor as GradMonitor
 from trainbus.callbacks.lr_monitor import LRMonitor as LRMonitor
 from trainbus.callbacks.memory_monitor import MemoryMonitor as MemoryMonitor
 from trainbus.callbacks.progress_bar import ProgressBar as ProgressBar
+from trainbus.callbacks.prometheus import PrometheusMetrics as PrometheusMetrics
 from trainbus.callbacks.speed_monitor import SpeedMonitor as SpeedMonitor
 from trainbus.callbacks.threshold_stopper import ThresholdStopper as ThresholdStopper
 
@@ -31,9 +34,12 @@ __all__ = (
     "EarlyStopper",
     "EventStream",
     "GradMonitor",
+    "Health",
     "LRMonitor",
     "MemoryMonitor",
     "ProgressBar",
+    "PrometheusMetrics",
+    "RunWatch",
     "SaverStatistics",
     "SpeedMonitor",
     "StreamBusSnapshot",

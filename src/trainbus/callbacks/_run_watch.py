@@ -1,0 +1,317 @@
+"""``RunWatch``: what an operator watches of one run, kept for a scrape or a health probe.
+
+The training thread pays one ``@blocking`` ``batch_end`` call a batch (a clock read, two
+counters, a bucket of the step-time histogram); everything else is read when someone asks
+(:meth:`RunWatch.health`, the Prometheus collector of ``callbacks/prometheus.py``): the
+run's counters off the live timer, each callback's time, queue and lag off
+``engine.statistics()``, the checkpoints off each ``CheckpointSaver``'s statistics. The
+latest value of each logged scalar arrives as a record on the watch's own lane (a lossy
+``latest`` mailbox: a watch that falls behind keeps the newest values and holds nobody).
+
+The health rule (``docs/watching-a-run.md``): ``starting`` until the fit's first batch
+completes; then ``healthy`` while the time since the last batch stays within
+``max(stall_floor, stall_factor x the recent step time)`` (the median of the last 32
+steps); ``stalled`` past it. The clock pauses during evaluation and while the training
+thread runs a checkpoint event's ``@blocking`` handler (a ``CheckpointSaver``'s capture,
+or its wait for the previous write): ``paused``, and the deadline counts again from the
+pause's end as seen by the last probe. ``ended`` after ``FIT_END``, ``failed`` after a fit
+that ended without it. It is a report: nothing in the run reads it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics as _stats
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from trainbus.core.backpressure import Backpressure
+from trainbus.core.callback import blocking
+from trainbus.core.destination import LoggerDestination
+
+if TYPE_CHECKING:
+    from trainbus.bus.engine import Engine
+    from trainbus.core.logger import Logger, LogRecord
+    from trainbus.core.state import State
+
+__all__ = [
+    "DEFAULT_MAX_SCALARS",
+    "DEFAULT_STALL_FACTOR",
+    "DEFAULT_STALL_FLOOR",
+    "STEP_BUCKETS",
+    "Health",
+    "RunWatch",
+]
+
+#: A run is stalled when no batch completed for this many times its recent step time ...
+DEFAULT_STALL_FACTOR = 10.0
+#: ... and for at least this many seconds (a probe's period should be shorter).
+DEFAULT_STALL_FLOOR = 60.0
+#: Logged scalar names kept (the first ones seen); later names are counted, not kept.
+DEFAULT_MAX_SCALARS = 200
+#: The step-time histogram's bucket bounds, in seconds (``le``; +Inf is implied).
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0, 60.0, 300.0)  # fmt: skip
+#: The handlers during which the training thread works on a checkpoint (their method name).
+_CHECKPOINT_EVENTS = ("batch_checkpoint", "epoch_checkpoint", "fit_end")
+_RECENT = 32
+
+Status = Literal["starting", "healthy", "paused", "stalled", "ended", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """One reading of the health check.
+
+    Attributes:
+        status: ``starting`` (no batch completed yet in this fit), ``healthy``,
+            ``paused`` (evaluation or a checkpoint on the training thread), ``stalled``
+            (no batch for longer than :attr:`deadline`), ``ended`` (the fit ended),
+            ``failed`` (the fit ended without ``FIT_END``: an error or a cancellation).
+        ok: Whether a liveness probe should pass: every status but ``starting`` and
+            ``stalled``.
+        batches: Batches completed by the run (its timer's count).
+        seconds_since_step: Seconds since the last batch completed (or since the fit
+            started, or since the last pause ended, whichever is latest); ``None``
+            before the first fit.
+        deadline: Seconds without a batch after which the run counts as stalled.
+        step_seconds: The recent step time (median of the last 32 steps), if known.
+        reason: A sentence for a human.
+    """
+
+    status: Status
+    ok: bool
+    batches: int
+    seconds_since_step: float | None
+    deadline: float
+    step_seconds: float | None
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (what ``/healthz`` answers)."""
+        return {
+            "status": self.status, "ok": self.ok, "batches": self.batches,
+            "seconds_since_step": self.seconds_since_step, "deadline": self.deadline,
+            "step_seconds": self.step_seconds, "reason": self.reason,
+        }  # fmt: skip
+
+
+def _positive(name: str, value: object, example: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+        math.isfinite(value) and value > 0
+    ):
+        raise ValueError(f"{name}={value!r} must be a number > 0, e.g. {example}")
+    return float(value)
+
+
+class RunWatch(LoggerDestination):
+    """Keeps what a scrape or a health probe of one run reads (module doc).
+
+    Pass it in ``loggers=[...]`` (:class:`~trainbus.callbacks.PrometheusMetrics` is one,
+    and ``trainbus.serve`` adds one to every job). Every reading is approximate (another
+    thread reads what the training thread writes) and none changes what the run does.
+
+    Args:
+        stall_factor: No batch for this many times the recent step time is a stall ...
+        stall_floor: ... if it is also longer than this many seconds.
+        max_scalars: Logged scalar names kept for the latest-value gauges; the values of
+            names beyond it are counted in :attr:`scalars_dropped`.
+
+    Attributes:
+        scalars: The latest value of each logged scalar (at most ``max_scalars`` names).
+        scalars_dropped: Values of names beyond ``max_scalars`` not kept.
+        last_step_time: ``time.time()`` when the last batch completed (``None``: none yet).
+        fits_failed: Fits that ended without ``FIT_END``.
+        preemption_notices: Preemption notices the run received.
+
+    Example:
+        >>> watch = RunWatch(stall_floor=30)
+        >>> trainer = Trainer(model, loader, "3ep", loggers=[watch])
+        >>> watch.health().status
+        'starting'
+    """
+
+    #: Only the latest values matter: a slow scrape side never holds the training thread.
+    backpressure = Backpressure.latest(64)
+
+    def __init__(
+        self,
+        *,
+        stall_factor: float = DEFAULT_STALL_FACTOR,
+        stall_floor: float = DEFAULT_STALL_FLOOR,
+        max_scalars: int = DEFAULT_MAX_SCALARS,
+    ) -> None:
+        self.stall_factor = _positive("stall_factor", stall_factor, "10 (times the step time)")
+        self.stall_floor = _positive("stall_floor", stall_floor, "60 (seconds)")
+        if isinstance(max_scalars, bool) or not isinstance(max_scalars, int) or max_scalars < 0:
+            raise ValueError(f"max_scalars={max_scalars!r} must be an int >= 0, e.g. 200")
+        self.max_scalars = max_scalars
+        self.engine: Engine | None = None
+        self.scalars: dict[str, float] = {}
+        self.scalars_dropped = 0
+        self.last_step_time: float | None = None
+        self.fits_failed = 0
+        self.preemption_notices = 0
+        # Invariant: the training thread alone writes the fields below (its @blocking
+        # handlers); readers take them as they are (a reading may be a batch old).
+        self.step_bounds = STEP_BUCKETS
+        self.step_counts = [0] * (len(STEP_BUCKETS) + 1)  # the last one is +Inf
+        self.step_sum = 0.0
+        self._recent: deque[float] = deque(maxlen=_RECENT)
+        self._last_perf: float | None = None  # perf_counter() of the last batch (this fit)
+        self._since: float | None = None  # when the clock (re)started: fit start, eval end
+        self._phase: Literal["idle", "running", "eval", "ended", "failed"] = "idle"
+        self._pause_seen: float | None = None  # a probe saw a checkpoint (its clock)
+        self._lock = threading.Lock()  # readers' own state (_pause_seen, _checkpoints)
+        self._checkpoints: tuple[int, float] = (0, 0.0)  # written, capture + write seconds
+        self._last_checkpoint: tuple[float, float] | None = None
+        #: ``None``, or a callable returning the fit's time account's ``{part: seconds}``.
+        self.time_account: Callable[[], Mapping[str, float]] | None = None
+
+    def _bind_engine(self, engine: Engine) -> None:
+        """Called by the engine it joins (a private hook): statistics and live counters."""
+        self.engine = engine
+
+    # -- the training thread -----------------------------------------------------------------
+
+    @blocking
+    def fit_start(self, state: State, logger: Logger) -> None:
+        """A fit starts: the clock starts; ``starting`` until its first batch."""
+        self._last_perf = None
+        self._pause_seen = None
+        self._since = time.perf_counter()
+        self._phase = "running"
+
+    @blocking
+    def batch_end(self, state: State, logger: Logger) -> None:
+        """A batch completed: its time since the previous one, and the time it ended."""
+        now = time.perf_counter()
+        self.last_step_time = time.time()
+        last, self._last_perf = self._last_perf, now
+        if last is not None:
+            step = now - last
+            self._recent.append(step)
+            self.step_counts[bisect.bisect_left(self.step_bounds, step)] += 1
+            self.step_sum += step
+
+    @blocking
+    def eval_start(self, state: State, logger: Logger) -> None:
+        """Evaluation pauses the health check's clock."""
+        if self._phase == "running":
+            self._phase = "eval"
+
+    @blocking
+    def eval_end(self, state: State, logger: Logger) -> None:
+        """The clock counts again from here."""
+        if self._phase == "eval":
+            self._phase = "running"
+            self._since = time.perf_counter()
+
+    @blocking
+    def fit_end(self, state: State, logger: Logger) -> None:
+        """The fit ended: ``ended`` until the next one."""
+        self._phase = "ended"
+
+    def close(self, state: State, logger: Logger) -> None:
+        """A fit that ended without ``FIT_END`` (an error, a cancellation) counts as failed."""
+        if self._phase in ("running", "eval"):
+            self._phase = "failed"
+            self.fits_failed += 1
+
+    async def preemption_notice(self, state: State, logger: Logger) -> None:
+        """Count the notice (it runs on the event loop when one comes)."""
+        self.preemption_notices += 1
+
+    # -- the records' lane -------------------------------------------------------------------
+
+    def log_record(self, record: LogRecord) -> None:
+        """Keep the latest value of each scalar (numbers only; hyperparameters are not)."""
+        if record.hyperparameters:
+            return
+        scalars, limit = self.scalars, self.max_scalars
+        for name, value in record.metrics.items():
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                continue  # not a scalar (a tensor of many values, a string)
+            if name in scalars or len(scalars) < limit:
+                scalars[name] = number
+            else:
+                self.scalars_dropped += 1
+
+    # -- readers (any thread) ----------------------------------------------------------------
+
+    @property
+    def step_seconds(self) -> float | None:
+        """The recent step time: the median of the last 32 steps (``None``: fewer than 1)."""
+        recent = list(self._recent)
+        return _stats.median(recent) if recent else None
+
+    @property
+    def batches(self) -> int:
+        """Batches the run completed (its timer's count; a resumed run's include the
+        checkpoint's), or 0 before the watch joined a trainer."""
+        engine = self.engine
+        return int(engine.state.timestamp.batch) if engine is not None else 0
+
+    def note_checkpoints(self, written: int, seconds: float) -> tuple[float, float] | None:
+        """The last checkpoint's ``(time.time(), duration)`` as a reader saw it complete.
+
+        ``written`` and ``seconds`` (capture and write, all checkpoints together) are read
+        off the savers' statistics; when ``written`` grew since the previous reading, the
+        new ones' mean duration becomes the last one's.
+        """
+        with self._lock:
+            before, spent = self._checkpoints
+            if written > before:
+                self._checkpoints = (written, seconds)
+                self._last_checkpoint = (time.time(), (seconds - spent) / (written - before))
+            return self._last_checkpoint
+
+    def deadline(self) -> float:
+        """Seconds without a batch after which the run counts as stalled."""
+        step = self.step_seconds
+        return max(self.stall_floor, self.stall_factor * step) if step else self.stall_floor
+
+    def _in_checkpoint(self) -> bool:
+        engine = self.engine
+        handler = engine.training_thread_handler() if engine is not None else None
+        return handler is not None and handler.rsplit(".", 1)[-1] in _CHECKPOINT_EVENTS
+
+    def health(self) -> Health:
+        """The run's health now (module doc); any thread, never waits for the run."""
+        now = time.perf_counter()
+        phase, last, since = self._phase, self._last_perf, self._since
+        batches, deadline, step = self.batches, self.deadline(), self.step_seconds
+
+        def reading(status: Status, ok: bool, elapsed: float | None, reason: str) -> Health:
+            return Health(status, ok, batches, elapsed, deadline, step, reason)
+
+        if phase == "idle" or since is None:
+            return reading("starting", False, None, "no fit has started")
+        marks = [m for m in (last, since) if m is not None]
+        with self._lock:
+            if phase in ("running", "eval") and (phase == "eval" or self._in_checkpoint()):
+                self._pause_seen = now
+                what = "evaluation" if phase == "eval" else "a checkpoint"
+                return reading("paused", True, now - max(marks), f"{what} runs")
+            if self._pause_seen is not None:
+                marks.append(self._pause_seen)
+        elapsed = now - max(marks)
+        if phase == "ended":
+            return reading("ended", True, elapsed, "the fit ended")
+        if phase == "failed":
+            return reading("failed", True, elapsed, "the fit ended without FIT_END")
+        if last is None:
+            return reading("starting", False, elapsed, "the fit's first batch has not ended")
+        if elapsed > deadline:
+            return reading(
+                "stalled", False, elapsed,
+                f"no batch completed for {elapsed:.1f} s (deadline {deadline:.1f} s)",
+            )  # fmt: skip
+        return reading("healthy", True, elapsed, "batches complete")
