@@ -15,7 +15,7 @@ Routes::
     DELETE /jobs/{id}          cancel (waits until its callbacks closed)       200 / 404
     GET    /jobs/{id}/healthz  whether the job's batches complete              200 / 503 / 404
     GET    /healthz            liveness: 503 when a running job is stalled     200 / 503
-    GET    /metrics            Prometheus metrics of every job (``job`` label) 200 / 501
+    GET    /metrics            Prometheus metrics of every job (``job_id``)   200 / 501
 
 Every request passes :class:`~trainbus.callbacks._guard.Guard` first (the ``Host`` check, the
 token if there is one, same-origin JSON writes).

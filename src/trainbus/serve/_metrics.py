@@ -1,4 +1,4 @@
-"""The service's ``/metrics`` (every job's, a ``job`` label each) and its health answers.
+"""The service's ``/metrics`` (every job's, a ``job_id`` label each) and its health answers.
 
 Each job's :class:`~trainbus.callbacks.RunWatch` (``JobContext.watch``, in
 ``ctx.loggers``) is read at the scrape, on the server's event loop: no job's training
@@ -37,7 +37,7 @@ class ServiceMetrics:
         self.registry.register(_JobsCollector(manager))
 
     def _runs(self) -> list[tuple[dict[str, str], RunWatch]]:
-        return [({"job": job.id}, job.watch) for job in self.manager.jobs() if job.watch]
+        return [({"job_id": job.id}, job.watch) for job in self.manager.jobs() if job.watch]
 
     def response(self) -> Response:
         """The text exposition, or 501 naming the extra to install."""
