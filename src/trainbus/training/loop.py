@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -109,6 +110,7 @@ class TrainingLoop:
         publish: Callable[..., None],
         rank_stops: Callable[[bool, bool], bool] | None = None,
         poll_notices: Callable[[], None] | None = None,
+        rank_times: Callable[[float], None] | None = None,
     ) -> None:
         self.state = state
         self.logger = logger
@@ -121,6 +123,9 @@ class TrainingLoop:
         #: ``poll_notices()`` at each batch boundary, before the stop is decided, gives the
         #: notice it announced (``Preemption.poll``).
         self.poll_notices = poll_notices
+        #: Distributed: ``rank_times(fetched)`` at each batch boundary, with the time its
+        #: batch came out of the loader (``runtime/rank_times.py``).
+        self.rank_times = rank_times
         self._stopped = False  # every rank agreed to stop
         self._held: Exception | None = None  # a failed publish, raised once all stopped
         self.model = state.model
@@ -280,7 +285,9 @@ class TrainingLoop:
                 return True
             batches = itertools.islice(batches, limit - seen)
             num_batches = limit
+        rank_times = self.rank_times
         for raw in batches:
+            fetched = time.perf_counter() if rank_times is not None else 0.0
             seen += 1
             self.calls.check(raw, "train_dataloader")
             batch = to_device(raw, device)
@@ -301,6 +308,8 @@ class TrainingLoop:
                 publish(E.BATCH_CHECKPOINT)
             else:
                 publish(E.BATCH_END, E.BATCH_CHECKPOINT)
+            if rank_times is not None:
+                rank_times(fetched)
             if self._boundary():
                 # The data ran out with this batch: the epoch is complete (EPOCH_END
                 # fires), as when max_duration in batches is a whole number of epochs.

@@ -300,6 +300,8 @@ class Trainer:
         if _PRECISIONS[precision] is torch.float16:  # bf16 has fp32's range: no scaler
             self.state.scaler = torch.amp.GradScaler(resolved_device.type)
         self.logger = Logger(self.state)
+        if self._rank_stops is not None:  # rank zero logs the ranks' step times through it
+            self._rank_stops.logger = self.logger
         self.engine = Engine(
             self.state,
             self.logger,
@@ -388,7 +390,7 @@ class Trainer:
         rank_stops = self._rank_stops
         loop = TrainingLoop(
             state, self.logger, self._config, self.engine.run_event, rank_stops,
-            self._poll_notices,
+            self._poll_notices, rank_stops.timed if rank_stops is not None else None,
         )
         # The saver waits for every handler and record before it captures (CheckpointSaver).
         attach_handler_drain(state, functools.partial(self.engine.wait_all, records=True))
