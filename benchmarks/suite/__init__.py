@@ -11,4 +11,5 @@ MODULES = (
     "call_blocking", "call_plain", "call_async", "batch_overhead", "growth", "run_event",
     "sleepers", "upload", "trailing_upload", "loop_wakeups", "many_callbacks",
     "thousand_callbacks", "first_example", "lateness", "memory", "checkpoint", "stop_agreement",
+    "rank_times", "prometheus_metrics",
 )

@@ -4,7 +4,8 @@
 callback's thread), ``noop-async`` as ``async def`` (on the loop), ``noop-blocking`` as
 ``@trainbus.blocking`` (on the training thread). ``upload``: an ``async def batch_end``
 awaiting one httpx POST per batch (the peers' work); ``uploader``: the loss logged every
-batch to ``HTTPMetricsUploader`` (its delivery finishes at close, inside the timed epoch).
+batch to ``HTTPMetricsUploader`` (its delivery finishes at close, inside the timed epoch);
+``prometheus``: ``PrometheusMetrics`` in ``loggers`` (its server started, never scraped).
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ def callbacks_for(scenario: str, n: int, url: str | None) -> tuple[list[Any], li
         return [cls() for _ in range(n)], []
     if scenario == "sleep":
         return [_Sleeper() for _ in range(n)], []
+    if scenario == "prometheus":  # PrometheusMetrics (its server idle: no scrape)
+        from trainbus.callbacks import PrometheusMetrics
+
+        return [], [PrometheusMetrics() for _ in range(n)]
     assert url is not None
     if scenario == "upload":
         return [_AsyncPost(url) for _ in range(n)], []

@@ -14,6 +14,7 @@ Needs ``pip install 'trainbus[prometheus]'``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -252,8 +253,17 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    stopping = False
     watch: RunWatch
     registry: CollectorRegistry
+
+
+def _serve(server: _Server) -> None:
+    """The server's thread: one connection at a time is accepted (each request then runs
+    on a thread of its own). It sleeps in ``accept`` between scrapes (no polling: an idle
+    endpoint costs the process nothing); :meth:`PrometheusMetrics.stop` wakes it."""
+    while not server.stopping:
+        server.handle_request()
 
 
 def _rank_offset() -> int:
@@ -351,21 +361,24 @@ class PrometheusMetrics(RunWatch):
         server.watch, server.registry = self, self.registry
         self.port = server.server_address[1]
         self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.5},
-            name="trainbus-prometheus", daemon=True,
-        )  # fmt: skip
+        self._thread = threading.Thread(target=_serve, args=(server,),
+                                        name="trainbus-prometheus", daemon=True)  # fmt: skip
         self._thread.start()
 
     def stop(self) -> None:
         """Stop serving (waits for the server's thread)."""
         server, thread = self._server, self._thread
         self._server = self._thread = None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
+        if server is None:
+            return
+        server.stopping = True
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else "::1" if self.host == "::" else (
+            self.host)  # fmt: skip
+        with contextlib.suppress(OSError):  # wake its accept: it sees ``stopping``
+            socket.create_connection((host, self.port), timeout=5).close()
         if thread is not None:
             thread.join(timeout=10)
+        server.server_close()
 
     def __enter__(self) -> PrometheusMetrics:
         self.start()
