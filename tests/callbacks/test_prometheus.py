@@ -185,3 +185,32 @@ def test_healthz_stays_healthy_through_a_long_checkpoint(tmp_path: Path) -> None
     assert saver.statistics().written >= 1
     assert samples(metrics.url)[("trainbus_checkpoints_written_total", ())] >= 1
     metrics.stop()
+
+
+def test_a_fit_that_raises_is_failed_and_counted() -> None:
+    class Boom(Callback):
+        @blocking
+        def batch_end(self, state: Any, logger: Any) -> None:
+            if int(state.timestamp.batch) == 2:
+                raise RuntimeError("boom")
+
+    watch = RunWatch()
+    trainer = Trainer(TinyModel(), make_loader(4), "1ep", callbacks=[Boom()], loggers=[watch])
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit_sync()
+    assert (watch.health().status, watch.health().ok, watch.fits_failed) == ("failed", True, 1)
+
+
+def test_the_engine_names_the_blocking_handler_the_training_thread_runs() -> None:
+    seen: list[str | None] = []
+
+    class Asks(Callback):
+        @blocking
+        def batch_end(self, state: Any, logger: Any) -> None:
+            seen.append(trainer.engine.training_thread_handler())
+
+    trainer = Trainer(TinyModel(), make_loader(2), "1ep", callbacks=[Asks()])
+    assert trainer.engine.training_thread_handler() is None
+    trainer.fit_sync()
+    assert [name.rsplit(".", 2)[-2:] for name in seen if name] == [["Asks", "batch_end"]] * 2
+    assert trainer.engine.training_thread_handler() is None
