@@ -58,6 +58,8 @@ DEFAULT_MAX_SCALARS = 200
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                 10.0, 30.0, 60.0, 300.0)  # fmt: skip
 #: The handlers during which the training thread works on a checkpoint (their method name).
+_perf = time.perf_counter
+_bucket = bisect.bisect_left
 _CHECKPOINT_EVENTS = ("batch_checkpoint", "epoch_checkpoint", "fit_end")
 _RECENT = 32
 
@@ -125,7 +127,6 @@ class RunWatch(LoggerDestination):
     Attributes:
         scalars: The latest value of each logged scalar (at most ``max_scalars`` names).
         scalars_dropped: Values of names beyond ``max_scalars`` not kept.
-        last_step_time: ``time.time()`` when the last batch completed (``None``: none yet).
         fits_failed: Fits that ended without ``FIT_END``.
         preemption_notices: Preemption notices the run received.
 
@@ -154,7 +155,7 @@ class RunWatch(LoggerDestination):
         self.engine: Engine | None = None
         self.scalars: dict[str, float] = {}
         self.scalars_dropped = 0
-        self.last_step_time: float | None = None
+        self._last_wall: float | None = None  # the last fit's last batch, once it ended
         self.fits_failed = 0
         self.preemption_notices = 0
         # Invariant: the training thread alone writes the fields below (its @blocking
@@ -182,6 +183,7 @@ class RunWatch(LoggerDestination):
     @blocking
     def fit_start(self, state: State, logger: Logger) -> None:
         """A fit starts: the clock starts; ``starting`` until its first batch."""
+        self._last_wall = self.last_step_time
         self._last_perf = None
         self._pause_seen = None
         self._since = time.perf_counter()
@@ -189,14 +191,13 @@ class RunWatch(LoggerDestination):
 
     @blocking
     def batch_end(self, state: State, logger: Logger) -> None:
-        """A batch completed: its time since the previous one, and the time it ended."""
-        now = time.perf_counter()
-        self.last_step_time = time.time()
+        """A batch completed: its time since the previous one (one clock read)."""
+        now = _perf()
         last, self._last_perf = self._last_perf, now
         if last is not None:
             step = now - last
             self._recent.append(step)
-            self.step_counts[bisect.bisect_left(self.step_bounds, step)] += 1
+            self.step_counts[_bucket(self.step_bounds, step)] += 1
             self.step_sum += step
 
     @blocking
@@ -229,8 +230,11 @@ class RunWatch(LoggerDestination):
 
     # -- the records' lane -------------------------------------------------------------------
 
-    def log_record(self, record: LogRecord) -> None:
-        """Keep the latest value of each scalar (numbers only; hyperparameters are not)."""
+    async def log_record(self, record: LogRecord) -> None:
+        """Keep the latest value of each scalar (numbers only; hyperparameters are not).
+
+        ``async def``: it runs on the event loop, and its records ride the loop's wake-ups
+        (no thread of its own, nothing woken for them alone)."""
         if record.hyperparameters:
             return
         scalars, limit = self.scalars, self.max_scalars
@@ -245,6 +249,15 @@ class RunWatch(LoggerDestination):
                 self.scalars_dropped += 1
 
     # -- readers (any thread) ----------------------------------------------------------------
+
+    @property
+    def last_step_time(self) -> float | None:
+        """``time.time()`` when the last batch completed (``None``: none yet); read off
+        the training thread's clock reading, so the handler pays one clock read."""
+        last = self._last_perf
+        if last is None:
+            return self._last_wall
+        return time.time() - (_perf() - last)
 
     @property
     def step_seconds(self) -> float | None:
