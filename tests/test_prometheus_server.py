@@ -98,8 +98,7 @@ def test_prometheus_scrapes_a_run_and_the_service(tmp_path: Path) -> None:
 
     metrics = PrometheusMetrics()
     runs = RunsUntil()
-    trainer = Trainer(TinyModel(), make_loader(50), "1000ep", callbacks=[runs],
-                      loggers=[metrics])  # fmt: skip
+    trainer = Trainer(TinyModel(), make_loader(50), "1000ep", callbacks=[runs, metrics])  # fmt: skip
     service_port = free_port()
     server = create_server(create_app(), port=service_port)
     served = threading.Thread(target=server.run, daemon=True)

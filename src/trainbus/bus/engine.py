@@ -27,6 +27,7 @@ import anyio
 import anyio.lowlevel
 
 from trainbus.bus.bridge import LoopThread, no_running_loop
+from trainbus.bus.clock import BatchClock
 from trainbus.bus.lanes import Counters, Stopped
 from trainbus.bus.members import Member
 from trainbus.bus.options import (
@@ -384,6 +385,15 @@ class Engine:
         session = self._session
         lane = session.producer.running_here if session is not None else None
         return lane.current if lane is not None else None
+
+    def batch_clock(self) -> BatchClock:
+        """The engine's :class:`~trainbus.bus.clock.BatchClock`, started at the first call:
+        from then on each ``BATCH_END`` reads the clock once and counts its step (no
+        handler, no snapshot). Every caller gets the same clock."""
+        clock = self._counters.clock
+        if clock is None:
+            clock = self._counters.clock = BatchClock()
+        return clock
 
     def record_trace(self, max_spans: int | None = None) -> TraceRecorder:
         """Start recording a timeline of handler calls and producer waits.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from trainbus.callbacks._run_watch import Health as Health
+from trainbus.callbacks._run_watch import JobWatch as JobWatch
 from trainbus.callbacks._run_watch import RunWatch as RunWatch
 from trainbus.callbacks.checkpoint_saver import CheckpointSaver as CheckpointSaver
 from trainbus.callbacks.checkpoint_saver import SaverStatistics as SaverStatistics
@@ -35,6 +36,7 @@ __all__ = (
     "EventStream",
     "GradMonitor",
     "Health",
+    "JobWatch",
     "LRMonitor",
     "MemoryMonitor",
     "ProgressBar",

@@ -1,12 +1,13 @@
 """``RunWatch``: what an operator watches of one run, kept for a scrape or a health probe.
 
-The training thread pays one ``@blocking`` ``batch_end`` call a batch (a clock read, two
-counters, a bucket of the step-time histogram); everything else is read when someone asks
+The watch handles no per-batch event: the engine's :class:`~trainbus.bus.clock.BatchClock`
+counts each batch's end (one clock read and a histogram bucket as the producer publishes
+``BATCH_END``: no handler, no snapshot), and the logger hands it each record as it is
+logged (``Logger._tap``: the latest value of each scalar name kept in a dict, on the logging
+thread; no lane, no wake-up). Everything else is read when someone asks
 (:meth:`RunWatch.health`, the Prometheus collector of ``callbacks/prometheus.py``): the
 run's counters off the live timer, each callback's time, queue and lag off
-``engine.statistics()``, the checkpoints off each ``CheckpointSaver``'s statistics. The
-latest value of each logged scalar arrives as a record on the watch's own lane (a lossy
-``latest`` mailbox: a watch that falls behind keeps the newest values and holds nobody).
+``engine.statistics()``, the checkpoints off each ``CheckpointSaver``'s statistics.
 
 The health rule (``docs/watching-a-run.md``): ``starting`` until the fit's first batch
 completes; then ``healthy`` while the time since the last batch stays within
@@ -20,18 +21,17 @@ that ended without it. It is a report: nothing in the run reads it.
 
 from __future__ import annotations
 
-import bisect
 import math
 import statistics as _stats
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from trainbus.bus.clock import STEP_BUCKETS, BatchClock
 from trainbus.core.backpressure import Backpressure
-from trainbus.core.callback import blocking
+from trainbus.core.callback import Callback, blocking
 from trainbus.core.destination import LoggerDestination
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ __all__ = [
     "DEFAULT_STALL_FLOOR",
     "STEP_BUCKETS",
     "Health",
+    "JobWatch",
     "RunWatch",
 ]
 
@@ -54,14 +55,9 @@ DEFAULT_STALL_FACTOR = 10.0
 DEFAULT_STALL_FLOOR = 60.0
 #: Logged scalar names kept (the first ones seen); later names are counted, not kept.
 DEFAULT_MAX_SCALARS = 200
-#: The step-time histogram's bucket bounds, in seconds (``le``; +Inf is implied).
-STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                10.0, 30.0, 60.0, 300.0)  # fmt: skip
 #: The handlers during which the training thread works on a checkpoint (their method name).
 _perf = time.perf_counter
-_bucket = bisect.bisect_left
 _CHECKPOINT_EVENTS = ("batch_checkpoint", "epoch_checkpoint", "fit_end")
-_RECENT = 32
 
 Status = Literal["starting", "healthy", "paused", "stalled", "ended", "failed"]
 
@@ -111,12 +107,13 @@ def _positive(name: str, value: object, example: str) -> float:
     return float(value)
 
 
-class RunWatch(LoggerDestination):
+class RunWatch(Callback):
     """Keeps what a scrape or a health probe of one run reads (module doc).
 
-    Pass it in ``loggers=[...]`` (:class:`~trainbus.callbacks.PrometheusMetrics` is one,
-    and ``trainbus.serve`` adds one to every job). Every reading is approximate (another
-    thread reads what the training thread writes) and none changes what the run does.
+    Pass it in ``callbacks=[...]`` (:class:`~trainbus.callbacks.PrometheusMetrics` is one;
+    ``trainbus.serve`` gives every job a :class:`JobWatch`). Every reading is approximate
+    (another thread reads what the training thread writes) and none changes what the run
+    does.
 
     Args:
         stall_factor: No batch for this many times the recent step time is a stall ...
@@ -132,13 +129,13 @@ class RunWatch(LoggerDestination):
 
     Example:
         >>> watch = RunWatch(stall_floor=30)
-        >>> trainer = Trainer(model, loader, "3ep", loggers=[watch])
+        >>> trainer = Trainer(model, loader, "3ep", callbacks=[watch])
         >>> watch.health().status
         'starting'
     """
 
-    #: Only the latest values matter: a slow scrape side never holds the training thread.
-    backpressure = Backpressure.latest(64)
+    #: Whether the scalars come from the logger's tap (a :class:`JobWatch` gets records).
+    _tap_scalars = True
 
     def __init__(
         self,
@@ -153,18 +150,15 @@ class RunWatch(LoggerDestination):
             raise ValueError(f"max_scalars={max_scalars!r} must be an int >= 0, e.g. 200")
         self.max_scalars = max_scalars
         self.engine: Engine | None = None
-        self.scalars: dict[str, float] = {}
+        self._scalars: dict[str, Any] = {}  # as logged: converted when read
         self.scalars_dropped = 0
         self._last_wall: float | None = None  # the last fit's last batch, once it ended
         self.fits_failed = 0
         self.preemption_notices = 0
         # Invariant: the training thread alone writes the fields below (its @blocking
         # handlers); readers take them as they are (a reading may be a batch old).
-        self.step_bounds = STEP_BUCKETS
-        self.step_counts = [0] * (len(STEP_BUCKETS) + 1)  # the last one is +Inf
-        self.step_sum = 0.0
-        self._recent: deque[float] = deque(maxlen=_RECENT)
-        self._last_perf: float | None = None  # perf_counter() of the last batch (this fit)
+        self.clock = BatchClock()  # the engine's, once it joins one
+        self._fit_start_batches = 0
         self._since: float | None = None  # when the clock (re)started: fit start, eval end
         self._phase: Literal["idle", "running", "eval", "ended", "failed"] = "idle"
         self._pause_seen: float | None = None  # a probe saw a checkpoint (its clock)
@@ -175,8 +169,12 @@ class RunWatch(LoggerDestination):
         self.time_account: Callable[[], Mapping[str, float]] | None = None
 
     def _bind_engine(self, engine: Engine) -> None:
-        """Called by the engine it joins (a private hook): statistics and live counters."""
+        """Called by the engine it joins (a private hook): its statistics, its live
+        counters, its batch clock, and (but for a :class:`JobWatch`) its logger's records."""
         self.engine = engine
+        self.clock = engine.batch_clock()
+        if self._tap_scalars:
+            engine.logger._tap(self.keep)
 
     # -- the training thread -----------------------------------------------------------------
 
@@ -184,21 +182,10 @@ class RunWatch(LoggerDestination):
     def fit_start(self, state: State, logger: Logger) -> None:
         """A fit starts: the clock starts; ``starting`` until its first batch."""
         self._last_wall = self.last_step_time
-        self._last_perf = None
+        self.clock.restart()
         self._pause_seen = None
         self._since = time.perf_counter()
         self._phase = "running"
-
-    @blocking
-    def batch_end(self, state: State, logger: Logger) -> None:
-        """A batch completed: its time since the previous one (one clock read)."""
-        now = _perf()
-        last, self._last_perf = self._last_perf, now
-        if last is not None:
-            step = now - last
-            self._recent.append(step)
-            self.step_counts[_bucket(self.step_bounds, step)] += 1
-            self.step_sum += step
 
     @blocking
     def eval_start(self, state: State, logger: Logger) -> None:
@@ -218,8 +205,10 @@ class RunWatch(LoggerDestination):
         """The fit ended: ``ended`` until the next one."""
         self._phase = "ended"
 
-    def close(self, state: State, logger: Logger) -> None:
-        """A fit that ended without ``FIT_END`` (an error, a cancellation) counts as failed."""
+    async def close(self, state: State, logger: Logger) -> None:
+        """A fit that ended without ``FIT_END`` (an error, a cancellation) counts as failed
+        (``async def``, as every handler of the watch but the ``@blocking`` ones: the watch
+        has no thread of its own)."""
         if self._phase in ("running", "eval"):
             self._phase = "failed"
             self.fits_failed += 1
@@ -228,41 +217,47 @@ class RunWatch(LoggerDestination):
         """Count the notice (it runs on the event loop when one comes)."""
         self.preemption_notices += 1
 
-    # -- the records' lane -------------------------------------------------------------------
+    # -- the records (the logging thread) ----------------------------------------------------
 
-    async def log_record(self, record: LogRecord) -> None:
-        """Keep the latest value of each scalar (numbers only; hyperparameters are not).
-
-        ``async def``: it runs on the event loop, and its records ride the loop's wake-ups
-        (no thread of its own, nothing woken for them alone)."""
+    def keep(self, record: LogRecord) -> None:
+        """Keep the latest value of each name of ``record`` (hyperparameters are not): as
+        logged, converted to a number when read (:attr:`scalars`)."""
         if record.hyperparameters:
             return
-        scalars, limit = self.scalars, self.max_scalars
+        scalars, limit = self._scalars, self.max_scalars
         for name, value in record.metrics.items():
-            try:
-                number = float(value)
-            except (TypeError, ValueError):
-                continue  # not a scalar (a tensor of many values, a string)
             if name in scalars or len(scalars) < limit:
-                scalars[name] = number
+                scalars[name] = value
             else:
                 self.scalars_dropped += 1
+
+    @property
+    def scalars(self) -> dict[str, float]:
+        """The latest value of each logged scalar (at most ``max_scalars`` names; values
+        that are not single numbers are left out)."""
+        out = {}
+        for name, value in dict(self._scalars).items():
+            try:
+                out[name] = float(value)
+            except (TypeError, ValueError, RuntimeError):
+                continue  # a tensor of many values, a string
+        return out
 
     # -- readers (any thread) ----------------------------------------------------------------
 
     @property
     def last_step_time(self) -> float | None:
-        """``time.time()`` when the last batch completed (``None``: none yet); read off
-        the training thread's clock reading, so the handler pays one clock read."""
-        last = self._last_perf
+        """``time.time()`` when the last batch completed (``None``: none yet); derived from
+        the batch clock's reading, so the training thread pays one clock read."""
+        last = self.clock.last
         if last is None:
             return self._last_wall
         return time.time() - (_perf() - last)
 
     @property
     def step_seconds(self) -> float | None:
-        """The recent step time: the median of the last 32 steps (``None``: fewer than 1)."""
-        recent = list(self._recent)
+        """The recent step time: the median of the last 32 steps (``None``: none yet)."""
+        recent = list(self.clock.recent)
         return _stats.median(recent) if recent else None
 
     @property
@@ -299,7 +294,7 @@ class RunWatch(LoggerDestination):
     def health(self) -> Health:
         """The run's health now (module doc); any thread, never waits for the run."""
         now = time.perf_counter()
-        phase, last, since = self._phase, self._last_perf, self._since
+        phase, last, since = self._phase, self.clock.last, self._since
         batches, deadline, step = self.batches, self.deadline(), self.step_seconds
 
         def reading(status: Status, ok: bool, elapsed: float | None, reason: str) -> Health:
@@ -328,3 +323,17 @@ class RunWatch(LoggerDestination):
                 f"no batch completed for {elapsed:.1f} s (deadline {deadline:.1f} s)",
             )  # fmt: skip
         return reading("healthy", True, elapsed, "batches complete")
+
+
+class JobWatch(RunWatch, LoggerDestination):
+    """A :class:`RunWatch` that is a destination, for ``loggers=[...]`` (``trainbus.serve``
+    gives one to every job in ``ctx.loggers``): the scalars arrive as records on the event
+    loop, beside the job's other destinations, instead of through the logger's tap."""
+
+    _tap_scalars = False
+    #: Only the latest values matter: a slow reader never holds the training thread.
+    backpressure = Backpressure.latest(64)
+
+    async def log_record(self, record: LogRecord) -> None:
+        """Keep the record's values (:meth:`RunWatch.keep`)."""
+        self.keep(record)

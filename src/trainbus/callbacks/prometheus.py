@@ -113,12 +113,13 @@ def run_families(runs: Sequence[tuple[Labels, RunWatch]]) -> list[Any]:
                     lv, int(getattr(ts, unit)) if ts is not None else 0)  # fmt: skip
         hist = fam(HistogramMetricFamily, "trainbus_step_duration_seconds",
                    "Seconds from one batch's end to the next's (this process)")  # fmt: skip
+        clock = watch.clock
+        counts, total = list(clock.counts), clock.total
         cumulative, buckets = 0, []
-        for bound, count in zip((*watch.step_bounds, float("inf")), watch.step_counts,
-                                strict=True):  # fmt: skip
+        for bound, count in zip((*clock.bounds, float("inf")), counts, strict=True):
             cumulative += count
             buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
-        hist.add_metric(lv, buckets, watch.step_sum)
+        hist.add_metric(lv, buckets, total)
         if watch.last_step_time is not None:
             gauge("trainbus_last_step_timestamp_seconds",
                   "Unix time when the last batch completed", lv, watch.last_step_time)  # fmt: skip
@@ -277,7 +278,7 @@ def _rank_offset() -> int:
 class PrometheusMetrics(RunWatch):
     """Serves a run's Prometheus metrics at ``/metrics`` and its health at ``/healthz``.
 
-    Pass it in ``loggers=[...]``. The server starts with the first fit (or at
+    Pass it in ``callbacks=[...]``. The server starts with the first fit (or at
     :meth:`start`) and keeps serving after it, until :meth:`stop` or the end of a
     ``with`` block; its thread is a daemon. Under ``torchrun`` every rank serves its own
     endpoint: a fixed ``port`` is offset by the rank's ``LOCAL_RANK`` (9400, 9401, ... on
@@ -300,7 +301,7 @@ class PrometheusMetrics(RunWatch):
 
     Example:
         >>> metrics = PrometheusMetrics(port=9400)
-        >>> trainer = Trainer(model, loader, "3ep", loggers=[metrics])
+        >>> trainer = Trainer(model, loader, "3ep", callbacks=[metrics])
         >>> trainer.fit_sync()   # curl 127.0.0.1:9400/metrics while it runs
     """
 

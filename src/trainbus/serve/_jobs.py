@@ -20,7 +20,7 @@ from typing import Any, Literal
 import anyio
 import anyio.abc
 
-from trainbus.callbacks._run_watch import RunWatch
+from trainbus.callbacks._run_watch import JobWatch
 from trainbus.callbacks._stream_items import json_ready
 from trainbus.callbacks.event_stream import EventStream
 from trainbus.core.destination import LoggerDestination
@@ -94,7 +94,7 @@ class JobContext:
         params: The parameters the client sent (a JSON object).
         stream: The job's event stream (the ``/events`` endpoint subscribes to it).
         metrics: The job's latest-metrics view (shown by ``GET /jobs/{id}``).
-        watch: The job's :class:`~trainbus.callbacks.RunWatch` (its Prometheus metrics on
+        watch: The job's :class:`~trainbus.callbacks.JobWatch` (its Prometheus metrics on
             the service's ``/metrics``, its health on ``/jobs/{id}/healthz``).
     """
 
@@ -102,7 +102,7 @@ class JobContext:
     params: Mapping[str, Any]
     stream: EventStream
     metrics: LatestMetrics = field(default_factory=LatestMetrics)
-    watch: RunWatch = field(default_factory=RunWatch)
+    watch: JobWatch = field(default_factory=JobWatch)
 
     @property
     def loggers(self) -> list[LoggerDestination]:
