@@ -98,7 +98,7 @@ def test_prometheus_scrapes_a_run_and_the_service(tmp_path: Path) -> None:
 
     metrics = PrometheusMetrics()
     runs = RunsUntil()
-    trainer = Trainer(TinyModel(), make_loader(50), "1000ep", callbacks=[runs, metrics])  # fmt: skip
+    trainer = Trainer(TinyModel(), make_loader(50), "1000ep", callbacks=[runs, metrics])
     service_port = free_port()
     server = create_server(create_app(), port=service_port)
     served = threading.Thread(target=server.run, daemon=True)
@@ -120,10 +120,10 @@ def test_prometheus_scrapes_a_run_and_the_service(tmp_path: Path) -> None:
             service = f'job="service",job_id="{job_id}"'
             for job, selector in (("run", 'job="run"'), ("service", service)):
                 # The step counter increases over the last scrapes ...
-                until(api, f"increase(trainbus_batches_total{{{selector}}}[5s]) > 0")
-                # ... and the last step is recent (Prometheus' clock: within 10 s).
+                until(api, f"increase(trainbus_batches_total{{{selector}}}[10s]) > 0")
+                # ... and the last step is recent (Prometheus' clock; 30 s: a loaded machine).
                 recent = until(api, f"time() - trainbus_last_step_timestamp_seconds{{{selector}}}")
-                assert float(recent[0]["value"][1]) < 10, (job, recent)
+                assert float(recent[0]["value"][1]) < 30, (job, recent)
                 assert until(api, f"trainbus_healthy{{{selector}}}")[0]["value"][1] == "1"
     finally:
         runs.stop.set()

@@ -1,6 +1,6 @@
 """Instructions per batch with ``PrometheusMetrics`` on vs off, on the training thread and on
-all threads (the tiny workload; the loss logged every batch, as by default, so the callback's
-records lane works too). Target: at most 1% of a trainbus batch. A scrape runs on the
+all threads (the tiny workload, no loggers, as every row of the suite: the logger's tap that
+keeps the latest scalars is then never called). Target: at most 1% of a trainbus batch. A scrape runs on the
 callback's server thread and reads counters as they are (``docs/watching-a-run.md``): the
 training thread never waits for it, so no scrape happens here."""
 

@@ -121,7 +121,7 @@ def test_healthz_turns_stalled_on_a_stuck_training_thread_and_healthy_when_it_mo
     metrics = PrometheusMetrics(stall_floor=1.0, stall_factor=2.0)
     status, body = health(metrics.url)
     assert (status, body["status"]) == (503, "starting")
-    trainer = Trainer(TinyModel(), make_loader(12), "1ep", callbacks=[first, second, metrics])  # fmt: skip
+    trainer = Trainer(TinyModel(), make_loader(12), "1ep", callbacks=[first, second, metrics])
     done = threading.Thread(target=trainer.fit_sync)
     done.start()
     try:
@@ -162,7 +162,7 @@ def test_healthz_stays_healthy_through_a_long_checkpoint(tmp_path: Path) -> None
     slow = SlowState()
     metrics = PrometheusMetrics(stall_floor=0.3, stall_factor=2.0)
     saver = CheckpointSaver(tmp_path, save_interval="3ba")
-    trainer = Trainer(TinyModel(), make_loader(8), "1ep", callbacks=[slow, saver, metrics])  # fmt: skip
+    trainer = Trainer(TinyModel(), make_loader(8), "1ep", callbacks=[slow, saver, metrics])
     done = threading.Thread(target=trainer.fit_sync)
     done.start()
     try:

@@ -5,7 +5,7 @@ callback's thread), ``noop-async`` as ``async def`` (on the loop), ``noop-blocki
 ``@trainbus.blocking`` (on the training thread). ``upload``: an ``async def batch_end``
 awaiting one httpx POST per batch (the peers' work); ``uploader``: the loss logged every
 batch to ``HTTPMetricsUploader`` (its delivery finishes at close, inside the timed epoch);
-``prometheus``: ``PrometheusMetrics`` in ``loggers`` (its server started, never scraped).
+``prometheus``: ``PrometheusMetrics`` in ``callbacks`` (its server started, never scraped).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def callbacks_for(scenario: str, n: int, url: str | None) -> tuple[list[Any], li
     if scenario == "prometheus":  # PrometheusMetrics (its server idle: no scrape)
         from trainbus.callbacks import PrometheusMetrics
 
-        return [], [PrometheusMetrics() for _ in range(n)]
+        return [PrometheusMetrics() for _ in range(n)], []
     assert url is not None
     if scenario == "upload":
         return [_AsyncPost(url) for _ in range(n)], []

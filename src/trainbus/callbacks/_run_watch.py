@@ -124,8 +124,6 @@ class RunWatch(Callback):
     Attributes:
         scalars: The latest value of each logged scalar (at most ``max_scalars`` names).
         scalars_dropped: Values of names beyond ``max_scalars`` not kept.
-        fits_failed: Fits that ended without ``FIT_END``.
-        preemption_notices: Preemption notices the run received.
 
     Example:
         >>> watch = RunWatch(stall_floor=30)
@@ -153,8 +151,7 @@ class RunWatch(Callback):
         self._scalars: dict[str, Any] = {}  # as logged: converted when read
         self.scalars_dropped = 0
         self._last_wall: float | None = None  # the last fit's last batch, once it ended
-        self.fits_failed = 0
-        self.preemption_notices = 0
+        self._failed_before = 0  # fits that ended without FIT_END, before this one
         # Invariant: the training thread alone writes the fields below (its @blocking
         # handlers); readers take them as they are (a reading may be a batch old).
         self.clock = BatchClock()  # the engine's, once it joins one
@@ -181,6 +178,8 @@ class RunWatch(Callback):
     @blocking
     def fit_start(self, state: State, logger: Logger) -> None:
         """A fit starts: the clock starts; ``starting`` until its first batch."""
+        if self._phase in ("running", "eval"):  # the last fit ended without FIT_END
+            self._failed_before += 1
         self._last_wall = self.last_step_time
         self.clock.restart()
         self._pause_seen = None
@@ -204,18 +203,6 @@ class RunWatch(Callback):
     def fit_end(self, state: State, logger: Logger) -> None:
         """The fit ended: ``ended`` until the next one."""
         self._phase = "ended"
-
-    async def close(self, state: State, logger: Logger) -> None:
-        """A fit that ended without ``FIT_END`` (an error, a cancellation) counts as failed
-        (``async def``, as every handler of the watch but the ``@blocking`` ones: the watch
-        has no thread of its own)."""
-        if self._phase in ("running", "eval"):
-            self._phase = "failed"
-            self.fits_failed += 1
-
-    async def preemption_notice(self, state: State, logger: Logger) -> None:
-        """Count the notice (it runs on the event loop when one comes)."""
-        self.preemption_notices += 1
 
     # -- the records (the logging thread) ----------------------------------------------------
 
@@ -253,6 +240,21 @@ class RunWatch(Callback):
         if last is None:
             return self._last_wall
         return time.time() - (_perf() - last)
+
+    def _ended_without_fit_end(self) -> bool:
+        engine = self.engine
+        return self._phase in ("running", "eval") and engine is not None and not engine.running
+
+    @property
+    def fits_failed(self) -> int:
+        """Fits that ended without ``FIT_END`` (an error, a cancellation)."""
+        return self._failed_before + (1 if self._ended_without_fit_end() else 0)
+
+    @property
+    def preempted(self) -> bool:
+        """Whether the run has a preemption notice (``state.preemption``)."""
+        engine = self.engine
+        return engine is not None and engine.state.preemption is not None
 
     @property
     def step_seconds(self) -> float | None:
@@ -302,6 +304,8 @@ class RunWatch(Callback):
 
         if phase == "idle" or since is None:
             return reading("starting", False, None, "no fit has started")
+        if self._ended_without_fit_end():
+            phase = "failed"
         marks = [m for m in (last, since) if m is not None]
         with self._lock:
             if phase in ("running", "eval") and (phase == "eval" or self._in_checkpoint()):

@@ -137,11 +137,9 @@ def run_families(runs: Sequence[tuple[Labels, RunWatch]]) -> list[Any]:
                 "not kept", lv, watch.scalars_dropped)  # fmt: skip
         counter("trainbus_fits_failed", "Fits that ended without FIT_END (an error or a "
                 "cancellation)", lv, watch.fits_failed)  # fmt: skip
-        counter("trainbus_preemption_notices", "Preemption notices received", lv,
-                watch.preemption_notices)  # fmt: skip
+        gauge("trainbus_preempted", "1 once the run has a preemption notice", lv,
+              1.0 if watch.preempted else 0.0)  # fmt: skip
         if engine is not None:
-            gauge("trainbus_preempted", "1 once the run has a preemption notice", lv,
-                  1.0 if engine.state.preemption is not None else 0.0)  # fmt: skip
             _bus_families(engine.statistics(), lv, counter, gauge)
         _checkpoint_families(watch, lv, counter, gauge)
         account = watch.time_account
