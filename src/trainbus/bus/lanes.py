@@ -410,9 +410,7 @@ class Counters:
         barrier_wait: Seconds spent in those.
         backpressure_wait: Seconds spent waiting for full queues (D12).
         loop_wakeups: Wake-ups of the event loop's dispatcher (loop thread writes).
-        trace: The timeline recorder, while one records.
-        clock: The batches' ends, while a :class:`~trainbus.bus.clock.BatchClock` keeps
-            them (:meth:`Engine.batch_clock`).
+        trace, clock: The timeline recorder, the batch clock (``bus/clock.py``), while kept.
     """
 
     __slots__ = ("backpressure_wait", "barrier_wait", "barrier_waits", "batches", "clock",
