@@ -69,6 +69,20 @@ class _AsyncPost(Callback):
         await self.client.aclose()
 
 
+_PROMETHEUS: list[Any] = []
+
+
+def _prometheus() -> Any:
+    """One ``PrometheusMetrics`` per process, its server started at the first (warm-up)
+    fit: the measured fits count what a batch costs, not a server's start (a fit's)."""
+    if not _PROMETHEUS:
+        from trainbus.callbacks import PrometheusMetrics
+
+        _PROMETHEUS.append(PrometheusMetrics())
+        _PROMETHEUS[0].start()
+    return _PROMETHEUS[0]
+
+
 def callbacks_for(scenario: str, n: int, url: str | None) -> tuple[list[Any], list[Any]]:
     if scenario.startswith("noop"):
         cls = noop_class(scenario)
@@ -76,9 +90,7 @@ def callbacks_for(scenario: str, n: int, url: str | None) -> tuple[list[Any], li
     if scenario == "sleep":
         return [_Sleeper() for _ in range(n)], []
     if scenario == "prometheus":  # PrometheusMetrics (its server idle: no scrape)
-        from trainbus.callbacks import PrometheusMetrics
-
-        return [PrometheusMetrics() for _ in range(n)], []
+        return [_prometheus() for _ in range(n)], []
     assert url is not None
     if scenario == "upload":
         return [_AsyncPost(url) for _ in range(n)], []
