@@ -1,7 +1,8 @@
 """``PrometheusMetrics``: a run's ``/metrics`` and ``/healthz``, for Prometheus and probes.
 
-The callback is a :class:`~trainbus.callbacks._run_watch.RunWatch` (one ``@blocking``
-``batch_end`` call a batch; the rest is read when a scrape comes) with a small HTTP server
+The callback is a :class:`~trainbus.callbacks._run_watch.RunWatch` (no handler a batch: the
+engine's batch clock and the logger's tap feed it; the rest is read when a scrape comes)
+with a small HTTP server
 on a daemon thread of its own: ``GET /metrics`` (the text format, from a registry of the
 callback's own, never the global one) and ``GET /healthz`` (the health check's JSON; 200
 when it passes, 503 when it does not). A scrape runs on the server's thread: it reads the
