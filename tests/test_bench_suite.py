@@ -27,6 +27,7 @@ SPEC_ROWS = (
     "event-loop lateness p99 while training", "memory over 10^6 logged records",
     "the README's first example", "checkpoint: training-thread stall per save",
     "checkpoint: extra host memory at a save's peak", "checkpoint: RSS over 50 saves",
+    "Prometheus metrics callback on vs off",
 )
 VERDICTS = {"met", "missed", "not decided"}
 

@@ -246,7 +246,8 @@ async def test_delete_cancels_a_running_job_and_closes_its_callbacks() -> None:
             assert rec.post_closed == 1
             assert 1 <= rec.batches < 1_000_000
             assert (await c.get(f"/jobs/{job_id}")).json()["status"] == "cancelled"
-            assert (await c.get("/healthz")).json() == {"status": "ok", "running": 0}
+            health = (await c.get("/healthz")).json()
+            assert (health["status"], health["running"], health["jobs"]) == ("ok", 0, {})
 
 
 @pytest.mark.asyncio
@@ -767,3 +768,38 @@ def test_missing_service_extra_names_the_install_command(monkeypatch: pytest.Mon
     monkeypatch.setitem(sys.modules, "starlette", None)  # as if it were not installed
     with pytest.raises(ImportError, match=r"pip install 'trainbus\[service\]'"):
         importlib.import_module("trainbus.serve")
+
+
+@pytest.mark.asyncio
+async def test_metrics_and_health_of_each_job() -> None:
+    # Issue 57: /metrics carries every job's series (a job_id label each); a job held in a
+    # handler past its deadline is stalled on /jobs/{id}/healthz and on the service's /healthz.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    factory = Factory()
+    app = create_app(factory)
+    with anyio.fail_after(DEADLINE):
+        async with serving(app) as (_, url), httpx.AsyncClient(base_url=url) as c:
+            done = (await c.post("/jobs", json={"batches": 3})).json()["id"]
+            while (await c.get(f"/jobs/{done}")).json()["status"] != "completed":
+                await read_all(c, done, "?since=999999")
+            held = (await c.post("/jobs", json={"batches": 6, "hold_at": 3})).json()["id"]
+            job = app.state.jobs.get(held)
+            assert job.watch is not None
+            job.watch.stall_floor = 0.2  # the hold is a stall after 0.2 s
+            while (reply := await c.get(f"/jobs/{held}/healthz")).json()["status"] != "stalled":
+                await anyio.sleep(0.02)
+            assert reply.status_code == 503
+            service = await c.get("/healthz")
+            assert (service.status_code, service.json()["stalled"]) == (503, [held])
+            text = (await c.get("/metrics")).text
+            assert factory.gate is not None
+            factory.gate.set()
+            await job.wait()
+            assert (await c.get(f"/jobs/{held}/healthz")).json()["status"] == "ended"
+            assert (await c.get("/healthz")).status_code == 200
+    values = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for f in text_string_to_metric_families(text) for s in f.samples}  # fmt: skip
+    assert values[("trainbus_batches_total", (("job_id", done),))] == 3
+    assert values[("trainbus_healthy", (("job_id", held),))] == 0
+    assert values[("trainbus_jobs", (("status", "completed"),))] == 1

@@ -13,4 +13,5 @@ MODULES = (
     "thousand_callbacks", "first_example", "lateness", "memory", "checkpoint", "stop_agreement",
     "users_callbacks",
     "account_cost",
+    "rank_times", "prometheus_metrics",
 )

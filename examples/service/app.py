@@ -38,7 +38,7 @@ def regression_job(ctx: JobContext) -> trainbus.Trainer:
         loader,
         f"{epochs}ep",
         loss_fn=torch.nn.functional.mse_loss,
-        loggers=ctx.loggers,  # the job's EventStream and latest-metrics view: required
+        loggers=ctx.loggers,  # the job's EventStream, latest metrics and watch: required
     )
 
 

@@ -4,7 +4,8 @@
 callback's thread), ``noop-async`` as ``async def`` (on the loop), ``noop-blocking`` as
 ``@trainbus.blocking`` (on the training thread). ``upload``: an ``async def batch_end``
 awaiting one httpx POST per batch (the peers' work); ``uploader``: the loss logged every
-batch to ``HTTPMetricsUploader`` (its delivery finishes at close, inside the timed epoch).
+batch to ``HTTPMetricsUploader`` (its delivery finishes at close, inside the timed epoch);
+``prometheus``: ``PrometheusMetrics`` in ``callbacks`` (its server started, never scraped).
 """
 
 from __future__ import annotations
@@ -73,12 +74,28 @@ class _AsyncPost(Callback):
         await self.client.aclose()
 
 
+_PROMETHEUS: list[Any] = []
+
+
+def _prometheus() -> Any:
+    """One ``PrometheusMetrics`` per process, its server started at the first (warm-up)
+    fit: the measured fits count what a batch costs, not a server's start (a fit's)."""
+    if not _PROMETHEUS:
+        from trainbus.callbacks import PrometheusMetrics
+
+        _PROMETHEUS.append(PrometheusMetrics())
+        _PROMETHEUS[0].start()
+    return _PROMETHEUS[0]
+
+
 def callbacks_for(scenario: str, n: int, url: str | None) -> tuple[list[Any], list[Any]]:
     if scenario.startswith("noop"):
         cls = noop_class(scenario.removesuffix(UNTRACKED))
         return [cls() for _ in range(n)], []
     if scenario == "sleep":
         return [_Sleeper() for _ in range(n)], []
+    if scenario == "prometheus":  # PrometheusMetrics (its server idle: no scrape)
+        return [_prometheus() for _ in range(n)], []
     assert url is not None
     if scenario == "upload":
         return [_AsyncPost(url) for _ in range(n)], []

@@ -27,6 +27,7 @@ import anyio
 import anyio.lowlevel
 
 from trainbus.bus.bridge import LoopThread, no_running_loop
+from trainbus.bus.clock import BatchClock
 from trainbus.bus.lanes import Counters, Stopped
 from trainbus.bus.members import Member
 from trainbus.bus.options import (
@@ -427,6 +428,23 @@ class Engine:
         return collect_statistics(
             self._members, self._last_lanes, self._counters, self.state._timer._ts._batch
         )
+
+    def training_thread_handler(self) -> str | None:
+        """``"Class.method"`` of the ``@blocking`` handler the training thread runs now, or
+        ``None`` (any thread; a read of what the training thread last wrote, so it may be a
+        moment old). A health check uses it to tell a checkpoint's capture from a hang."""
+        session = self._session
+        lane = session.producer.running_here if session is not None else None
+        return lane.current if lane is not None else None
+
+    def batch_clock(self) -> BatchClock:
+        """The engine's :class:`~trainbus.bus.clock.BatchClock`, started at the first call:
+        from then on each ``BATCH_END`` reads the clock once and counts its step (no
+        handler, no snapshot). Every caller gets the same clock."""
+        clock = self._counters.clock
+        if clock is None:
+            clock = self._counters.clock = BatchClock()
+        return clock
 
     def record_trace(self, max_spans: int | None = None) -> TraceRecorder:
         """Start recording a timeline of handler calls and producer waits.

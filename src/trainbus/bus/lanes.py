@@ -42,6 +42,7 @@ from trainbus.core.exceptions import Stopped
 if TYPE_CHECKING:
     import anyio
 
+    from trainbus.bus.clock import BatchClock
     from trainbus.bus.members import Member, Slot
     from trainbus.bus.trace import TraceRecorder
     from trainbus.core.callback import Handler
@@ -409,10 +410,10 @@ class Counters:
         barrier_wait: Seconds spent in those.
         backpressure_wait: Seconds spent waiting for full queues (D12).
         loop_wakeups: Wake-ups of the event loop's dispatcher (loop thread writes).
-        trace: The timeline recorder, while one records.
+        trace, clock: The timeline recorder, the batch clock (``bus/clock.py``), while kept.
     """
 
-    __slots__ = ("backpressure_wait", "barrier_wait", "barrier_waits", "batches",
+    __slots__ = ("backpressure_wait", "barrier_wait", "barrier_waits", "batches", "clock",
                  "loop_wakeups", "published", "trace")
 
     def __init__(self) -> None:
@@ -423,6 +424,7 @@ class Counters:
         self.backpressure_wait = 0.0
         self.loop_wakeups = 0
         self.trace: TraceRecorder | None = None
+        self.clock: BatchClock | None = None
 
     def waited(self, kind: str, start: float, elapsed: float) -> None:
         """Count one wait of the producer."""

@@ -447,6 +447,9 @@ class Producer:
         counters = self.counters
         counters.batches += 1
         batches = counters.batches
+        clock = counters.clock
+        if clock is not None:
+            clock.tick(_perf())
         trace = counters.trace
         if trace is not None:
             now = _perf()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from trainbus.callbacks._run_watch import Health as Health
+from trainbus.callbacks._run_watch import JobWatch as JobWatch
+from trainbus.callbacks._run_watch import RunWatch as RunWatch
 from trainbus.callbacks.checkpoint_saver import CheckpointSaver as CheckpointSaver
 from trainbus.callbacks.checkpoint_saver import SaverStatistics as SaverStatistics
 from trainbus.callbacks.checkpoint_uploader import CheckpointUploader as CheckpointUploader
@@ -24,6 +27,7 @@ from trainbus.callbacks.grad_monitor import GradMonitor as GradMonitor
 from trainbus.callbacks.lr_monitor import LRMonitor as LRMonitor
 from trainbus.callbacks.memory_monitor import MemoryMonitor as MemoryMonitor
 from trainbus.callbacks.progress_bar import ProgressBar as ProgressBar
+from trainbus.callbacks.prometheus import PrometheusMetrics as PrometheusMetrics
 from trainbus.callbacks.speed_monitor import SpeedMonitor as SpeedMonitor
 from trainbus.callbacks.threshold_stopper import ThresholdStopper as ThresholdStopper
 
@@ -35,9 +39,13 @@ __all__ = (
     "EarlyStopper",
     "EventStream",
     "GradMonitor",
+    "Health",
+    "JobWatch",
     "LRMonitor",
     "MemoryMonitor",
     "ProgressBar",
+    "PrometheusMetrics",
+    "RunWatch",
     "SaverStatistics",
     "SpeedMonitor",
     "StreamBusSnapshot",

@@ -144,7 +144,7 @@ class _Hub:
     connecting, run under ``lock``: a caller's records keep their order across a connect.
     """
 
-    __slots__ = ("backlog", "inside", "left", "lock", "pid", "sink")
+    __slots__ = ("backlog", "inside", "left", "lock", "pid", "sink", "taps")
 
     def __init__(self) -> None:
         self.pid = os.getpid()  # the process whose bus the records can reach
@@ -155,6 +155,9 @@ class _Hub:
         self.inside: dict[int, bool] = {}
         #: Set by a caller leaving the sink after a disconnect.
         self.left = threading.Event()
+        #: Called with each record on the logging thread, before the bus sees it
+        #: (:meth:`Logger._tap`); empty, it costs a record one truth test.
+        self.taps: tuple[Callable[[LogRecord], None], ...] = ()
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until no call is inside the sink (or ``timeout`` seconds); true if none
@@ -270,6 +273,9 @@ class Logger:
         hub = self._hub
         if _forked and hub.pid != os.getpid():  # a copy of the trainer's, in a forked child
             raise RuntimeError(_IN_CHILD.format(pid=os.getpid()))
+        if hub.taps:
+            for tap in hub.taps:
+                tap(record)
         inside, me = hub.inside, get_ident()
         inside[me] = True  # before the look at the sink (see _Hub)
         try:
@@ -287,6 +293,12 @@ class Logger:
                 hub.backlog.append(record)
                 return
         self._emit(record)
+
+    def _tap(self, fn: Callable[[LogRecord], None]) -> None:
+        """Call ``fn(record)`` with every record logged from now on, on the logging thread,
+        before the bus sees it (a private hook: ``RunWatch`` keeps the latest scalars so,
+        without a lane of its own). ``fn`` must be cheap and must not raise or log."""
+        self._hub.taps = (*self._hub.taps, fn)
 
     def _connect(self, sink: Callable[[LogRecord], None]) -> None:
         """Connect the bus and hand it the records logged while none was connected (the

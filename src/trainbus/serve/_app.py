@@ -13,7 +13,9 @@ Routes::
     GET    /jobs/{id}/dashboard  the job's live dashboard (HTML)               200 / 404
     GET    /static/...         the dashboard's script, style and uPlot         200
     DELETE /jobs/{id}          cancel (waits until its callbacks closed)       200 / 404
-    GET    /healthz            liveness                                        200
+    GET    /jobs/{id}/healthz  whether the job's batches complete              200 / 503 / 404
+    GET    /healthz            liveness: 503 when a running job is stalled     200 / 503
+    GET    /metrics            Prometheus metrics of every job (``job_id``)   200 / 501
 
 Every request passes :class:`~trainbus.callbacks._guard.Guard` first (the ``Host`` check, the
 token if there is one, same-origin JSON writes).
@@ -53,6 +55,7 @@ from trainbus.serve._jobs import (
     ServiceClosedError,
     TooManyJobsError,
 )
+from trainbus.serve._metrics import ServiceMetrics, job_health, service_health
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "sse_message"]
 
@@ -81,8 +84,27 @@ def _job(request: Request) -> Job | JSONResponse:
 
 
 async def healthz(request: Request) -> Response:
-    """``GET /healthz``: the service answers (and how many jobs run)."""
-    return JSONResponse({"status": "ok", "running": _manager(request).running})
+    """``GET /healthz``: the service answers, how many jobs run, and each running job's
+    health; 503 when one of them is stalled (``docs/watching-a-run.md``)."""
+    body, status = service_health(_manager(request))
+    return JSONResponse(body, status_code=status)
+
+
+async def metrics(request: Request) -> Response:
+    """``GET /metrics``: every job's Prometheus metrics (501 without prometheus_client)."""
+    exposition: ServiceMetrics = request.app.state.metrics
+    return exposition.response()
+
+
+async def job_healthz(request: Request) -> Response:
+    """``GET /jobs/{id}/healthz``: whether the job's batches complete (503 when not)."""
+    job = _job(request)
+    if isinstance(job, JSONResponse):
+        return job
+    health = job_health(job)
+    if health is None:
+        return _error(404, f"job {job.id!r} has no watch: its factory did not pass ctx.loggers")
+    return JSONResponse(health, status_code=200 if health["ok"] else 503)
 
 
 class _BodyTooLarge(Exception):
@@ -268,6 +290,8 @@ def create_app(
 
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/jobs/{job_id}/healthz", job_healthz, methods=["GET"]),
         Route("/jobs", start_job, methods=["POST"]),
         Route("/jobs", list_jobs, methods=["GET"]),
         Route("/jobs/{job_id}", get_job, methods=["GET"]),
@@ -283,6 +307,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.jobs = manager
+    app.state.metrics = ServiceMetrics(manager)
     app.state.access = access
     app.state.max_body_bytes = max_body_bytes
     return app

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import anyio
 import anyio.abc
 
+from trainbus.callbacks._run_watch import JobWatch
 from trainbus.callbacks._stream_items import json_ready
 from trainbus.callbacks.event_stream import EventStream
 from trainbus.core.destination import LoggerDestination
@@ -94,17 +95,20 @@ class JobContext:
         params: The parameters the client sent (a JSON object).
         stream: The job's event stream (the ``/events`` endpoint subscribes to it).
         metrics: The job's latest-metrics view (shown by ``GET /jobs/{id}``).
+        watch: The job's :class:`~trainbus.callbacks.JobWatch` (its Prometheus metrics on
+            the service's ``/metrics``, its health on ``/jobs/{id}/healthz``).
     """
 
     job_id: str
     params: Mapping[str, Any]
     stream: EventStream
     metrics: LatestMetrics = field(default_factory=LatestMetrics)
+    watch: JobWatch = field(default_factory=JobWatch)
 
     @property
     def loggers(self) -> list[LoggerDestination]:
-        """``[stream, metrics]``: pass them as ``Trainer(..., loggers=ctx.loggers)``."""
-        return [self.stream, self.metrics]
+        """``[stream, metrics, watch]``: pass them as ``Trainer(..., loggers=ctx.loggers)``."""
+        return [self.stream, self.metrics, self.watch]
 
 
 #: Builds a job's trainer from its context; may be a coroutine function. It runs on the
@@ -112,6 +116,14 @@ class JobContext:
 #: ``ValueError``/``TypeError`` for bad parameters: the service answers 400 with the
 #: message.
 JobFactory = Callable[[JobContext], Trainer | Awaitable[Trainer]]
+
+
+def _account_of(trainer: Trainer) -> Callable[[], Mapping[str, float]] | None:
+    """The parts of ``trainer``'s time account, for a trainer that keeps one."""
+    read: Any = getattr(type(trainer), "time_account", None)  # a property, where it exists
+    if read is None:
+        return None
+    return lambda: dict(read.__get__(trainer).parts())
 
 
 class Job:
@@ -134,6 +146,10 @@ class Job:
         self.trainer = trainer
         self.stream = ctx.stream
         self.metrics = ctx.metrics
+        #: The job's watch, if the factory attached it (``ctx.loggers`` does), else ``None``.
+        self.watch = ctx.watch if any(cb is ctx.watch for cb in trainer.state.callbacks) else None
+        if self.watch is not None:
+            self.watch.time_account = _account_of(trainer)
         self.status = JobStatus.PENDING
         self.error: str | None = None
         self.created_at = time.time()

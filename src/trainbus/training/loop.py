@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -100,6 +101,7 @@ class TrainingLoop:
         config: LoopConfig,
         rank_stops: Callable[[bool, bool], bool] | None = None,
         poll_notices: Callable[[], None] | None = None,
+        rank_times: Callable[[float], None] | None = None,
     ) -> None:
         self.state = state
         self.logger = logger
@@ -113,6 +115,9 @@ class TrainingLoop:
         #: ``poll_notices()`` at each batch boundary, before the stop is decided, gives the
         #: notice it announced (``Preemption.poll``).
         self.poll_notices = poll_notices
+        #: Distributed: ``rank_times(fetched)`` at each batch boundary, with the time its
+        #: batch came out of the loader (``runtime/rank_times.py``).
+        self.rank_times = rank_times
         self._stopped = False  # every rank agreed to stop
         self._held: Exception | None = None  # a failed publish, raised once all stopped
         #: The held publish is the bus stopped for a preemption, not a failure (``bind``).
@@ -281,9 +286,11 @@ class TrainingLoop:
             batches = itertools.islice(batches, limit - seen)
             num_batches = limit
         clock = self.clock
+        rank_times = self.rank_times
         if clock is not None:
             clock.fetching()
         for raw in batches:
+            fetched = time.perf_counter() if rank_times is not None else 0.0
             if clock is not None:
                 clock.fetched()
             seen += 1
@@ -308,6 +315,8 @@ class TrainingLoop:
                 publish(E.BATCH_END, E.BATCH_CHECKPOINT)
             if clock is not None:
                 clock.batch_done()
+            if rank_times is not None:
+                rank_times(fetched)
             if self._boundary():
                 # The data ran out with this batch: the epoch is complete (EPOCH_END
                 # fires), as when max_duration in batches is a whole number of epochs.

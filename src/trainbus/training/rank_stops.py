@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 
 from trainbus.runtime.distributed import FAILED, PREEMPTED, SIGNUM, DistInfo, StopAgreement
 from trainbus.runtime.peer_notices import PeerNotices
+from trainbus.runtime.rank_times import RankFigures, RankTimes, RankTimesConfig
 
 if TYPE_CHECKING:
+    from trainbus.core.logger import Logger
     from trainbus.core.state import State
     from trainbus.runtime.preemption import Preemption
 
@@ -35,8 +37,13 @@ class RankStops:
         self.info = info
         self.state = state
         self.notices = notices
+        #: The trainer's logger (set once it exists): rank zero logs the rank times with it.
+        self.logger: Logger | None = None
         self.agreement: StopAgreement | None = None
         self.peers: PeerNotices | None = None
+        #: Each rank's step time and data wait (``runtime/rank_times.py``), per fit.
+        self.times: RankTimes | None = None
+        self._times_config = RankTimesConfig.from_env()  # a bad variable fails here
         self.peer_failed = False
         self.stopped_at: int | None = None
 
@@ -49,13 +56,15 @@ class RankStops:
         self.agreement = StopAgreement.create(self.info)
         self.peers = PeerNotices.create(self.info, self._from_peer)
         self.notices.connect_peers(self.peers.send if self.peers is not None else None)
+        self.times = RankTimes.create(self.info, self._times_config, self._report)
 
     def _from_peer(self, signum: int, seconds_left: float) -> None:
         self.notices.from_peer(self.state, signum, seconds_left)
 
     def close(self, *, ended: bool) -> None:
         """The ``fit()`` ended (training thread; ``ended``: without a raise): the
-        agreement's group goes (:meth:`StopAgreement.close`), and the channel for notices."""
+        agreement's group goes (:meth:`StopAgreement.close`), the rank times' and the
+        channel for notices."""
         self.notices.stop_fixed(self.state)
         peers, self.peers = self.peers, None
         if peers is not None:
@@ -63,6 +72,19 @@ class RankStops:
         agreement, self.agreement = self.agreement, None
         if agreement is not None:
             agreement.close(ended=ended)
+        times, self.times = self.times, None
+        if times is not None:
+            times.close(ended=ended)
+
+    def timed(self, fetched: float) -> None:
+        """A batch boundary for the rank times (training thread; before :meth:`__call__`)."""
+        times = self.times
+        if times is not None:
+            times(fetched)
+
+    def _report(self, figures: RankFigures) -> None:
+        if self.logger is not None:  # rank zero's: its destinations get the figures
+            self.logger.log_metrics(figures.metrics())
 
     def __call__(self, failed: bool, last: bool) -> bool:
         state = self.state

@@ -333,6 +333,8 @@ class Trainer(OutsideFit):
         if _PRECISIONS[precision] is torch.float16:  # bf16 has fp32's range: no scaler
             self.state.scaler = torch.amp.GradScaler(resolved_device.type)
         self.logger = Logger(self.state)
+        if self._rank_stops is not None:  # rank zero logs the ranks' step times through it
+            self._rank_stops.logger = self.logger
         self.engine = Engine(
             self.state,
             self.logger,
@@ -421,6 +423,7 @@ class Trainer(OutsideFit):
         rank_stops = self._rank_stops
         loop = TrainingLoop(
             state, self.logger, self._config, rank_stops, self._poll_notices,
+            rank_stops.timed if rank_stops is not None else None,
         )
         clock = self._clock = (
             FitClock.for_fit(state, self.engine.statistics) if self._track_time else None
