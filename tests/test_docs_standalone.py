@@ -39,6 +39,7 @@ RUN_BY: dict[str, list[tuple[str, int]]] = {
         ("tests/test_serve.py", 2),  # examples/service/{starlette,trio}_embed.py, verbatim
     ],
     "training-loop.md": [("tests/test_docs_training_loop.py", 5)],
+    "watching-a-run.md": [("tests/test_docs_watching.py", 3)],
     "where-the-time-went.md": [("tests/test_docs_time.py", 1)],
 }
 

@@ -21,7 +21,12 @@ from trainbus.core import exceptions
 HOME = Path(exceptions.__file__).resolve()
 
 #: Raised and caught inside one module; users never see them.
-PRIVATE = {"RequestTimeout", "RetryableReply", "UnsafeMetadata", "ArchiveDamaged"}
+# UnsafeGlobal and its two kinds: raised by checkpoint/dcp_files.py's unpicklers, caught by
+# checkpoint/sharded.py, which raises CheckpointLoadError naming them.
+PRIVATE = {
+    "RequestTimeout", "RetryableReply", "UnsafeGlobal", "UnsafeMetadata", "UnsafeItem",
+    "ArchiveDamaged",
+}
 
 PACKAGE = Path(trainbus.__file__).resolve().parent
 

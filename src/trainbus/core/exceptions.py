@@ -28,6 +28,7 @@ where users import it from. Hierarchy::
     ├── UnknownHandlerWarning                             a handler-like method no event calls
     ├── RecordsDroppedWarning                             a lossy destination dropped records
     ├── CheckpointWarning                                 a callback's state in one side only
+    ├── SlowRankWarning                                   a rank holds the others back
     └── FitNotAwaitedWarning (TrainbusWarning, RuntimeWarning)  trainer.fit() never awaited
 
 Each class shows as the public module users import it from (``trainbus.X``, or
@@ -52,6 +53,7 @@ __all__ = [
     "MetricsUploadWarning",
     "RecordsDroppedWarning",
     "SlowCallbackWarning",
+    "SlowRankWarning",
     "StreamOverflowError",
     "ThreadStartError",
     "TrackingServerError",
@@ -140,6 +142,10 @@ class CheckpointLoadError(TrainbusError, RuntimeError):
 
 class CheckpointSaveError(TrainbusError, TypeError):
     """A callback's ``state_dict()`` holds a value the checkpoint could not load back."""
+
+
+class SlowRankWarning(TrainbusWarning):
+    """One rank holds the others back (rank zero warns once per rank)."""
 
 
 class CheckpointWarning(TrainbusWarning):
@@ -258,6 +264,7 @@ class TooManyJobsError(TrainbusError, RuntimeError):
 
 LaneThreadError.__module__ = "trainbus.bus"
 HandlerAbandoned.__module__ = "trainbus.runtime.preemption"
+SlowRankWarning.__module__ = "trainbus.runtime.rank_times"
 TrainingPreempted.__module__ = "trainbus"
 for _cls in (ServiceClosedError, JobFactoryError, TooManyJobsError):
     _cls.__module__ = "trainbus.serve"

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainbus.core.exceptions import SlowRankWarning
 from trainbus.runtime.distributed import DistInfo
 
 __all__ = [
@@ -60,10 +61,6 @@ DEFAULT_RATIO = 1.25
 DEFAULT_PATIENCE = 3
 EVERY_VAR = "TRAINBUS_RANK_TIMES_EVERY"
 RATIO_VAR = "TRAINBUS_SLOW_RANK_RATIO"
-
-
-class SlowRankWarning(UserWarning):
-    """One rank holds the others back (rank zero warns once per rank)."""
 
 
 @dataclass(frozen=True, slots=True)
