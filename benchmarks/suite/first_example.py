@@ -26,6 +26,13 @@ def scripts() -> tuple[str, str]:
     without, n = re.subn(r"callbacks=\[.*?\],", "callbacks=[],", example, flags=re.S)
     if n != 1:
         raise RuntimeError("cannot find the example's callbacks=[...]")
+    # Without the callback the account has no upload to name: print the wall time alone.
+    without, n = re.subn(
+        r"    upload = next\(.*?\)\n    print\(.*?\)\n",
+        '    print(f"{acct.batches} batches in {acct.wall:.2f} s")\n', without, flags=re.S,
+    )
+    if n != 1:
+        raise RuntimeError("cannot find the example's upload line and its print")
     return example, without
 
 

@@ -99,17 +99,22 @@ def test_a_drain_notice_stops_every_rank_with_a_checkpoint_reported_and_ray_rest
     result = trainer.fit()
 
     drain = json.loads(out.joinpath("drain.json").read_text())
+    sources = []
     for rank in (0, 1):
         notice = json.loads(out.joinpath(f"notice-rank{rank}.json").read_text())
         # Given at batch 4's boundary on every rank (both saw Ray's mark there): each rank
-        # stopped one batch later, at 5, with a notice of its own naming Ray's drain.
+        # stopped one batch later, at 5, with a notice naming Ray's drain, or, where the
+        # first rank's notice reached it through the store before its own (peer notices,
+        # issue 53), that rank's, with the same deadline.
         assert notice["batch"] == 5
-        assert notice["source"] == "call"
+        sources.append(notice["source"])
         assert notice["reason"] == (
             f"Ray drains node {drain['node'][:8]} (preempted ranks [0, 1])"
+            if notice["source"] == "call" else "preempted on another rank"
         )
         # The drain's deadline (Unix ms), converted to a monotonic value and back.
         assert notice["deadline_unix"] == pytest.approx(drain["deadline_ms"] / 1000, abs=0.5)
+    assert "call" in sources and set(sources) <= {"call", "peer"}
     # Ray restarted the group (as a preemption: max_failures=0) from batch 5's checkpoint.
     starts = out.joinpath("starts.txt").read_text().splitlines()
     assert [line.split() for line in starts] == [["0", "2"], ["5", "2"]]

@@ -45,6 +45,8 @@ def run_folders(root: Path) -> list[Path]:
 
 
 def _records(folder: Path) -> list[dict[str, Any]]:
+    if not any(folder.glob("run-*.wandb")):  # killed before W&B created its log: no rows
+        return []
     out = subprocess.run(
         [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(folder)],
         capture_output=True, text=True, timeout=120, check=True,
