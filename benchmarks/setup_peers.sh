@@ -46,11 +46,13 @@ install() {  # install NAME: the framework's packages into an existing venv
   $pip "$TORCH"
   case "$1" in
     # mlflow-skinny: Lightning's MLFlowLogger, for the MLflow study (docs/performance-notes.md)
-    lightning) $pip pytorch-lightning 'mlflow-skinny==3.17.2' ;;
+    # tensorboard: the users_callbacks row's TensorBoard loggers (suite/users_callbacks.py)
+    lightning) $pip pytorch-lightning 'mlflow-skinny==3.17.2' tensorboard ;;
     ignite) $pip pytorch-ignite numpy ;;  # numpy only silences torch's import warning
     composer)
       $pip --no-deps 'mosaicml==0.32.*'
-      $pip --no-deps "${COMPOSER_DEPS[@]}" ;;
+      $pip --no-deps "${COMPOSER_DEPS[@]}"
+      $pip tensorboard ;;  # the users_callbacks row: Composer's TensorboardLogger
   esac
 }
 
