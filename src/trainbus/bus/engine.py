@@ -9,11 +9,10 @@ that ``engine.close()`` ends; called from an event loop's thread it refuses, bec
 waiting there for handlers that need that same loop would deadlock.
 
 The path of one event, end to end (``docs/concurrency.md`` has the picture):
-``Producer.publish`` (training thread, ``producer.py``) appends the event's item to each
-lane (``lanes.py``) and wakes the sleeping runners by its rule (``bridge.LoopWaker`` for
-the loop lanes, ``LaneThread.wake`` for a lane thread); the runner (``runners.py``) calls
-the handler and counts the item done, which tells the gate (``lanes.Gate``) the training
-thread may be waiting at, at a barrier.
+``Producer.publish`` (training thread, ``producer.py``) puts the event's item on each
+worker's queue (``queue.py``) and wakes the sleeping workers by its rule; the worker
+(``worker.py``) calls the handlers and counts the item done, which tells the gate
+(``queue.Gate``) the training thread may be waiting at, at a barrier.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ import anyio.lowlevel
 
 from trainbus.bus.bridge import LoopThread, no_running_loop
 from trainbus.bus.clock import BatchClock
-from trainbus.bus.lanes import Counters, Stopped
+from trainbus.bus.queue import Counters, Stopped
 from trainbus.bus.members import Member
 from trainbus.bus.options import (
     DEFAULT_CLOSE_TIMEOUT,
@@ -51,7 +50,7 @@ from trainbus.core.exceptions import (
 from trainbus.core.renamed import renamed_option
 
 if TYPE_CHECKING:
-    from trainbus.bus.lanes import Lane
+    from trainbus.bus.worker import Lane
     from trainbus.core.logger import Logger
     from trainbus.core.state import State
 

@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainbus.bus.lanes import Counters, Lane
+    from trainbus.bus.queue import Counters
+    from trainbus.bus.worker import Lane
     from trainbus.bus.members import Member
     from trainbus.core.events import Event
 

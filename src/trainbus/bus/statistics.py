@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from trainbus.bus.lanes import Counters, Lane
+    from trainbus.bus.queue import Counters
+    from trainbus.bus.worker import Lane
     from trainbus.bus.members import Member
 
 __all__ = ["BusStatistics", "CallbackStatistics", "collect_statistics"]
@@ -129,13 +130,13 @@ def collect_statistics(
     for member in members:
         lane = lanes[member.index] if lanes else None
         slots = member.all_slots()
-        counts = lane.counts if lane is not None else None
+        counts = lane.worker.queue if lane is not None else None
         pending = counts.enq - counts.done if counts is not None else 0
         member_peak = max(member.peak, counts.peak) if counts is not None else member.peak
         records = 0
         if lane is not None:
             box = lane.mailbox
-            records = box.depth if box is not None else lane.log_enq - lane.log_done
+            records = box.depth if box is not None else lane.records.enq - lane.records.done
         lag = now_batch - counts.last_batch if pending and counts is not None else 0
         slowest = max(slots, key=lambda s: s.max_time, default=None)
         per_callback.append(
@@ -161,7 +162,7 @@ def collect_statistics(
                 inline_time=sum(s.total_time for s in slots if s.here),
             )
         )
-        if counts is not None and counts.lanes[0] is lane:  # a shared queue counts once
+        if lane is not None and lane.worker.lanes[0] is lane:  # a shared queue counts once
             depth += pending
         peak = max(peak, member_peak)
         lag_events = max(lag_events, pending)

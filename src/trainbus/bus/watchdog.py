@@ -47,7 +47,7 @@ from trainbus.core.exceptions import HandlerInterrupted, ThreadStartError
 
 if TYPE_CHECKING:
     from trainbus.bus.bridge import LoopHandle
-    from trainbus.bus.lanes import Lane
+    from trainbus.bus.worker import Lane
 
 __all__ = ["CONFIRM_S", "OWN_LOOP", "LoopWatch"]
 
