@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Final
 from trainbus.bus.members import due
 from trainbus.bus.queue import EventItem, Stopped
 from trainbus.bus.slow import SlowCallbacks
-from trainbus.bus.worker import hand_over_on_loop, wake_chain
+from trainbus.bus.worker import finished, hand_over_on_loop, wake_chain
 from trainbus.core.events import Event
 
 if TYPE_CHECKING:
@@ -357,12 +357,7 @@ class Producer:
             if locked:
                 lane.lock.release()
             lane.current = self.running_here = None
-            slot.calls += 1
-            slot.total_time += elapsed
-            if elapsed > slot.max_time:
-                slot.max_time = elapsed
-            if trace is not None:
-                trace.handler(lane.name, event, t0, elapsed)
+            finished(lane, slot, t0, elapsed, trace)
 
     def _enter_here(self, lane: Lane, event: Event) -> None:
         """Wait for ``lane``'s earlier items and records, then take its lock (D1)."""

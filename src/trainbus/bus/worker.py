@@ -102,8 +102,9 @@ class Lane:
         policy = member.backpressure
         own = None if policy is None else policy.queue_size
         self.records = RecordCounts(gate, queue_size if own is None else own, member)
-        lossy = policy is not None and policy.lossy
-        self.mailbox = Mailbox(self.records, member, policy) if lossy else None  # type: ignore[arg-type]
+        self.mailbox = (
+            Mailbox(self.records, member, policy) if policy is not None and policy.lossy else None
+        )
         self.owes: Lane | None = None
         self.scope: anyio.CancelScope | None = None
         self.abandoned = False
@@ -118,7 +119,8 @@ class Lane:
 
 def finished(lane: Lane, slot: Slot, start: float, elapsed: float,
              trace: TraceRecorder | None) -> None:
-    """A handler call finished: its slot's statistics and the timeline (the one place)."""
+    """A handler call finished: its slot's statistics and the timeline (the one place they
+    are kept, for every handler wherever it ran)."""
     slot.calls += 1
     slot.total_time += elapsed
     if elapsed > slot.max_time:
