@@ -33,7 +33,6 @@ import anyio
 
 from trainbus.bus.threads import start_thread
 
-
 __all__ = [
     "LoopEvent",
     "LoopHandle",

@@ -27,7 +27,6 @@ import anyio.lowlevel
 
 from trainbus.bus.bridge import LoopThread, no_running_loop
 from trainbus.bus.clock import BatchClock
-from trainbus.bus.queue import Counters, Stopped
 from trainbus.bus.members import Member
 from trainbus.bus.options import (
     DEFAULT_CLOSE_TIMEOUT,
@@ -35,6 +34,7 @@ from trainbus.bus.options import (
     DEFAULT_WAIT_WARNING,
     BusOptions,
 )
+from trainbus.bus.queue import Counters, Stopped
 from trainbus.bus.session import ABANDON_TIMEOUT, Session
 from trainbus.bus.statistics import BusStatistics, collect_statistics
 from trainbus.bus.trace import TraceRecorder

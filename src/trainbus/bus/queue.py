@@ -223,8 +223,19 @@ class RecordCounts:
             room here (``worker.py``).
     """
 
-    __slots__ = ("abandoned", "done", "enq", "gate", "limit", "lock", "room", "room_wakers",
-                 "room_waiters", "wait_done", "who")
+    __slots__ = (
+        "abandoned",
+        "done",
+        "enq",
+        "gate",
+        "limit",
+        "lock",
+        "room",
+        "room_waiters",
+        "room_wakers",
+        "wait_done",
+        "who",
+    )
 
     def __init__(self, gate: Gate, limit: int, who: Member) -> None:
         self.gate = gate

@@ -41,9 +41,9 @@ from trainbus.core.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from trainbus.bus.queue import Counters, Waited, WaitKind
     from trainbus.bus.members import Member
     from trainbus.bus.options import BusOptions
+    from trainbus.bus.queue import Counters, Waited, WaitKind
     from trainbus.core.callback import Handler
     from trainbus.core.events import Event
     from trainbus.core.logger import Logger

@@ -28,9 +28,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from trainbus.bus.members import Member
     from trainbus.bus.queue import Counters
     from trainbus.bus.worker import Lane
-    from trainbus.bus.members import Member
     from trainbus.core.events import Event
 
 __all__ = ["SlowCallbacks", "long_wait_message", "report_at", "warn_at"]

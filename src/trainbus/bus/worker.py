@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from time import perf_counter as _perf
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -159,9 +159,25 @@ class Worker:
         name: ``trainbus-lane-<Callback>`` (``+<n>`` when it serves n more).
     """
 
-    __slots__ = ("chain", "counters", "idle", "lanes", "loop", "name", "on_thread",
-                 "passed", "place", "queue", "sleeper", "spawner", "subs", "thread",
-                 "wakes", "waiting_on", "wakeup")
+    __slots__ = (
+        "chain",
+        "counters",
+        "idle",
+        "lanes",
+        "loop",
+        "name",
+        "on_thread",
+        "passed",
+        "place",
+        "queue",
+        "sleeper",
+        "spawner",
+        "subs",
+        "thread",
+        "waiting_on",
+        "wakes",
+        "wakeup",
+    )
 
     def __init__(self, lanes: Sequence[Lane], on_thread: bool, gate: Gate, counters: Counters,
                  loop: LoopHandle, spawner: Spawner) -> None:
