@@ -27,7 +27,7 @@ from collections.abc import Callable, MutableSequence, Sequence
 from pathlib import Path
 from queue import Empty, SimpleQueue
 from time import perf_counter as _perf
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from trainbus.core.exceptions import Stopped
 
@@ -63,6 +63,9 @@ WaitKind = Literal["barrier", "fence", "backpressure", "records", "blocking"]
 class EventItem:
     """One published event: the state as of its publication and a logger bound to it.
 
+    (An item's ``lane`` is a ``worker.Lane``, typed ``Any``: this module sits below
+    ``worker.py``.)
+
     ``lane`` is ``None`` for an item every callback of the worker that only queues the
     event runs (``Worker.subs``), or the one callback (a ``Lane``) whose handler it is for
     (a filtered, lagging or ``@blocking`` handler). ``batch``: the batch count at
@@ -72,7 +75,7 @@ class EventItem:
     __slots__ = ("batch", "event", "lane", "logger", "view")
 
     def __init__(self, event: Event, view: State, logger: Logger, batch: int,
-                 lane: object = None) -> None:
+                 lane: Any = None) -> None:
         self.event: Final = event
         self.view: Final = view
         self.logger: Final = logger
@@ -86,7 +89,7 @@ class LogItem:
 
     __slots__ = ("lane", "record")
 
-    def __init__(self, record: LogRecord | None, lane: object) -> None:
+    def __init__(self, record: LogRecord | None, lane: Any) -> None:
         self.record: Final = record
         self.lane: Final = lane
 
@@ -100,8 +103,8 @@ class CallItem:
 
     __slots__ = ("fn", "is_async", "label", "lane", "on_done")
 
-    def __init__(self, fn: Callable[[], object] | None, is_async: bool,
-                 on_done: Callable[[BaseException | None], None], lane: object,
+    def __init__(self, fn: Callable[[], Any] | None, is_async: bool,
+                 on_done: Callable[[BaseException | None], None], lane: Any,
                  label: str = "") -> None:
         self.fn: Final = fn
         self.is_async: Final = is_async

@@ -215,7 +215,7 @@ class Worker:
         if self.idle:  # after the append: see ``idle``
             if self.on_thread:
                 self.wake()
-            elif threading.get_ident() == self.loop.thread_id:
+            elif self.wakeup is not None and threading.get_ident() == self.loop.thread_id:
                 self.wakeup.set()
 
     @property
@@ -498,7 +498,7 @@ def _records_of(item: LogItem, drop: bool = False) -> Iterator[LogRecord]:
     if item.record is not None:
         yield item.record
         return
-    lane: Lane = item.lane  # type: ignore[assignment]
+    lane: Lane = item.lane
     box = lane.mailbox
     assert box is not None, "a marker is queued only for a mailbox"
     for _ in range(box.limit + 1):
@@ -521,7 +521,7 @@ async def _call(lane: Lane, item: CallItem) -> None:
         if item.fn is None:
             pass
         elif item.is_async:
-            await item.fn()  # type: ignore[misc]
+            await item.fn()
         else:  # a plain call never runs on the loop's thread (D7)
             await run_in_thread(item.fn, needed=_CALL_ROLE)
     except anyio.get_cancelled_exc_class():
