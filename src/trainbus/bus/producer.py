@@ -116,7 +116,6 @@ class Producer:
         self.members = members
         self.lanes = lanes
         self.barriers = options.barriers
-        self.queue_size = options.queue_size
         self.warn_slow = options.warn_slow
         self.gate = gate
         self.counters = counters
@@ -199,8 +198,8 @@ class Producer:
                     self._fence_owed = True
             for worker in workers:  # D3: once per worker, for all its callbacks there
                 queue = worker.queue
-                if queue.enq - queue.done >= self.queue_size:  # D12: wait for room first
-                    self.wait([(queue, queue.enq - self.queue_size + 1)], "backpressure", event)
+                if queue.enq - queue.done >= queue.bound:  # D12: wait for room first
+                    self.wait([(queue, queue.enq - queue.bound + 1)], "backpressure", event)
                 queue.put_event(item, 0, True)
             if here:
                 self._run_here(here, item)
@@ -244,8 +243,8 @@ class Producer:
             return
         worker = lane.worker
         queue = worker.queue
-        if queue.enq - queue.done >= self.queue_size:  # D12: wait for room first
-            self.wait([(queue, queue.enq - self.queue_size + 1)], "backpressure", item.event)
+        if queue.enq - queue.done >= queue.bound:  # D12: wait for room first
+            self.wait([(queue, queue.enq - queue.bound + 1)], "backpressure", item.event)
         queue.put_event(
             EventItem(item.event, item.view, item.logger, item.batch, lane), slot.lag, slot.fenced
         )

@@ -149,6 +149,8 @@ class WorkQueue:
             worker only.
         wait_done: The ``done`` the training thread waits for now, else ``None``.
             Invariant: set and cleared under the gate's lock.
+        bound: Event items that may wait before the training thread waits for room (D12,
+            ``queue_size``).
         uniform: Whether every handler queued here has lag 0 (a barrier waits for ``enq``).
         last_by_lag: Per lag: ``enq`` after its last item of that lag (training thread).
         last_fenced: ``enq`` after its last item not of a ``@trailing`` handler.
@@ -158,11 +160,12 @@ class WorkQueue:
         abandoned: Set when its worker missed a close deadline: nobody waits for it.
     """
 
-    __slots__ = ("abandoned", "done", "due", "enq", "gate", "inbox", "items", "last_batch",
-                 "last_by_lag", "last_fenced", "peak", "uniform", "wait_done")
+    __slots__ = ("abandoned", "bound", "done", "due", "enq", "gate", "inbox", "items",
+                 "last_batch", "last_by_lag", "last_fenced", "peak", "uniform", "wait_done")
 
-    def __init__(self, gate: Gate, lags: frozenset[int] = frozenset({0})) -> None:
+    def __init__(self, gate: Gate, bound: int, lags: frozenset[int] = frozenset({0})) -> None:
         self.gate = gate
+        self.bound = bound
         self.items: deque[WorkItem] = deque()
         self.inbox: MutableSequence[WorkItem] = self.items
         self.enq = 0

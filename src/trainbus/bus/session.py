@@ -81,7 +81,8 @@ class Session:
         self.spawner = Spawner(self.loop)
         #: The workers, each with the callbacks pinned to it (``worker.place``).
         self.workers = place(
-            self.lanes, options.lane_threads, gate, counters, self.loop, self.spawner
+            self.lanes, options.lane_threads, gate, counters, self.loop, self.spawner,
+            options.queue_size,
         )
         self.threads = [worker for worker in self.workers if worker.on_thread]
         self.watch = LoopWatch(self.loop, self.lanes)  # deadlines a held loop cannot keep

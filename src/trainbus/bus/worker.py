@@ -180,13 +180,13 @@ class Worker:
     )
 
     def __init__(self, lanes: Sequence[Lane], on_thread: bool, gate: Gate, counters: Counters,
-                 loop: LoopHandle, spawner: Spawner) -> None:
+                 loop: LoopHandle, spawner: Spawner, queue_size: int = 128) -> None:
         self.lanes = list(lanes)
         self.on_thread = on_thread
         more = len(self.lanes) - 1
         self.name = f"trainbus-lane-{self.lanes[0].name}" + (f"+{more}" if more else "")
         lags = frozenset().union(*(lane.member.lags for lane in self.lanes))
-        self.queue = WorkQueue(gate, lags)
+        self.queue = WorkQueue(gate, queue_size, lags)
         if not on_thread:
             self.queue.inbox = []  # the publishing thread's until a hand-over
         self.subs: dict[Event, list[tuple[Lane, Slot]]] = {}
@@ -222,10 +222,6 @@ class Worker:
     def pending(self) -> deque[WorkItem]:
         """The items waiting in its queue (on the loop: those handed over)."""
         return self.queue.items
-
-    def busy_with(self) -> str | None:
-        """The handler one of its callbacks runs now (``"Class.method"``), if any."""
-        return next((lane.current for lane in self.lanes if lane.current is not None), None)
 
     # -- a thread's sleep and wake-up -------------------------------------------------------
 
@@ -571,7 +567,7 @@ def _scope_of(lane: Lane) -> Callable[[anyio.CancelScope | None], None]:
 
 
 def place(lanes: Sequence[Lane], size: int, gate: Gate, counters: Counters,
-          loop: LoopHandle, spawner: Spawner) -> list[Worker]:
+          loop: LoopHandle, spawner: Spawner, queue_size: int) -> list[Worker]:
     """The workers of a session, a rule of the callback list, never of time: the pooled
     plain callbacks go round ``size`` threads in list order (callback k on thread k mod
     size), each ``own_thread`` callback gets a thread, each other callback a task."""
@@ -580,11 +576,12 @@ def place(lanes: Sequence[Lane], size: int, gate: Gate, counters: Counters,
     for k, lane in enumerate(pooled):
         groups[k % size].append(lane)
     groups += [[lane] for lane in lanes if lane.on_thread and lane.member.own_thread]
-    threads = [Worker(group, True, gate, counters, loop, spawner) for group in groups]
+    threads = [Worker(group, True, gate, counters, loop, spawner, queue_size)
+               for group in groups]
     wakes = [0]
     for k, worker in enumerate(threads):
         worker.chain, worker.place, worker.wakes = threads, k, wakes
-    tasks = [Worker([lane], False, gate, counters, loop, spawner)
+    tasks = [Worker([lane], False, gate, counters, loop, spawner, queue_size)
              for lane in lanes if not lane.on_thread]
     return threads + tasks
 
