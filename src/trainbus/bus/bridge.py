@@ -1,22 +1,18 @@
 """The thread boundary: every way trainbus reaches an event loop from another thread.
 
-Every crossing from a thread into the loop goes through this module: the bus's, the
-loggers' (their lane threads hand batches to the loop) and the built-ins' (the checkpoint
-uploader, the dashboard). anyio gives blocking round trips (``from_thread.run``); the bus
-also needs the cheaper fire-and-forget call that asyncio and trio both have
-(``call_soon_threadsafe``, ``TrioToken.run_sync_soon``), so that what is queued while the
-loop is busy costs one wake-up. The tools:
+Every crossing from a thread into the loop goes through here (``tests/test_bridge.py``
+fails on any other): the bus's, the loggers' and the built-ins' (the checkpoint uploader,
+the dashboard). anyio gives blocking round trips (``from_thread.run``); the bus also needs
+the fire-and-forget call that asyncio and trio both have (``call_soon_threadsafe``,
+``TrioToken.run_sync_soon``), so that what is queued while the loop is busy costs one
+wake-up. The tools:
 
 - :class:`LoopHandle`: call a function soon on the loop, from any thread.
 - :class:`LoopWaker`: wake the sleeping loop lanes, one call into the loop.
-- :class:`Spawner`: run a coroutine function as a task on the loop for a thread and wait
-  for it (a thread lane's ``async def`` handlers).
-- :class:`LoopThread`: a daemon thread running an event loop of its own, for plain code
-  that calls the engine with no loop running (``engine.run_event`` outside ``fit()``), and
-  for the ``Dashboard``'s server, which needs asyncio and outlives ``fit()``.
+- :class:`Spawner`: run a coroutine function as a task on the loop for a thread, and wait.
+- :class:`LoopThread`: an event loop on a daemon thread of its own, for plain code that
+  calls the engine with no loop running, and for the ``Dashboard``'s server.
 - :func:`no_running_loop`: whether the calling thread runs no loop.
-
-``tests/test_bridge.py`` fails if any other module of trainbus makes such a crossing.
 """
 
 from __future__ import annotations
@@ -59,6 +55,9 @@ class LoopHandle:
         thread_id: The loop's thread.
         backend: ``"asyncio"`` or ``"trio"``, for code that must pick a library's API by
             the loop it runs on (obstore's ``*_async`` functions need asyncio).
+
+    Invariant: every field is set once, on the loop; of its callables, other threads call
+    only :attr:`call_soon`.
     """
 
     __slots__ = ("backend", "call_soon", "current_time", "new_event", "thread_id", "yield_now")
@@ -103,12 +102,10 @@ class LoopHandle:
 class FutureEvent:
     """A loop lane's sleep on asyncio: one future, set once (loop thread).
 
-    A loop lane suspends once for each wake-up of the loop that brought it work, at most
-    twice a batch (``producer.WAKES_LOOP``), so its sleep is on the hot
-    path. ``anyio.Event`` wraps an ``asyncio.Event`` (two Python layers, a backend lookup
-    at creation, a coroutine to await); a bare future is what ``asyncio.Event`` awaits
-    underneath. Cancellation works as for any awaited future (the lane's cancel scope
-    cancels the task). On trio the lane sleeps on a ``trio.Event``.
+    A loop lane sleeps once per wake-up that brought it work, on the hot path, so it awaits
+    the bare future that ``asyncio.Event`` awaits underneath rather than an ``anyio.Event``
+    (``docs/performance-notes.md`` says why). Its cancel scope cancels it as any awaited
+    future. On trio the lane sleeps on a ``trio.Event``.
     """
 
     __slots__ = ("_future",)
@@ -154,14 +151,13 @@ def no_running_loop() -> bool:
 
 class LoopWaker:
     """Hands work to the loop lanes and wakes the sleeping ones, from any thread: one call
-    into the loop per :meth:`deliver` or :meth:`wake`, whatever the lanes are doing. On the
-    loop, that call (:meth:`_on_loop`) appends each delivered list of items to its lane's
-    ``pending``, then ``WAKE_END``, and sets the wake-up of each of those lanes that
-    sleeps; a lane that is busy takes its new items when it is done. It touches only the
-    lanes handed to it (the lanes with work), not every loop lane.
+    into the loop per :meth:`deliver` or :meth:`wake`. On the loop, :meth:`_on_loop`
+    appends each delivered list of items to its lane's ``pending``, then ``WAKE_END``, and
+    sets the wake-up of those lanes that sleep; a busy lane takes its items when it is done.
 
-    The caller's cost is the same whether the loop sleeps or not (no look at the lanes
-    from the calling thread): a count that does not move with the machine's load.
+    Invariant: the calling thread never looks at the lanes (whether one sleeps is read on
+    the loop), so a call costs it the same whatever the loop does; the loop alone counts
+    ``loop_wakeups``.
     """
 
     def __init__(self, loop: LoopHandle, counters: Counters) -> None:
@@ -206,6 +202,9 @@ class Spawner:
 
     anyio starts tasks only from a task, so one task (:meth:`serve`) takes the handed-over
     coroutine functions from a queue and starts each in the session's task group.
+
+    Invariant: any thread appends to ``_queue``; the loop alone pops it and replaces
+    ``_wakeup`` (``_poke`` comes by ``call_soon``).
     """
 
     def __init__(self, loop: LoopHandle) -> None:
@@ -260,11 +259,13 @@ class Spawner:
 class LoopThread:
     """An event loop on a daemon thread of its own, serving calls from other threads.
 
-    Daemon, so a process that never closes it still exits; :meth:`stop` ends it. (anyio
-    starts tasks only from a task, so one task starts the coroutines other threads hand
-    in, as :class:`Spawner` does.) It serves the engine's calls from plain code, and the
-    built-ins whose server must outlive ``fit()`` and needs asyncio whatever backend the
-    fit runs on (the ``Dashboard``'s uvicorn: :meth:`start_main`).
+    Daemon, so a process that never closes it still exits; :meth:`stop` ends it. One task
+    starts the coroutines other threads hand in (as in :class:`Spawner`). It serves the
+    engine's calls from plain code, and servers that must outlive ``fit()`` and need
+    asyncio whatever the fit's backend (the ``Dashboard``'s uvicorn: :meth:`start_main`).
+
+    Invariant: ``loop`` is set on the thread before ``_started``; any thread appends to
+    ``_queue`` and sets ``_stopping``; the loop alone pops the queue and replaces ``_wakeup``.
 
     Args:
         name: The thread's name.

@@ -1,20 +1,21 @@
 """A lossy destination's records: a bounded queue that drops or merges instead of waiting.
 
 A destination with a lossy ``backpressure`` (``core/backpressure.py``; ``docs/loggers.md``,
-"Falling behind") gets its records here instead of in its lane's FIFO: any thread offers a
-record (:meth:`Mailbox.offer`); the lane's FIFO gets one *marker* item (a ``LogItem``
-without a record) when the mailbox goes from empty to not, and the runner, at the marker,
-takes records (:meth:`Mailbox.take`) until there are none. So the FIFO holds at most one
-marker per destination, however many records come, and memory is bounded by ``limit``.
+"Falling behind") gets its records here, not in its lane's FIFO::
 
-Counting (``lanes.Lane``): ``log_enq`` counts every record offered, under ``count_lock``
-(this mailbox's lock); ``log_done`` stays the runner's: the records dropped or merged
-since its last take are handed to it by :meth:`take` and it counts them done there. So
-``log_enq - log_done`` still reaches 0 when everything is delivered (what
-``wait_all(records=True)`` waits for), and no count ever goes back.
+    any thread --offer--> Mailbox <----- take(), until None -----+
+                             | was empty: one marker             |
+                             v (a LogItem with no record)        |
+                       lane's FIFO --------the marker--------> runner: delivers each record
 
-Fullness is ``len(waiting) + in_flight >= limit``: records logged and not yet delivered,
-the one being delivered included (as for ``block``).
+So the FIFO holds at most one marker per destination however many records come, and
+memory is bounded by ``limit``. Full is ``len(waiting) + in_flight >= limit``: records
+logged and not yet delivered, the one being delivered included (as for ``block``).
+
+Counting (``lanes.Lane``): ``log_enq`` counts each record offered, under ``count_lock``
+(this mailbox's lock); the runner counts ``log_done``, with what :meth:`take` says was
+dropped or merged since its last take. So ``log_enq - log_done`` reaches 0 once all is
+delivered (``wait_all(records=True)``), and no count goes back.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ class Mailbox:
         records_dropped: Whole records dropped this session.
         records_coalesced: Records merged into an earlier one this session.
         values_dropped: Per metric name, values lost this session (dropped or overwritten).
+
+    Invariant: all but ``policy`` and ``limit`` change only under ``_lock`` (the lane's
+    ``count_lock``); :attr:`depth` reads without it (a statistic), :meth:`report` after close.
     """
 
     __slots__ = ("_armed", "_in_flight", "_lane", "_lock", "_skipped", "_waiting", "limit",

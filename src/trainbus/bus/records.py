@@ -16,10 +16,9 @@ pinned to its own lane thread, or where waiting would close a cycle of runners (
 threads, loop lanes' tasks) waiting for each other's room: then the record is queued over
 the bound. Barriers never wait for records.
 
-A destination with a lossy policy (``drop_oldest``, ``latest``, ``coalesce``) gets its records
-in its mailbox instead (``mailbox.py``), which drops or merges rather than waiting (only
-``coalesce`` waits, as above, for a record it cannot merge); its lane gets a marker when the
-mailbox was empty.
+A destination with a lossy policy (``drop_oldest``, ``latest``, ``coalesce``) gets its
+records in its mailbox instead (``mailbox.py``), which drops or merges rather than waits;
+only ``coalesce`` waits, as above, for a record it cannot merge.
 """
 
 from __future__ import annotations
@@ -43,7 +42,11 @@ __all__ = ["Records"]
 
 
 class Records:
-    """The record intake of one session (any thread)."""
+    """The record intake of one session (any thread).
+
+    Invariant: its own fields are set once; what :meth:`submit` writes is the lanes' and
+    ``Member.peak_records``, each by its owner's rule (``lanes.py``, ``members.py``).
+    """
 
     def __init__(
         self,
@@ -61,15 +64,12 @@ class Records:
 
     def submit(self, record: LogRecord) -> None:
         """Queue ``record`` on every destination's lane, within each one's bound, and wake
-        the destinations that sleep (from another thread than the publishing one, a record
-        is delivered without waiting for a batch's end: one call into the loop for all the
-        loop lanes).
+        the sleeping destinations: from a thread other than the publishing one at once
+        (one call into the loop for all the loop lanes).
 
-        On the publishing thread a record for a loop lane goes into the lane's inbox, after
-        the events published before it (D1), and rides the loop's next wake-up (the
-        batch's end, its next batch's first, an event outside a batch, or a wait of the
-        training thread; ``producer.WAKES_LOOP``): no wake-up of its own. Logged by a
-        ``@blocking`` handler (which may wait for its delivery), it is handed over at once."""
+        On the publishing thread a loop lane's record goes into its inbox, after the events
+        published before it (D1), and rides the loop's next wake-up (``producer.WAKES_LOOP``);
+        logged by a ``@blocking`` handler (which may wait for it), it is handed over at once."""
         item = LogItem(record)
         woken: list[Lane] = []
         owed = False
