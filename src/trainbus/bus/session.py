@@ -1,18 +1,16 @@
 """A session: one run of the bus on one event loop, from its start to its close.
 
-One ``fit()`` (or one engine call from plain code) is one session. Everything per-run is
-created here when it starts: the gate, a lane per callback, the lane threads that run the
-plain callbacks (``pool.py``: a bounded pool, plus one per callback that asks for its
-own), a task per loop lane, the producer's state. What outlives a session (the slots' statistics,
-the counters) lives in the engine's members.
+One ``fit()`` (or one engine call from plain code) is one session. It creates everything
+per-run: the gate, a lane per callback, the lane threads (``pool.py``), a task per loop
+lane, the producer. What outlives it (the slots' statistics, the counters) lives in the
+engine's members.
 
-Every task of the session runs in a task group under a shielded scope: a task started
-while the caller is being cancelled must still start (a thread's handed-over coroutine),
-or that thread would wait for it for ever. Every wait on user code is bounded by
-``close_timeout``: a callback that misses it is reported and abandoned (its thread, if it
-is stuck in a plain handler, is left behind as a daemon), and every other callback still
-closes. A second Ctrl-C (:meth:`Session.abandon`) cuts every bounded wait to
-``ABANDON_TIMEOUT``.
+Its tasks run in a task group under a shielded scope: a task started while the caller is
+being cancelled must still start (a thread's handed-over coroutine), or that thread would
+wait for it for ever. Every wait on user code is bounded by ``close_timeout``: a callback
+that misses it is reported and abandoned (a thread stuck in a plain handler is left behind
+as a daemon) and the others still close; a second Ctrl-C (:meth:`Session.abandon`) cuts
+every bounded wait to ``ABANDON_TIMEOUT``.
 """
 
 from __future__ import annotations
@@ -101,6 +99,8 @@ class Session:
         self.records = Records(
             self.lanes, gate, counters, self.loop.call_soon, self.loop.thread_id, self.producer
         )
+        # Invariant: every attribute above is set once, here; the loop thread alone touches
+        # the four below (``abandon`` and ``notify_preemption`` come by ``call_soon``).
         #: Scopes of the waits that close_timeout bounds; a second Ctrl-C shortens them.
         self._bounded: set[anyio.CancelScope] = set()
         self._abandoning = ""  # why every bounded wait was cut short, once it was
@@ -272,17 +272,15 @@ class Session:
                 lane.scope.cancel()
 
     def abandon(self, why: str = "the second Ctrl-C", timeout: float = ABANDON_TIMEOUT) -> None:
-        """A second Ctrl-C (or the preemption watchdog): stop, and give every bounded wait
-        at most ``timeout`` more seconds (``ABANDON_TIMEOUT``; the watchdog passes less
-        when its deadline is near), the waits running now and those still to come (loop
-        thread). What has not finished by then is abandoned; what finishes, a
-        destination's ``close`` writing its file, say, is kept. Nothing is cut at once: at
-        this moment a stuck handler and one about to return look alike."""
+        """A second Ctrl-C (or the preemption watchdog, with less when its deadline is near):
+        stop, and give every bounded wait, running or still to come, at most ``timeout``
+        more seconds (loop thread). What has not finished then is abandoned; what finishes
+        (a destination's ``close`` writing its file) is kept. Nothing is cut at once: now,
+        a stuck handler and one about to return look alike."""
         self.stop()
         self._abandoning = why
         self._abandon_timeout = timeout
-        # A call_soon callback runs outside any task, where anyio.current_time() raises
-        # NoEventLoopError: the loop's own clock is read instead.
+        # Not anyio.current_time(): a call_soon callback runs outside any task (LoopHandle).
         deadline = self.loop.current_time() + timeout
         for scope in self._bounded:
             scope.deadline = min(scope.deadline, deadline)
@@ -378,11 +376,10 @@ class Session:
 
     async def disconnect_logger(self) -> None:
         """Stop taking records: from now on they wait in the logger's backlog for the next
-        session (``docs/loggers.md``, "Logging from anywhere"). A call that is inside the
-        intake now (a thread waiting for a destination's room) finishes there first, so
-        every record taken reaches its destinations before their ``close``; that wait is
-        bounded as a close is (``close_timeout``; a second Ctrl-C or a preemption's plan
-        cuts it short), and a record still inside then may reach a destination late."""
+        session (``docs/loggers.md``, "Logging from anywhere"). A call inside the intake now
+        (a thread waiting for a destination's room) finishes there first, so every record
+        taken reaches its destinations before their ``close``; that wait is bounded as a
+        close is, and a record still inside then may reach a destination late."""
         self.logger._disconnect()
         hub = self.logger._hub
         if not hub.inside:

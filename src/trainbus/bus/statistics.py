@@ -31,8 +31,8 @@ class CallbackStatistics:
             thread with others shares its queue with them (their items run in one order):
             this is then the thread's, an event item for one or more of its callbacks each.
         peak_pending: The most of those ever queued at once.
-        on_thread: Whether the callback has a thread of its own (it has plain handlers
-            that are not ``@blocking``).
+        on_thread: Whether it runs on a lane thread, its own or a shared one (it has plain
+            handlers that are not ``@blocking``; ``bus/members.py`` has the rule).
         pending_records: For a destination, log records queued or being delivered now
             (with a lossy ``backpressure``: waiting in its mailbox or being delivered).
         peak_pending_records: For a destination, the most records ever queued at once
@@ -47,10 +47,9 @@ class CallbackStatistics:
         barrier_wait_caused: Seconds the training thread waited at barriers, for queues
             or for ``@blocking`` hand-overs while this callback was the last one it waited
             for (each wait is charged to the callback that ended it).
-        slow: Whether its handlers took longer than the batches in most of the batches
-            the slow-callback check compared (the first few of each fit): the statistic
-            behind ``SlowCallbackWarning``. Drawn from timings, so a report only: nothing
-            in the run depends on it (D7).
+        slow: Whether its handlers took longer than most of the batches the slow-callback
+            check compared (the first few of each fit), the statistic behind
+            ``SlowCallbackWarning``: a report only, drawn from timings (D7, ``bus/slow.py``).
         slow_batches: Of the batches the last check compared, those its handlers took
             longer than.
         inline_time: Of ``total_time``, the seconds its plain ``@blocking`` handlers ran
@@ -120,9 +119,8 @@ class BusStatistics:
 def collect_statistics(
     members: Sequence[Member], lanes: Sequence[Lane] | None, counters: Counters, now_batch: int
 ) -> BusStatistics:
-    """Read the counters into a :class:`BusStatistics` (any thread; approximate).
-
-    ``lanes`` are the running (or last) session's lanes, if there was one.
+    """Read the counters into a :class:`BusStatistics` (any thread, no lock: each count is
+    its writer's latest, not all from one instant). ``lanes``: the running or last session's.
     """
     per_callback = []
     depth = peak = lag_events = 0
