@@ -78,7 +78,7 @@ class LoopHandle:
         #: The asyncio loop itself (``None`` on trio): a worker sleeps on its futures.
         self.asyncio_loop = running
         #: ``await yield_now()`` (on the loop): give the loop one turn, as a sleep that is
-        #: woken at once would (a loop lane at a ``WAKE_END`` with more queued).
+        #: woken at once would (a worker at a ``WAKE_END`` with more queued).
         self.yield_now: Callable[[], Awaitable[None]]
         #: ``current_time()`` (on the loop, also in a :attr:`call_soon` callback, outside
         #: any task, where ``anyio.current_time()`` finds no event loop): the loop's clock,

@@ -534,7 +534,7 @@ class _Standing:
         except Stopped:  # a handler failed: its error is in the gate
             pass
         finally:
-            producer.hand_over()  # what the stop left in the inboxes
+            producer.hand_over()  # what the stop left in the inboxes of workers on the loop
             producer.ident = None
         return list(session.gate.errors)
 

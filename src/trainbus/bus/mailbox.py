@@ -4,7 +4,7 @@ A destination with a lossy ``backpressure`` (``core/backpressure.py``; ``docs/lo
 "Falling behind") gets its records here instead of in its worker's queue: any thread offers a
 record (:meth:`Mailbox.offer`); the worker's queue gets one *marker* item (a ``LogItem``
 without a record) when the mailbox goes from empty to not, and the runner, at the marker,
-takes records (:meth:`Mailbox.take`) until there are none. So the FIFO holds at most one
+takes records (:meth:`Mailbox.take`) until there are none. So the queue holds at most one
 marker per destination, however many records come, and memory is bounded by ``limit``.
 
 Counting (``queue.RecordCounts``): ``enq`` counts every record offered, under its ``lock``

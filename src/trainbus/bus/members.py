@@ -5,7 +5,7 @@ A :class:`Member` is one callback as the bus sees it for the engine's lifetime; 
 it is declared (D7), and never changes:
 
 - a callback with any plain handler that is not ``@blocking`` (or a plain ``log_record``, or
-  a plain ``close``) is pinned to one lane thread (``pool.py``): one of a bounded pool,
+  a plain ``close``) is pinned to one lane thread (``worker.place``): one of a bounded pool,
   which it shares with other callbacks, or one of its own if it declares
   ``own_thread = True``. Every plain handler of it runs there, and its ``async def``
   handlers run on the event loop, handed over by that thread in order;
@@ -32,7 +32,7 @@ class Slot:
     """One handler of one callback, with its statistics (kept across ``fit()`` calls).
 
     Invariant: one thread at a time writes ``calls``, ``total_time`` and ``max_time``: its
-    lane's runner (``runners.account``), or the training thread for a plain ``@blocking``
+    worker (``worker.finished``), or the training thread for a plain ``@blocking``
     handler (``Producer._run_here``); the training thread alone replaces ``when`` (``due``).
     """
 

@@ -19,7 +19,7 @@ __all__ = ["DEFAULT_CLOSE_TIMEOUT", "DEFAULT_LANE_THREADS", "DEFAULT_WAIT_WARNIN
 DEFAULT_CLOSE_TIMEOUT = 30.0
 #: Seconds a barrier or a close may wait before a warning names what it waits for.
 DEFAULT_WAIT_WARNING = 10.0
-#: Lane threads the plain callbacks share (``bus/pool.py`` says why eight).
+#: Lane threads the plain callbacks share (``docs/performance-notes.md`` says why eight).
 DEFAULT_LANE_THREADS = 8
 
 

@@ -1,8 +1,8 @@
 """A session: one run of the bus on one event loop, from its start to its close.
 
 One ``fit()`` (or one engine call from plain code) is one session. It creates everything
-per-run: the gate, a lane per callback, the lane threads (``pool.py``), a task per loop
-lane, the producer. What outlives it (the slots' statistics, the counters) lives in the
+per-run: the gate, a lane per callback, the workers (``worker.place``: the lane threads and
+a task per callback on the loop), the producer. What outlives it (the slots' statistics, the counters) lives in the
 engine's members.
 
 Its tasks run in a task group under a shielded scope: a task started while the caller is
