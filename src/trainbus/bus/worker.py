@@ -9,14 +9,13 @@
 
 Where a callback runs is declared (``members.py``, D7) and fixed for the run
 (:func:`place`). A worker takes items from the left of its queue and runs each: an event
-item runs the handlers of the event (of every callback pinned there that only queues it,
-in list order, or of the one callback the item names), a record goes to a destination, a
-call item (``close``, a drain mark) is called. A worker on a thread calls plain handlers
-itself and runs ``async def`` ones on the loop through ``bridge.Spawner``, waiting for
-each, so a callback's handlers keep their order (D1). When its queue is empty it sleeps;
-the producer wakes it by its rule (``producer.py``). A stopping session's event items are
-counted, not run (D10). A worker reads the clock once an item: an item's time runs from
-the end of the one before (or the wake-up) to its own end.
+item runs the event's handlers (of every callback there that only queues it, in list
+order, or of the one callback the item names), a record goes to its destination, a call
+item (``close``, a drain mark) is called. On a thread, ``async def`` handlers run on the
+loop through ``bridge.Spawner`` and are waited for, so a callback's handlers keep their
+order (D1). An empty worker sleeps until the producer wakes it (its rule: ``producer.py``).
+A stopping session's event items are counted, not run (D10). The clock is read once an
+item: an item's time runs from the end of the one before (or the wake-up) to its own end.
 """
 
 from __future__ import annotations
@@ -34,15 +33,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from trainbus.bus.mailbox import Mailbox
-from trainbus.bus.queue import (
-    STOP,
-    WAKE_END,
-    CallItem,
-    EventItem,
-    LogItem,
-    RecordCounts,
-    WorkQueue,
-)
+from trainbus.bus.queue import STOP, WAKE_END, CallItem, EventItem, LogItem, RecordCounts, WorkQueue
 from trainbus.bus.threads import run_in_thread
 from trainbus.core.scalars import all_ready
 
@@ -75,14 +66,14 @@ class Lane:
     Attributes:
         worker: Its :class:`Worker` (set by :func:`place`).
         records: Its records' counts (a destination's, D12).
-        mailbox: A lossy destination's waiting records (``mailbox.py``), else ``None``.
+        mailbox: A lossy destination's records (``mailbox.py``), else ``None``.
         lock: Held by whoever runs one of its items, when the training thread runs some of
             its plain handlers too (``Member.shares_thread``): the two never overlap (D1).
-        current: The handler running now (``"Class.method"``), for messages; else ``None``.
-            Invariant: written only by the thread running its handler.
+        current: The handler running now (``"Class.method"``), else ``None``. Invariant:
+            written only by the thread running its handler.
         scope: The cancel scope of its coroutine handler running now, if any (D11).
-        owes: On the loop: the destination its handler logged past the bound; the worker
-            waits for room there before its next item.
+        owes: On the loop: a destination its handler logged past the bound (the worker
+            waits for room there before its next item).
         failed: One of its handlers raised: it runs nothing more but its close (D10).
         abandoned: It missed its close deadline: nobody waits for it any more.
     """
@@ -130,9 +121,8 @@ def finished(lane: Lane, slot: Slot, start: float, elapsed: float,
 
 
 def would_deadlock(waiter: Worker | None, dest: Lane) -> bool:
-    """Whether ``waiter`` waiting for room in ``dest`` could wait for ever: ``dest`` runs
-    on ``waiter``, or on a worker that waits, through a chain of workers waiting for room,
-    for ``waiter``."""
+    """Whether ``waiter`` waiting for room in ``dest`` could wait for ever: ``dest`` runs on
+    ``waiter``, or on a worker waiting (through a chain of such waits) for ``waiter``."""
     worker: Worker | None = dest.worker
     for _ in range(64):
         if worker is None:
@@ -159,25 +149,9 @@ class Worker:
         name: ``trainbus-lane-<Callback>`` (``+<n>`` when it serves n more).
     """
 
-    __slots__ = (
-        "chain",
-        "counters",
-        "idle",
-        "lanes",
-        "loop",
-        "name",
-        "on_thread",
-        "passed",
-        "place",
-        "queue",
-        "sleeper",
-        "spawner",
-        "subs",
-        "thread",
-        "waiting_on",
-        "wakes",
-        "wakeup",
-    )
+    __slots__ = ("chain", "counters", "idle", "lanes", "loop", "name", "on_thread", "passed",
+                 "place", "queue", "sleeper", "spawner", "subs", "thread", "waiting_on",
+                 "wakes", "wakeup")
 
     def __init__(self, lanes: Sequence[Lane], on_thread: bool, gate: Gate, counters: Counters,
                  loop: LoopHandle, spawner: Spawner, queue_size: int = 128) -> None:
@@ -208,9 +182,8 @@ class Worker:
             lane.worker = self
 
     def put(self, item: WorkItem) -> None:
-        """Queue one non-event item and wake the worker if it sleeps: a thread from any
-        thread, a task from the loop's thread (elsewhere the caller hands it to the loop:
-        ``records.py``)."""
+        """Queue a non-event item; wake the worker if it sleeps (a thread: from any thread;
+        a task: from the loop's thread, elsewhere the caller wakes it, ``records.py``)."""
         self.queue.items.append(item)
         if self.idle:  # after the append: see ``idle``
             if self.on_thread:
@@ -238,8 +211,8 @@ class Worker:
             wake_chain(self.chain, self.place + 1)
 
     def wake(self) -> None:
-        """Wake the thread, which sleeps or is about to (any thread). A second release of
-        a thread woken and not yet running is spared by the look at ``locked()``."""
+        """Wake the thread, which sleeps or is about to (any thread; ``locked()`` spares a
+        second release of a thread woken and not yet running)."""
         sleeper = self.sleeper
         if sleeper.locked():
             try:
@@ -371,9 +344,8 @@ class Worker:
 
     async def run_task(self, finished_event: anyio.Event) -> None:
         """The worker's task on the loop: run its items until ``STOP``, then set
-        ``finished_event``. The task runs under a cancel scope of its own, ``lane.scope``:
-        cancelling it cancels the handler running now (D11, an abandoned close); the task
-        then goes on with a fresh scope."""
+        ``finished_event``. Cancelling its scope (``lane.scope``) cancels the handler
+        running now (D11, an abandoned close); the task goes on with a fresh scope."""
         CURRENT_WORKER.set(self)
         lane = self.lanes[0]
         try:
@@ -589,10 +561,9 @@ def place(lanes: Sequence[Lane], size: int, gate: Gate, counters: Counters,
 def wake_chain(chain: Sequence[Worker], start: int = 0) -> None:
     """Wake the first of ``chain[start:]`` that sleeps (or is about to) with work queued.
 
-    The producer starts a wake-up (``Worker.wakes`` counts them) and wakes the first
-    such thread; each thread, as it leaves its sleep and before it runs anything, passes
-    the wake-up on to the next such thread after it. So every thread with work is woken,
-    each before the one ahead of it runs a handler (eight handlers that block at once all
+    The producer starts a wake-up (``Worker.wakes`` counts them); each woken thread, before
+    it runs anything, passes it on to the next such thread. So every thread with work is
+    woken before the one ahead of it runs a handler (eight handlers that block at once all
     run at once, D2), and the training thread pays one wake-up a publish."""
     for k in range(start, len(chain)):
         worker = chain[k]
