@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -102,6 +102,20 @@ class Mailbox:
             self._in_flight = 0
             self._armed = False
             return None, skipped
+
+    def takes(self, requeue: Callable[[], None]) -> Iterator[LogRecord]:
+        """The worker, at a marker: the waiting records, at most ``limit + 1`` takes; then,
+        if more came meanwhile, ``requeue()`` puts the marker at the back of the queue, so
+        that records logged without pause never starve the events. The records dropped or
+        merged are counted done as they are taken."""
+        for _ in range(self.limit + 1):
+            record, skipped = self.take()
+            if skipped:
+                self._counts.count_done(skipped)
+            if record is None:
+                return
+            yield record
+        requeue()
 
     # -- the policies (under the lock; the box is full) ------------------------------------
 

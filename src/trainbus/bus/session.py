@@ -2,8 +2,8 @@
 
 One ``fit()`` (or one engine call from plain code) is one session. It creates everything
 per-run: the gate, a lane per callback, the workers (``worker.place``: the lane threads and
-a task per callback on the loop), the producer. What outlives it (the slots' statistics, the counters) lives in the
-engine's members.
+a task per callback on the loop), the producer. What outlives it (the slots' statistics,
+the counters) lives in the engine's members.
 
 Its tasks run in a task group under a shielded scope: a task started while the caller is
 being cancelled must still start (a thread's handed-over coroutine), or that thread would

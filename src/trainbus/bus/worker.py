@@ -25,7 +25,7 @@ import functools
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from time import perf_counter as _perf
 from typing import TYPE_CHECKING
@@ -68,7 +68,7 @@ class Lane:
         records: Its records' counts (a destination's, D12).
         mailbox: A lossy destination's records (``mailbox.py``), else ``None``.
         lock: Held by whoever runs one of its items, when the training thread runs some of
-            its plain handlers too (``Member.shares_thread``): the two never overlap (D1).
+            its plain handlers too (``shares``, ``Member.shares_thread``): never both (D1).
         current: The handler running now (``"Class.method"``), else ``None``. Invariant:
             written only by the thread running its handler.
         scope: The cancel scope of its coroutine handler running now, if any (D11).
@@ -79,7 +79,8 @@ class Lane:
     """
 
     __slots__ = ("abandoned", "current", "failed", "index", "lock", "log_slot", "mailbox",
-                 "member", "name", "on_thread", "owes", "records", "scope", "slots", "worker")
+                 "member", "name", "on_thread", "owes", "records", "scope", "shares", "slots",
+                 "worker")
 
     def __init__(self, member: Member, gate: Gate, queue_size: int = 128) -> None:
         self.member = member
@@ -88,6 +89,7 @@ class Lane:
         self.slots = member.slots
         self.log_slot = member.log_slot
         self.on_thread = member.on_thread
+        self.shares = member.shares_thread
         self.worker: Worker = None  # type: ignore[assignment]  # place() sets it
         self.lock = threading.Lock()
         policy = member.backpressure
@@ -237,11 +239,13 @@ class Worker:
             if type(item) is EventItem:
                 lane = item.lane
                 handlers = subs[item.event] if lane is None else ((lane, lane.slots[item.event]),)
-                view, logger = item.view, item.logger
+                view, logger, trace = item.view, item.logger, counters.trace
+                # The hot loop of plain callbacks: ``finished`` and ``WorkQueue.count_done``
+                # written out (a call each costs about as much as the rest of the loop).
                 for lane, slot in handlers:
                     if gate.stopping:  # D10: counted, not run
                         continue
-                    locking = lane.member.shares_thread
+                    locking = lane.shares
                     if locking:
                         lane.lock.acquire()
                     lane.current = slot.qualname
@@ -257,9 +261,22 @@ class Worker:
                             lane.lock.release()
                     lane.current = None
                     t1 = _perf()
-                    finished(lane, slot, t0, t1 - t0, counters.trace)
+                    elapsed = t1 - t0
+                    slot.calls += 1
+                    slot.total_time += elapsed
+                    if elapsed > slot.max_time:
+                        slot.max_time = elapsed
+                    if trace is not None:
+                        trace.handler(lane.name, slot.event, t0, elapsed)
                     t0 = t1
-                queue.count_done(item.batch, lane.member)
+                queue.last_batch = item.batch
+                done = queue.done
+                if queue.enq - done > queue.peak:
+                    queue.peak = queue.enq - done
+                queue.done = done = done + 1
+                target = queue.wait_done  # read once: the gate may clear it meanwhile
+                if target is not None and done >= target:
+                    gate.reached(queue, lane.member)
             elif type(item) is LogItem:
                 lane = item.lane
                 for record in _records_of(item):
@@ -267,7 +284,7 @@ class Worker:
                     lane.records.count_done()
             elif type(item) is CallItem:
                 lane = item.lane
-                locking = lane.member.shares_thread
+                locking = lane.shares
                 if locking:
                     lane.lock.acquire()
                 lane.current = item.label or None
@@ -297,7 +314,7 @@ class Worker:
         assert slot is not None, "only destinations receive records"
         if lane.failed:  # a failed destination gets no more records (D10)
             return t0
-        locking = lane.member.shares_thread
+        locking = lane.shares
         if locking:
             lane.lock.acquire()
         lane.current = slot.qualname
@@ -335,7 +352,7 @@ class Worker:
                 if item.record is not None:
                     lane.records.count_done()
                 else:
-                    for _ in _records_of(item, drop=True):
+                    for _ in _records_of(item):
                         lane.records.count_done()
             elif type(item) is CallItem:
                 self.loop.call_soon_if_running(item.on_done, error)
@@ -458,28 +475,14 @@ class Worker:
             self.waiting_on = None
 
 
-def _records_of(item: LogItem, drop: bool = False) -> Iterator[LogRecord]:
-    """The records a log item brings: its record, or, for a lossy destination's marker,
-    the records in its mailbox (at most ``limit + 1`` takes, then the marker goes to the
-    back of the queue, so that records logged without pause never starve the events).
-    Records the mailbox dropped or merged are counted done here."""
+def _records_of(item: LogItem) -> Iterable[LogRecord]:
+    """The records a log item brings: its record, or a lossy destination's marker's
+    (``Mailbox.takes``; a marker that comes back goes to the back of the queue)."""
     if item.record is not None:
-        yield item.record
-        return
+        return (item.record,)
     lane: Lane = item.lane
-    box = lane.mailbox
-    assert box is not None, "a marker is queued only for a mailbox"
-    for _ in range(box.limit + 1):
-        record, skipped = box.take()
-        if skipped:
-            lane.records.count_done(skipped)
-        if record is None:
-            return
-        if drop:
-            lane.records.count_done()
-            continue
-        yield record
-    lane.worker.queue.items.append(item)  # more came meanwhile: the later items go first
+    assert lane.mailbox is not None, "a marker is queued only for a mailbox"
+    return lane.mailbox.takes(functools.partial(lane.worker.queue.items.append, item))
 
 
 async def _call(lane: Lane, item: CallItem) -> None:
