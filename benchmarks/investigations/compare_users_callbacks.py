@@ -4,7 +4,8 @@
         [--rounds 13] [--batches 300]
 
 Each round runs, in a rotated order, one fresh process per arm: the plain loop without I/O
-(the floor), the plain loop doing the I/O inline, and trainbus from each tree (the arms of
+(the floor), the plain loop doing the I/O inline, and trainbus from each tree (with
+``--quiet-arm`` also the new tree without its default output and time account; the arms of
 ``suite/_users_callbacks_arms.py``: progress output, JSON-lines, TensorBoard, LR and
 throughput monitors, a checkpoint every 50 batches, on ``g10``). Printed: each arm's ratio
 to the floor of its round (median, min-max), each tree's trainbus over the inline loop in
@@ -32,6 +33,8 @@ def main() -> None:
     parser.add_argument("new")
     parser.add_argument("--rounds", type=int, default=13)
     parser.add_argument("--batches", type=int, default=300)
+    parser.add_argument("--quiet-arm", action="store_true",
+                        help="also run the new tree with progress=False, track_time=False")
     args = parser.parse_args()
     base = env_for("trainbus_fw")
     python = str(python_for("trainbus_fw"))
@@ -40,6 +43,8 @@ def main() -> None:
     for label, tree in (("old", args.old), ("new", args.new)):
         env = dict(base, PYTHONPATH=f"{Path(tree).resolve()}:{BENCH}")
         arms[label] = ("trainbus", env)
+    if args.quiet_arm:  # the new tree without its default output and time account
+        arms["new-quiet"] = ("trainbus-quiet", arms["new"][1])
     seconds: dict[str, list[float]] = {name: [] for name in arms}
     names = list(arms)
     for r in range(args.rounds):
@@ -63,6 +68,10 @@ def main() -> None:
     paired = [n / o for n, o in zip(seconds["new"], seconds["old"], strict=True)]
     print(f"paired new/old: {statistics.median(paired):.3f} "
           f"({min(paired):.3f}-{max(paired):.3f}) over {args.rounds} rounds")
+    if "new-quiet" in seconds:
+        paired = [n / q for n, q in zip(seconds["new"], seconds["new-quiet"], strict=True)]
+        print(f"paired new (output and account on) / new-quiet: {statistics.median(paired):.3f}"
+              f" ({min(paired):.3f}-{max(paired):.3f}) over {args.rounds} rounds")
 
 
 if __name__ == "__main__":
