@@ -81,8 +81,7 @@ def test_the_hierarchy_drawing_names_every_class() -> None:
     ("old", "name"),
     [
         ("trainbus.bus", "LaneThreadError"),
-        ("trainbus.bus.pool", "LaneThreadError"),
-        ("trainbus.bus.lanes", "Stopped"),
+        ("trainbus.bus.queue", "Stopped"),
         ("trainbus.bus", "Stopped"),
         ("trainbus", "TrainingPreempted"),
         ("trainbus.runtime.preemption", "TrainingPreempted"),

@@ -2,7 +2,7 @@
 
     python benchmarks/investigations/lane_loop_body.py
 
-The loop body of ``bus/runners.run_lane_thread`` over a bare event item's handlers, rebuilt
+The loop body of ``bus/worker.Worker.run_thread`` over an event item's handlers, rebuilt
 with plain ``__slots__`` classes (no bus, no threads, no GIL hand-over), timed with timeit
 over 100 handlers: the bare call; the call with the lane's counts; with ``slot.calls`` too;
 the whole body (the clock read and the statistics). Compare with

@@ -1,12 +1,12 @@
-"""How often the loop is woken, and how often each loop lane suspends, per batch (issue 29).
+"""How often the loop is woken, and how often each worker on the loop suspends, per batch.
 
     python benchmarks/investigations/loop_suspensions.py [--callbacks 10] [--valgrind]
 
 Runs the suite's ``noop-async`` workload (``--callbacks`` callbacks with a no-op
 ``async def`` on each of the 12 per-batch events) through the suite's callgrind worker,
 once with 10 and once with 30 batches a fit, and prints per batch the difference of the
-two: the loop's wake-ups (``LoopWaker._on_loop``), the lanes' sleeps (a new
-``LoopHandle.new_event``) and yields (``LoopHandle.yield_now``). With ``--valgrind`` the
+two: the loop's wake-ups (``worker.hand_over_on_loop``), the workers' sleeps (a new
+event from ``worker._event_factory``) and yields (``LoopHandle.yield_now``). With ``--valgrind`` the
 runs go under ``valgrind --tool=none``, which serialises the threads as callgrind does: the
 instruction rows of the suite are measured that way.
 
@@ -32,24 +32,29 @@ ROOT = BENCH.parent
 # Run in the worker's process: count, then run the worker as ``python -m harness.worker``.
 PATCH = """
 import atexit, collections, functools, os, runpy, sys
-from trainbus.bus import bridge
+from trainbus.bus import bridge, producer, worker
 counts = collections.Counter()
-on_loop = bridge.LoopWaker._on_loop
-def counted_on_loop(self, *args):
+on_loop = worker.hand_over_on_loop
+def counted_on_loop(*args):
     counts["wake-ups"] += 1
-    return on_loop(self, *args)
-bridge.LoopWaker._on_loop = counted_on_loop
-handle_init = bridge.LoopHandle.__init__
-def counted_init(self):
-    handle_init(self)
-    new_event, yield_now = self.new_event, self.yield_now
+    return on_loop(*args)
+producer.hand_over_on_loop = counted_on_loop
+factory = worker._event_factory
+def counted_factory(loop):
+    new_event = factory(loop)
     def sleep():
         counts["sleeps"] += 1
         return new_event()
+    return sleep
+worker._event_factory = counted_factory
+handle_init = bridge.LoopHandle.__init__
+def counted_init(self):
+    handle_init(self)
+    yield_now = self.yield_now
     async def turn():
         counts["yields"] += 1
         await yield_now()
-    self.new_event, self.yield_now = sleep, turn
+    self.yield_now = turn
 bridge.LoopHandle.__init__ = counted_init
 atexit.register(lambda: open(os.environ["COUNTS_OUT"], "w").write(repr(dict(counts))))
 sys.argv = ["harness.worker", *sys.argv[1:]]

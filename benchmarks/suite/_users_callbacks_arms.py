@@ -79,7 +79,8 @@ def inline(w: wl.Workload, data: wl.TimedBatches, folder: Path, ckpt: bool) -> N
     writer.close()
 
 
-def trainbus(w: wl.Workload, data: wl.TimedBatches, folder: Path, ckpt: bool) -> None:
+def trainbus(w: wl.Workload, data: wl.TimedBatches, folder: Path, ckpt: bool,
+             quiet: bool = False) -> None:
     from trainbus import Trainer
     from trainbus.callbacks import CheckpointSaver, LRMonitor, ProgressBar, SpeedMonitor
     from trainbus.loggers import JSONLinesLogger, TensorBoardLogger
@@ -91,8 +92,14 @@ def trainbus(w: wl.Workload, data: wl.TimedBatches, folder: Path, ckpt: bool) ->
     loggers = [ProgressBar(interval=f"{PROGRESS_EVERY}ba"),
                JSONLinesLogger(str(folder / "metrics.jsonl")), TensorBoardLogger(str(folder / "tb"))]
     trainer = Trainer(w.model, data, "1ep", loss_fn=w.loss_fn, optimizers=w.optimizer(),
-                      callbacks=callbacks, loggers=loggers, device="cpu")
+                      callbacks=callbacks, loggers=loggers, device="cpu",
+                      **({"progress": False, "track_time": False} if quiet else {}))
     trainer.fit_sync()
+
+
+def trainbus_quiet(w: wl.Workload, data: wl.TimedBatches, folder: Path, ckpt: bool) -> None:
+    """trainbus without its default output and time account (the same callbacks)."""
+    trainbus(w, data, folder, ckpt, quiet=True)
 
 
 def lightning(w: wl.Workload, data: wl.TimedBatches, folder: Path, ckpt: bool) -> None:
@@ -182,8 +189,8 @@ def composer(w: wl.Workload, data: wl.TimedBatches, folder: Path, ckpt: bool) ->
     trainer.close()  # its loggers flush at close: inside the clock, as the others' do
 
 
-ARMS = {"floor": floor, "inline": inline, "trainbus": trainbus, "lightning": lightning,
-        "composer": composer}
+ARMS = {"floor": floor, "inline": inline, "trainbus": trainbus,
+        "trainbus-quiet": trainbus_quiet, "lightning": lightning, "composer": composer}
 
 
 def measure(arm: str, batches: int, ckpt: bool, folder: str, out: str) -> None:

@@ -1,11 +1,11 @@
-"""The event bus: the training thread publishes, lanes run handlers, barriers join them.
+"""The event bus: the training thread publishes, workers run handlers, barriers join them.
 
 Only this package knows there are threads and event loops. One event's path, in order of
-the modules it passes: ``producer`` (publish, on the training thread) -> ``lanes`` (the
-callback's queue) -> ``bridge`` (waking the loop) -> ``runners`` (the handler runs) ->
-``lanes`` (counted done; the gate the training thread waits at). ``members`` says where
-each handler runs, ``pool`` which lane thread runs a plain callback, ``records`` queues
-logged records on the destinations (``mailbox`` for those with a lossy ``backpressure``),
+the modules it passes: ``producer`` (publish, on the training thread) -> ``queue`` (each
+worker's queue) -> ``worker`` (a lane thread or a task on the loop runs the handlers) ->
+``queue`` (counted done; the gate the training thread waits at). ``members`` says where
+each handler runs, ``records`` queues logged records on the destinations (``mailbox`` for
+those with a lossy ``backpressure``), ``bridge`` holds every crossing into the loop,
 ``session`` runs one cycle and closes it, ``engine`` is the entry point.
 ``docs/concurrency.md`` describes the model (guarantees D1-D14).
 """

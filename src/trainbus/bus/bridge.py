@@ -8,7 +8,6 @@ also needs the cheaper fire-and-forget call that asyncio and trio both have
 loop is busy costs one wake-up. The tools:
 
 - :class:`LoopHandle`: call a function soon on the loop, from any thread.
-- :class:`LoopWaker`: wake the sleeping loop lanes, one call into the loop.
 - :class:`Spawner`: run a coroutine function as a task on the loop for a thread and wait
   for it (a thread lane's ``async def`` handlers).
 - :class:`LoopThread`: a daemon thread running an event loop of its own, for plain code
@@ -26,28 +25,32 @@ import functools
 import sys
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, MutableSequence, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 
-from trainbus.bus.lanes import WAKE_END
 from trainbus.bus.threads import start_thread
 
-if TYPE_CHECKING:
-    from trainbus.bus.lanes import Counters, Lane, LoopEvent, WorkItem
-
 __all__ = [
-    "FutureEvent",
+    "LoopEvent",
     "LoopHandle",
     "LoopThread",
-    "LoopWaker",
     "Spawner",
     "no_running_loop",
 ]
 
 T = TypeVar("T")
+
+
+class LoopEvent(Protocol):
+    """What a worker on the loop sleeps on: a one-shot event (``worker.py``): ``set()`` and
+    ``await event.wait()``, on the loop."""
+
+    def set(self) -> None: ...
+
+    def wait(self) -> Awaitable[Any]: ...
 
 
 class LoopHandle:
@@ -61,7 +64,8 @@ class LoopHandle:
             the loop it runs on (obstore's ``*_async`` functions need asyncio).
     """
 
-    __slots__ = ("backend", "call_soon", "current_time", "new_event", "thread_id", "yield_now")
+    __slots__ = ("asyncio_loop", "backend", "call_soon", "current_time", "thread_id",
+                 "yield_now")
 
     def __init__(self) -> None:
         self.thread_id = threading.get_ident()
@@ -71,23 +75,20 @@ class LoopHandle:
         self.call_soon: Callable[..., Any] = found
         running = asyncio.events._get_running_loop()
         self.backend = "asyncio" if running is not None else "trio"
-        #: ``new_event()`` (on the loop): a one-shot event of the loop's own library, for
-        #: the loop lanes' sleeps (see :class:`FutureEvent`).
-        self.new_event: Callable[[], LoopEvent]
+        #: The asyncio loop itself (``None`` on trio): a worker sleeps on its futures.
+        self.asyncio_loop = running
         #: ``await yield_now()`` (on the loop): give the loop one turn, as a sleep that is
-        #: woken at once would (a loop lane at a ``WAKE_END`` with more queued).
+        #: woken at once would (a worker at a ``WAKE_END`` with more queued).
         self.yield_now: Callable[[], Awaitable[None]]
         #: ``current_time()`` (on the loop, also in a :attr:`call_soon` callback, outside
         #: any task, where ``anyio.current_time()`` finds no event loop): the loop's clock,
         #: the one its cancel scopes' deadlines are on.
         self.current_time: Callable[[], float]
         if running is not None:
-            self.new_event = functools.partial(FutureEvent, running)
             self.yield_now = functools.partial(asyncio.sleep, 0)
             self.current_time = running.time
         else:
             trio = sys.modules["trio"]
-            self.new_event = trio.Event
             self.yield_now = trio.lowlevel.checkpoint
             self.current_time = trio.current_time
 
@@ -98,30 +99,6 @@ class LoopHandle:
             self.call_soon(fn, *args)
         except Exception:  # asyncio: "Event loop is closed"; trio: RunFinishedError
             return
-
-
-class FutureEvent:
-    """A loop lane's sleep on asyncio: one future, set once (loop thread).
-
-    A loop lane suspends once for each wake-up of the loop that brought it work, at most
-    twice a batch (``producer.WAKES_LOOP``), so its sleep is on the hot
-    path. ``anyio.Event`` wraps an ``asyncio.Event`` (two Python layers, a backend lookup
-    at creation, a coroutine to await); a bare future is what ``asyncio.Event`` awaits
-    underneath. Cancellation works as for any awaited future (the lane's cancel scope
-    cancels the task). On trio the lane sleeps on a ``trio.Event``.
-    """
-
-    __slots__ = ("_future",)
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._future = loop.create_future()
-
-    def set(self) -> None:
-        if not self._future.done():
-            self._future.set_result(None)
-
-    def wait(self) -> asyncio.Future[None]:
-        return self._future
 
 
 def _current_call_soon() -> Callable[..., Any] | None:
@@ -150,55 +127,6 @@ def no_running_loop() -> bool:
     if in_run is not None:
         return not in_run()
     return _current_call_soon() is None
-
-
-class LoopWaker:
-    """Hands work to the loop lanes and wakes the sleeping ones, from any thread: one call
-    into the loop per :meth:`deliver` or :meth:`wake`, whatever the lanes are doing. On the
-    loop, that call (:meth:`_on_loop`) appends each delivered list of items to its lane's
-    ``pending``, then ``WAKE_END``, and sets the wake-up of each of those lanes that
-    sleeps; a lane that is busy takes its new items when it is done. It touches only the
-    lanes handed to it (the lanes with work), not every loop lane.
-
-    The caller's cost is the same whether the loop sleeps or not (no look at the lanes
-    from the calling thread): a count that does not move with the machine's load.
-    """
-
-    def __init__(self, loop: LoopHandle, counters: Counters) -> None:
-        self._call_soon = loop.call_soon
-        self._counters = counters
-
-    def deliver(self, waves: list[tuple[Lane, MutableSequence[WorkItem]]]) -> None:
-        """Hand each ``(lane, items)`` to the loop and wake those lanes that sleep (the
-        publishing thread; ``Producer.hand_over``)."""
-        try:
-            self._call_soon(self._on_loop, waves)
-        except Exception:  # the loop has ended (an abandoned thread came back late)
-            return
-
-    def wake(self, lanes: Sequence[Lane]) -> None:
-        """Ask the loop to wake those of ``lanes`` that sleep with items (any thread; the
-        items are in their ``pending`` already)."""
-        try:
-            self._call_soon(self._on_woken, lanes)
-        except Exception:  # the loop has ended (an abandoned thread came back late)
-            return
-
-    def _on_loop(self, waves: Sequence[tuple[Lane, MutableSequence[WorkItem]]]) -> None:
-        self._counters.loop_wakeups += 1
-        for lane, items in waves:
-            pending = lane.pending
-            pending.extend(items)
-            pending.append(WAKE_END)
-            # On the loop a lane's task is either asleep (idle) or running: never between.
-            if lane.idle and lane.wakeup is not None:
-                lane.wakeup.set()
-
-    def _on_woken(self, lanes: Sequence[Lane]) -> None:
-        self._counters.loop_wakeups += 1
-        for lane in lanes:
-            if lane.idle and lane.pending and lane.wakeup is not None:
-                lane.wakeup.set()
 
 
 class Spawner:

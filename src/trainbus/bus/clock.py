@@ -3,8 +3,7 @@
 Observation, like the timeline (``trace.py``): while an engine has a clock
 (:meth:`Engine.batch_clock`), the producer's end of a batch reads the clock once and counts
 the step (the time since the previous batch's end) into a fixed histogram; no handler runs,
-no snapshot is taken. Readers on other threads take the fields as they are (a reading may
-be a batch old). A health check and Prometheus' step-time histogram read it.
+no snapshot is taken. A health check and Prometheus' step-time histogram read it.
 """
 
 from __future__ import annotations
@@ -31,11 +30,13 @@ class BatchClock:
         counts: Steps per bucket; the last one counts those above every bound.
         total: Seconds of every step counted.
         recent: The last 32 steps, in seconds.
+
+    Invariant: the training thread alone writes (:meth:`tick`, :meth:`restart`); readers on
+    other threads copy the fields as they are, a batch old at worst.
     """
 
     __slots__ = ("bounds", "counts", "last", "recent", "total")
 
-    # Invariant: the training thread alone writes (tick, restart); readers copy.
     def __init__(self) -> None:
         self.last: float | None = None
         self.bounds = STEP_BUCKETS

@@ -1,19 +1,17 @@
 """The engine: the bus's entry points, for the Trainer, other training loops and plain code.
 
-An :class:`Engine` resolves its callbacks once (``members.py``: where each handler runs)
-and runs one :class:`~trainbus.bus.session.Session` per cycle. ``Engine.run_event`` is
-Composer's entry point. Called on the training thread during a cycle it publishes; called
-from plain synchronous code with no loop running (the seed's doctests, callback unit
-tests) it runs the event's handlers and returns when they are done, on a standing session
-that ``engine.close()`` ends; called from an event loop's thread it refuses, because
-waiting there for handlers that need that same loop would deadlock.
+An :class:`Engine` resolves its callbacks once (``members.py``) and runs one
+:class:`~trainbus.bus.session.Session` per cycle (one ``fit()``). ``run_event``, Composer's
+entry point, does what its caller's thread allows: on the training thread during a cycle it
+publishes; from plain code with no loop running (doctests, callback unit tests) it runs the
+handlers on a standing session and returns when they are done (``close()`` ends it); on an
+event loop's thread it refuses, as waiting there for handlers that need the loop would
+deadlock. One event's path (``docs/concurrency.md`` has the whole picture)::
 
-The path of one event, end to end (``docs/concurrency.md`` has the picture):
-``Producer.publish`` (training thread, ``producer.py``) appends the event's item to each
-lane (``lanes.py``) and wakes the sleeping runners by its rule (``bridge.LoopWaker`` for
-the loop lanes, ``LaneThread.wake`` for a lane thread); the runner (``runners.py``) calls
-the handler and counts the item done, which tells the gate (``lanes.Gate``) the training
-thread may be waiting at, at a barrier.
+    training thread (producer.py)                    a worker (worker.py): a lane
+    Producer.publish --item--> its WorkQueue (queue.py)  thread, or a task on the loop
+          |               --wake, by the producer's rule-->  runs the handlers
+          +-- waits at the Gate (queue.py) <-- the item counted done --+
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ import anyio.lowlevel
 
 from trainbus.bus.bridge import LoopThread, no_running_loop
 from trainbus.bus.clock import BatchClock
-from trainbus.bus.lanes import Counters, Stopped
 from trainbus.bus.members import Member
 from trainbus.bus.options import (
     DEFAULT_CLOSE_TIMEOUT,
@@ -36,6 +33,7 @@ from trainbus.bus.options import (
     DEFAULT_WAIT_WARNING,
     BusOptions,
 )
+from trainbus.bus.queue import Counters, Stopped
 from trainbus.bus.session import ABANDON_TIMEOUT, Session
 from trainbus.bus.statistics import BusStatistics, collect_statistics
 from trainbus.bus.trace import TraceRecorder
@@ -51,7 +49,7 @@ from trainbus.core.exceptions import (
 from trainbus.core.renamed import renamed_option
 
 if TYPE_CHECKING:
-    from trainbus.bus.lanes import Lane
+    from trainbus.bus.worker import Lane
     from trainbus.core.logger import Logger
     from trainbus.core.state import State
 
@@ -89,14 +87,12 @@ class Engine:
         warn_slow_callbacks: Whether to warn when a callback is slower than the batches.
         warn_slow: Deprecated name of ``warn_slow_callbacks`` (warns once).
         wait_warning: Deprecated name of ``wait_warning_seconds`` (warns once).
-        close_timeout: Seconds each callback's ``close`` and ``post_close`` may take (and
-            a cancelled ``fit()`` waits for a stuck handler) before it is abandoned.
-        wait_warning_seconds: Seconds a barrier or a close may wait for a callback before a
-            :class:`~trainbus.CallbackTimeoutWarning` names it (``math.inf``: never).
-        lane_threads: Threads in the pool that runs plain callbacks (each pinned to one
-            for the whole run; ``own_thread = True`` callbacks get one of their own).
-        options: The bus's options already validated (what the Trainer passes); given, it
-            replaces the keywords above, which must then be left at their defaults.
+        close_timeout: Seconds each ``close``/``post_close`` (and a cancelled ``fit()``'s
+            wait for a stuck handler) may take before it is abandoned (:class:`BusOptions`).
+        wait_warning_seconds: Seconds a wait for a callback lasts before a warning names it.
+        lane_threads: Threads in the pool that runs plain callbacks (:class:`BusOptions`).
+        options: The options already validated (what the Trainer passes), instead of the
+            keywords above, which must then be left at their defaults.
 
     Raises:
         TypeError: A callback is not a :class:`~trainbus.Callback`, or an option has the
@@ -200,14 +196,17 @@ class Engine:
                     "state.preemption instead"
                 )
             self._members.append(Member(table, i, resolve_log_handler(table), max_lag))
+        # Invariant: only the thread whose loop runs a session writes ``_session``,
+        # ``_last_lanes`` and ``_running``; other threads read ``_session`` once, into a local.
         self._session: Session | None = None
         self._last_lanes: list[Lane] | None = None
         self._running = False
         self._closed = True
+        # Invariant: plain code swaps ``_standing`` under ``_plain``; a cycle takes it with
+        # one swap (``_end_standing``) before its own session starts.
         self._standing: _Standing | None = None
         self._plain = threading.Lock()
-        # A callback that observes the bus itself (the dashboard) learns its engine here:
-        # a private hook, ``_bind_engine(engine)``, called once per engine.
+        # A callback that observes the bus (the dashboard) gets a private hook, once.
         for callback in callbacks:
             bind = getattr(callback, "_bind_engine", None)
             if callable(bind):
@@ -274,12 +273,8 @@ class Engine:
         self._running_session().producer.wait_all(records=records)
 
     def _refuse_while_running(self, what: str = "") -> None:
-        """Raise :class:`~trainbus.FitInProgressError` if a cycle is running now: the one
-        place that refuses a second ``fit()`` (or, with ``what``, another call) meanwhile.
-
-        Raises:
-            FitInProgressError: A cycle (``fit()``) is running.
-        """
+        """Raise :class:`~trainbus.FitInProgressError` while a cycle runs: the one place that
+        refuses a second ``fit()`` (or, with ``what``, another call) meanwhile."""
         if not self._running:
             return
         if what:
@@ -438,9 +433,8 @@ class Engine:
         return lane.current if lane is not None else None
 
     def batch_clock(self) -> BatchClock:
-        """The engine's :class:`~trainbus.bus.clock.BatchClock`, started at the first call:
-        from then on each ``BATCH_END`` reads the clock once and counts its step (no
-        handler, no snapshot). Every caller gets the same clock."""
+        """The engine's :class:`~trainbus.bus.clock.BatchClock` (``clock.py``), started at
+        the first call; every caller gets the same clock."""
         clock = self._counters.clock
         if clock is None:
             clock = self._counters.clock = BatchClock()
@@ -484,11 +478,8 @@ class Engine:
         cancel()
 
     def _notify_preemption(self) -> None:
-        """Start every ``async def preemption_notice`` on the loop (any thread, signal-safe).
-
-        Nothing happens outside a session; a session that starts later starts them itself
-        when ``state.preemption`` is set (``Session._run_backgrounds``).
-        """
+        """Start every ``async def preemption_notice`` on the loop (any thread, signal-safe);
+        outside a session, the next one starts them (``Session._run_backgrounds``)."""
         session = self._session
         if session is not None:
             session.loop.call_soon_if_running(session.notify_preemption)
@@ -500,7 +491,11 @@ class Engine:
 
 
 class _Standing:
-    """A session held open on a loop thread of its own, for calls from plain code."""
+    """A session held open on a loop thread of its own, for calls from plain code.
+
+    Invariant: ``_hold`` (on that thread) sets ``session`` and ``_end``, or ``_failure``,
+    before ``_opened``; the calling threads read them after ``_opened.wait()``.
+    """
 
     def __init__(self, engine: Engine) -> None:
         self._thread = LoopThread("trainbus-engine-loop")
@@ -539,7 +534,7 @@ class _Standing:
         except Stopped:  # a handler failed: its error is in the gate
             pass
         finally:
-            producer.hand_over()  # what the stop left in the inboxes
+            producer.hand_over()  # what the stop left in the inboxes of workers on the loop
             producer.ident = None
         return list(session.gate.errors)
 

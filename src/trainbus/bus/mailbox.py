@@ -1,16 +1,16 @@
 """A lossy destination's records: a bounded queue that drops or merges instead of waiting.
 
 A destination with a lossy ``backpressure`` (``core/backpressure.py``; ``docs/loggers.md``,
-"Falling behind") gets its records here instead of in its lane's FIFO: any thread offers a
-record (:meth:`Mailbox.offer`); the lane's FIFO gets one *marker* item (a ``LogItem``
+"Falling behind") gets its records here instead of in its worker's queue: any thread offers a
+record (:meth:`Mailbox.offer`); the worker's queue gets one *marker* item (a ``LogItem``
 without a record) when the mailbox goes from empty to not, and the runner, at the marker,
-takes records (:meth:`Mailbox.take`) until there are none. So the FIFO holds at most one
+takes records (:meth:`Mailbox.take`) until there are none. So the queue holds at most one
 marker per destination, however many records come, and memory is bounded by ``limit``.
 
-Counting (``lanes.Lane``): ``log_enq`` counts every record offered, under ``count_lock``
-(this mailbox's lock); ``log_done`` stays the runner's: the records dropped or merged
+Counting (``queue.RecordCounts``): ``enq`` counts every record offered, under its ``lock``
+(this mailbox's lock); ``done`` stays the worker's: the records dropped or merged
 since its last take are handed to it by :meth:`take` and it counts them done there. So
-``log_enq - log_done`` still reaches 0 when everything is delivered (what
+``enq - done`` still reaches 0 when everything is delivered (what
 ``wait_all(records=True)`` waits for), and no count ever goes back.
 
 Fullness is ``len(waiting) + in_flight >= limit``: records logged and not yet delivered,
@@ -21,26 +21,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, deque
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Final, Protocol
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    import threading
-
     from trainbus.bus.members import Member
+    from trainbus.bus.queue import RecordCounts
     from trainbus.core.backpressure import Backpressure
     from trainbus.core.logger import LogRecord
 
 __all__ = ["FULL", "QUEUED", "WAKE", "Mailbox"]
 
-
-class _Owner(Protocol):
-    """What a mailbox knows of its lane (``lanes.Lane``, which imports this module)."""
-
-    name: str
-    member: Member
-    count_lock: threading.Lock
-    log_enq: int
 
 #: :meth:`Mailbox.offer`'s answers: queued and the runner must be given a marker; queued
 #: (or dropped/merged) with a marker already on its way; full (``coalesce``: wait for room).
@@ -59,14 +50,15 @@ class Mailbox:
         values_dropped: Per metric name, values lost this session (dropped or overwritten).
     """
 
-    __slots__ = ("_armed", "_in_flight", "_lane", "_lock", "_skipped", "_waiting", "limit",
-                 "policy", "records_coalesced", "records_dropped", "values_dropped")
+    __slots__ = ("_armed", "_counts", "_in_flight", "_lock", "_member", "_skipped", "_waiting",
+                 "limit", "policy", "records_coalesced", "records_dropped", "values_dropped")
 
-    def __init__(self, lane: _Owner, policy: Backpressure) -> None:
+    def __init__(self, counts: RecordCounts, member: Member, policy: Backpressure) -> None:
         assert policy.lossy, "block needs no mailbox"
         assert policy.queue_size is not None
-        self._lane = lane
-        self._lock = lane.count_lock
+        self._counts = counts
+        self._member = member
+        self._lock = counts.lock
         self.policy = policy
         self.limit = policy.queue_size
         self._waiting: deque[LogRecord] = deque()
@@ -92,7 +84,7 @@ class Mailbox:
                     return FULL
             else:
                 waiting.append(record)
-            self._lane.log_enq += 1
+            self._counts.enq += 1
             if self._armed:
                 return QUEUED
             self._armed = True
@@ -110,6 +102,20 @@ class Mailbox:
             self._in_flight = 0
             self._armed = False
             return None, skipped
+
+    def takes(self, requeue: Callable[[], None]) -> Iterator[LogRecord]:
+        """The worker, at a marker: the waiting records, at most ``limit + 1`` takes; then,
+        if more came meanwhile, ``requeue()`` puts the marker at the back of the queue, so
+        that records logged without pause never starve the events. The records dropped or
+        merged are counted done as they are taken."""
+        for _ in range(self.limit + 1):
+            record, skipped = self.take()
+            if skipped:
+                self._counts.count_done(skipped)
+            if record is None:
+                return
+            yield record
+        requeue()
 
     # -- the policies (under the lock; the box is full) ------------------------------------
 
@@ -133,12 +139,12 @@ class Mailbox:
     def _dropped_record(self) -> None:
         self.records_dropped += 1
         self._skipped += 1
-        self._lane.member.records_dropped += 1
+        self._member.records_dropped += 1
 
     def _dropped_values(self, names: Iterable[str]) -> None:
         before = self.values_dropped.total()
         self.values_dropped.update(names)
-        self._lane.member.values_dropped += self.values_dropped.total() - before
+        self._member.values_dropped += self.values_dropped.total() - before
 
     def _replace(self, record: LogRecord) -> None:
         """Drop every waiting record of ``record``'s kind whose names all come again in
@@ -171,7 +177,7 @@ class Mailbox:
         )
         self._waiting[-1] = merged
         self.records_coalesced += 1
-        self._lane.member.records_coalesced += 1
+        self._member.records_coalesced += 1
         self._skipped += 1
         return True
 
@@ -179,13 +185,12 @@ class Mailbox:
         """What this session's policy lost, in words (``None`` when nothing)."""
         if not (self.records_dropped or self.records_coalesced or self.values_dropped):
             return None
-        lane = self._lane
         top = ", ".join(f"{name} {n:,}" for name, n in self.values_dropped.most_common(5))
         more = len(self.values_dropped) - 5
         names = f" ({top}{f', and {more} more names' if more > 0 else ''})" if top else ""
         return (
-            f"{lane.name} (callbacks[{index}]) fell behind: its {self.policy!r} dropped "
-            f"{self.records_dropped:,} of {lane.log_enq:,} records and merged "
+            f"{self._member.name} (callbacks[{index}]) fell behind: its {self.policy!r} dropped "
+            f"{self.records_dropped:,} of {self._counts.enq:,} records and merged "
             f"{self.records_coalesced:,}, losing {self.values_dropped.total():,} values{names}. "
             "Raise its limit or make it faster to keep more; "
             "trainer.engine.statistics() counts records_dropped (docs/loggers.md, "

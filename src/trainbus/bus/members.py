@@ -5,7 +5,7 @@ A :class:`Member` is one callback as the bus sees it for the engine's lifetime; 
 it is declared (D7), and never changes:
 
 - a callback with any plain handler that is not ``@blocking`` (or a plain ``log_record``, or
-  a plain ``close``) is pinned to one lane thread (``pool.py``): one of a bounded pool,
+  a plain ``close``) is pinned to one lane thread (``worker.place``): one of a bounded pool,
   which it shares with other callbacks, or one of its own if it declares
   ``own_thread = True``. Every plain handler of it runs there, and its ``async def``
   handlers run on the event loop, handed over by that thread in order;
@@ -31,7 +31,9 @@ __all__ = ["Member", "Slot", "due", "own_thread_of"]
 class Slot:
     """One handler of one callback, with its statistics (kept across ``fit()`` calls).
 
-    Only the thread running the handler writes the statistics (``runners.account``).
+    Invariant: one thread at a time writes ``calls``, ``total_time`` and ``max_time``: its
+    worker (``worker.finished``), or the training thread for a plain ``@blocking``
+    handler (``Producer._run_here``); the training thread alone replaces ``when`` (``due``).
     """
 
     __slots__ = (
@@ -86,7 +88,8 @@ class Member:
         on_thread: Whether it runs on a lane thread (see the module docstring).
         own_thread: Whether that lane thread is its own (``own_thread = True`` on the
             callback), not one of the pool's.
-        shares_thread: Whether the training thread runs some of its plain handlers too.
+        shares_thread: Whether the training thread runs some of its plain handlers too
+            (``@blocking``): then each item of its thread runs under its lane's lock (D1).
         lags: The distinct lags (batches) of its slots.
         peak: The most event handler calls ever queued at once for it, over the sessions
             that ended (a running session's is its lane's ``counts.peak``).
@@ -96,8 +99,13 @@ class Member:
         records_dropped, records_coalesced, values_dropped: For a lossy destination, what
             its policy dropped or merged over the engine's life (``bus/mailbox.py``).
         wait_caused: Seconds the training thread waited with it the last callback waited for.
-        slow, slow_batches: What the slow-callback check found (``bus/slow.py``): a
-            statistic, never acted on.
+        slow, slow_batches: Whether the slow-callback check (``bus/slow.py``) found it
+            slow, and in how many of the batches it compared: a statistic, never acted on.
+
+    Invariant: what ``__init__`` derives from the table never changes. ``peak`` is written
+    by the loop at a session's end; ``wait_caused``, ``slow`` and ``slow_batches`` by the
+    training thread; the ``records_*``/``values_dropped`` under the mailbox's lock;
+    ``peak_records`` unlocked by any logging thread (two at once may keep the smaller).
     """
 
     __slots__ = (
@@ -140,23 +148,19 @@ class Member:
             else None
         )
         plain_log = log_handler is not None and not log_handler.is_async
-        # A destination whose @blocking handler runs on the training thread gets a thread
-        # too: its records then run under the lane's lock, never beside that handler (D1).
+        # A destination with a @blocking handler gets a thread too: its records then run
+        # under the lane's lock (``shares_thread``), never beside that handler (D1).
         blocking_destination = log_handler is not None and any(
             slot.here for slot in self.slots.values()
         )
         self.on_thread = table.has_sync or plain_log or blocking_destination
         self.own_thread = self.on_thread and own_thread_of(table.callback, index)
-        #: Whether its plain handlers run on two threads, its own and (``@blocking``) the
-        #: training thread: then each item of its thread runs under its lane's lock (D1).
         self.shares_thread = self.on_thread and any(slot.here for slot in self.slots.values())
         self.lags = frozenset(slot.lag for slot in self.slots.values()) or frozenset({0})
         self.peak = 0
         self.peak_records = 0
         self.records_dropped = self.records_coalesced = self.values_dropped = 0
         self.wait_caused = 0.0
-        #: Of the batches the slow-callback check compared (``slow.py``), those its
-        #: handlers took longer than; ``slow`` once that was most of them.
         self.slow_batches = 0
         self.slow = False
 

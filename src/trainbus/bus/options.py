@@ -19,7 +19,7 @@ __all__ = ["DEFAULT_CLOSE_TIMEOUT", "DEFAULT_LANE_THREADS", "DEFAULT_WAIT_WARNIN
 DEFAULT_CLOSE_TIMEOUT = 30.0
 #: Seconds a barrier or a close may wait before a warning names what it waits for.
 DEFAULT_WAIT_WARNING = 10.0
-#: Lane threads the plain callbacks share (``bus/pool.py`` says why eight).
+#: Lane threads the plain callbacks share (``docs/performance-notes.md`` says why eight).
 DEFAULT_LANE_THREADS = 8
 
 
@@ -34,16 +34,16 @@ class BusOptions:
             training thread waits (D12).
         warn_slow: Whether to emit :class:`~trainbus.SlowCallbackWarning`.
         close_timeout: Seconds each callback's ``close`` / ``post_close`` may take before
-            it is reported and abandoned (``math.inf``: wait for ever). A callback with a
-            ``close_timeout`` of its own (the uploaders retry that long) gets that plus 5 s
-            when it is longer.
+            it is reported and abandoned (``math.inf``: wait for ever); a callback with its
+            own ``close_timeout`` (the uploaders retry that long) gets at least that plus 5 s.
         wait_warning: Seconds after which the training thread waiting at a barrier (or a
-            close waiting for a callback) emits a
-            :class:`~trainbus.CallbackTimeoutWarning` naming the callback and the handler it
-            waits for (``math.inf``: never).
+            close waiting for a callback) emits a :class:`~trainbus.CallbackTimeoutWarning`
+            naming the callback and the handler it waits for (``math.inf``: never).
         lane_threads: Threads in the pool that runs plain callbacks' handlers; each plain
             callback is pinned to one of them for the whole run (callbacks declaring
             ``own_thread = True`` get a thread of their own besides).
+
+    Invariant: frozen; every thread of a session reads the one instance without a lock.
     """
 
     barriers: frozenset[Event] = frozenset({Event.BATCH_END})

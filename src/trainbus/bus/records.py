@@ -1,42 +1,41 @@
 """Logged records: queued on every destination, within each one's bound (D12).
 
 ``logger.log_metrics(...)`` (any thread) hands its record to :meth:`Records.submit`, which
-queues it on every destination's lane. At most ``log_limit`` records wait per destination
+queues it on every destination's worker. At most ``limit`` records wait per destination
 (its ``backpressure`` limit, else ``queue_size``); past that the logging party waits, in
 the way its thread allows:
 
 - the training thread waits at the gate, like a full event queue;
 - a lane thread (a plain handler that logs) blocks until the destination has room;
 - a handler on the event loop cannot block the loop: its record is queued, and its lane
-  waits for room after the handler returns (``runners._wait_for_room``). The overshoot is
+  waits for room after the handler returns (``Worker._wait_for_room``). The overshoot is
   bounded by what one handler call logs.
 
 Nobody waits where waiting could never end: for room in its own lane or in a destination
-pinned to its own lane thread, or where waiting would close a cycle of runners (lane
-threads, loop lanes' tasks) waiting for each other's room: then the record is queued over
+pinned to its own lane thread, or where waiting would close a cycle of workers
+waiting for each other's room: then the record is queued over
 the bound. Barriers never wait for records.
 
 A destination with a lossy policy (``drop_oldest``, ``latest``, ``coalesce``) gets its records
 in its mailbox instead (``mailbox.py``), which drops or merges rather than waiting (only
-``coalesce`` waits, as above, for a record it cannot merge); its lane gets a marker when the
+``coalesce`` waits, as above, for a record it cannot merge); its worker gets a marker when the
 mailbox was empty.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from trainbus.bus.lanes import Lane, LogItem, would_deadlock
 from trainbus.bus.mailbox import FULL, WAKE
-from trainbus.bus.runners import CURRENT_RUNNER
+from trainbus.bus.queue import LogItem
+from trainbus.bus.worker import CURRENT_WORKER, Lane, wake_on_loop, would_deadlock
 
 if TYPE_CHECKING:
-    from trainbus.bus.bridge import LoopWaker
-    from trainbus.bus.lanes import Gate
-    from trainbus.bus.pool import LaneThread
     from trainbus.bus.producer import Producer
+    from trainbus.bus.queue import Counters, Gate
+    from trainbus.bus.worker import Worker
     from trainbus.core.logger import LogRecord
 
 __all__ = ["Records"]
@@ -49,33 +48,33 @@ class Records:
         self,
         lanes: Sequence[Lane],
         gate: Gate,
-        waker: LoopWaker,
+        counters: Counters,
+        call_soon: Callable[..., Any],
         loop_thread: int,
         producer: Producer,
     ) -> None:
         self.destinations = [lane for lane in lanes if lane.log_slot is not None]
         self.gate = gate
-        self.waker = waker
+        self.counters = counters
+        self.call_soon = call_soon
         self.loop_thread = loop_thread
         self._producer = producer
 
     def submit(self, record: LogRecord) -> None:
-        """Queue ``record`` on every destination's lane, within each one's bound, and wake
-        the destinations that sleep (from another thread than the publishing one, a record
-        is delivered without waiting for a batch's end: one call into the loop for all the
-        loop lanes).
+        """Queue ``record`` on every destination, within each one's bound, and wake the
+        destinations that sleep.
 
-        On the publishing thread a record for a loop lane goes into the lane's inbox, after
-        the events published before it (D1), and rides the loop's next wake-up (the
-        batch's end, its next batch's first, an event outside a batch, or a wait of the
-        training thread; ``producer.WAKES_LOOP``): no wake-up of its own. Logged by a
-        ``@blocking`` handler (which may wait for its delivery), it is handed over at once."""
-        item = LogItem(record)
-        woken: list[Lane] = []
+        From the publishing thread a record for a worker on the loop rides the loop's next
+        hand-over (the producer's wake rule), after the events published before it (D1):
+        no wake-up of its own; logged by a ``@blocking`` handler (which may wait for its
+        delivery), it is handed over at once. From any other thread the workers on the
+        loop that sleep are woken in one call into the loop."""
+        woken: list[Worker] = []
         owed = False
         producer = self._producer
         publishing = producer.is_producer()
         for lane in self.destinations:
+            counts = lane.records
             box = lane.mailbox
             if box is not None:  # a lossy destination: its records wait in its mailbox
                 answer = box.offer(record)
@@ -83,58 +82,61 @@ class Records:
                     self._wait_for_room(lane)
                     answer = box.offer(record, force=True)
                 depth = box.depth
-                # the mailbox was empty: its runner gets a marker (else one is queued)
-                queued = LogItem(None) if answer == WAKE else None
+                # the mailbox was empty: its worker gets a marker (else one is queued)
+                item = LogItem(None, lane) if answer == WAKE else None
             else:
-                if lane.log_enq - lane.log_done >= lane.log_limit and not (
+                if counts.enq - counts.done >= counts.limit and not (
                     lane.failed or lane.abandoned
                 ):
                     self._wait_for_room(lane)
-                depth = lane.count_record()
-                queued = item
-            if queued is not None:
-                if lane.thread is not None:
-                    lane.thread.put(lane, queued)
+                depth = counts.count()
+                item = LogItem(record, lane)
+            if item is not None:
+                worker = lane.worker
+                if worker.on_thread:
+                    worker.put(item)
                 elif publishing:
-                    lane.inbox.append(queued)
+                    worker.queue.inbox.append(item)
+                    producer.owe_loop()
                     owed = True
                 else:
-                    lane.pending.append(queued)
-                    if lane.idle:
-                        woken.append(lane)
+                    worker.queue.items.append(item)
+                    if worker.idle:
+                        woken.append(worker)
             member = lane.member
             if depth > member.peak_records:
                 member.peak_records = depth
-        if owed:
-            if producer.running_here is not None:  # a @blocking handler may wait for it
-                producer.hand_over()
-            else:
-                producer.owe_loop()
+        if owed and producer.running_here is not None:  # a @blocking handler may wait
+            producer.hand_over()
         if woken:
-            self.waker.wake(woken)
+            try:
+                self.call_soon(wake_on_loop, woken, self.counters)
+            except Exception:  # the loop has ended (a thread logged after the session)
+                return
 
     def _wait_for_room(self, lane: Lane) -> None:
         ident = threading.get_ident()
+        counts = lane.records
         if ident == self._producer.ident:
             if self._producer.running_here is not lane:  # not a @blocking handler's own
-                self._producer.wait_records([(lane, lane.log_enq - lane.log_limit + 1)])
+                self._producer.wait_records([(counts, counts.enq - counts.limit + 1)])
             return
-        waiter = CURRENT_RUNNER.get()  # this lane thread, or (on the loop) this loop lane
+        waiter = CURRENT_WORKER.get()  # the worker whose handler logs, if any
         if ident == self.loop_thread:
-            if isinstance(waiter, Lane) and waiter is not lane:
-                waiter.owes = lane  # its task waits for room after this handler
+            if waiter is not None and not waiter.on_thread and lane not in waiter.lanes:
+                waiter.lanes[0].owes = lane  # its task waits for room after this handler
             return
         if would_deadlock(waiter, lane):  # its own lane thread, or a cycle
             return
         if waiter is not None:
             waiter.waiting_on = lane
         try:
-            lane.wait_for_room(lane.log_limit, lambda: self._give_up(waiter, lane))
+            counts.wait_for_room(lambda: self._give_up(waiter, lane))
         finally:
             if waiter is not None:
                 waiter.waiting_on = None
 
-    def _give_up(self, waiter: LaneThread | Lane | None, lane: Lane) -> bool:
+    def _give_up(self, waiter: Worker | None, lane: Lane) -> bool:
         if self.gate.stopping or lane.failed or lane.abandoned:
             return True
         return would_deadlock(waiter, lane)

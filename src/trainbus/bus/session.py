@@ -1,18 +1,16 @@
 """A session: one run of the bus on one event loop, from its start to its close.
 
-One ``fit()`` (or one engine call from plain code) is one session. Everything per-run is
-created here when it starts: the gate, a lane per callback, the lane threads that run the
-plain callbacks (``pool.py``: a bounded pool, plus one per callback that asks for its
-own), a task per loop lane, the producer's state. What outlives a session (the slots' statistics,
+One ``fit()`` (or one engine call from plain code) is one session. It creates everything
+per-run: the gate, a lane per callback, the workers (``worker.place``: the lane threads and
+a task per callback on the loop), the producer. What outlives it (the slots' statistics,
 the counters) lives in the engine's members.
 
-Every task of the session runs in a task group under a shielded scope: a task started
-while the caller is being cancelled must still start (a thread's handed-over coroutine),
-or that thread would wait for it for ever. Every wait on user code is bounded by
-``close_timeout``: a callback that misses it is reported and abandoned (its thread, if it
-is stuck in a plain handler, is left behind as a daemon), and every other callback still
-closes. A second Ctrl-C (:meth:`Session.abandon`) cuts every bounded wait to
-``ABANDON_TIMEOUT``.
+Its tasks run in a task group under a shielded scope: a task started while the caller is
+being cancelled must still start (a thread's handed-over coroutine), or that thread would
+wait for it for ever. Every wait on user code is bounded by ``close_timeout``: a callback
+that misses it is reported and abandoned (a thread stuck in a plain handler is left behind
+as a daemon) and the others still close; a second Ctrl-C (:meth:`Session.abandon`) cuts
+every bounded wait to ``ABANDON_TIMEOUT``.
 """
 
 from __future__ import annotations
@@ -24,25 +22,26 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from trainbus.bus.bridge import LoopHandle, LoopWaker, Spawner
-from trainbus.bus.lanes import STOP, CallItem, Gate, Lane, Stopped
-from trainbus.bus.pool import LaneThread, LaneThreadError, place, start_thread
+from trainbus.bus.bridge import LoopHandle, Spawner
 from trainbus.bus.producer import Producer
+from trainbus.bus.queue import STOP, CallItem, Gate, Stopped
 from trainbus.bus.records import Records
-from trainbus.bus.runners import fail_lane_thread, run_lane_thread, run_loop_lane
 from trainbus.bus.slow import long_wait_message, report_at, warn_at
 from trainbus.bus.threads import run_in_thread
+from trainbus.bus.threads import start_thread as _start
 from trainbus.bus.watchdog import LoopWatch
+from trainbus.bus.worker import Lane, Worker, place
 from trainbus.core.exceptions import (
     CallbackTimeoutWarning,
+    LaneThreadError,
     RecordsDroppedWarning,
     SlowCallbackWarning,
 )
 
 if TYPE_CHECKING:
-    from trainbus.bus.lanes import Counters, WaitKind
     from trainbus.bus.members import Member
     from trainbus.bus.options import BusOptions
+    from trainbus.bus.queue import Counters, Waited, WaitKind
     from trainbus.core.callback import Handler
     from trainbus.core.events import Event
     from trainbus.core.logger import Logger
@@ -77,30 +76,31 @@ class Session:
         gate.wait_warning = options.wait_warning
         gate.on_long_wait = self._warn_long_wait
         self.lanes = [Lane(member, gate, options.queue_size) for member in members]
-        #: The lane threads, each with the callbacks pinned to it (``pool.place``).
-        self.threads = place(self.lanes, options.lane_threads)
-        self.watch = LoopWatch(self.loop, self.lanes)  # deadlines a held loop cannot keep
-        self.waker = LoopWaker(self.loop, counters)
         self.spawner = Spawner(self.loop)
+        #: The workers, each with the callbacks pinned to it (``worker.place``).
+        self.workers = place(
+            self.lanes, options.lane_threads, gate, counters, self.loop, self.spawner,
+            options.queue_size,
+        )
+        self.threads = [worker for worker in self.workers if worker.on_thread]
+        self.watch = LoopWatch(self.loop, self.lanes)  # deadlines a held loop cannot keep
         self.producer = Producer(
             state=state,
             logger=logger,
             members=members,
             lanes=self.lanes,
-            threads=self.threads,
+            workers=self.workers,
             options=options,
             gate=gate,
             counters=counters,
-            waker=self.waker,
+            call_soon=self.loop.call_soon,
             warn=self._warn_slow,
         )
         self.records = Records(
-            self.lanes,
-            gate,
-            self.waker,
-            self.loop.thread_id,
-            self.producer,
+            self.lanes, gate, counters, self.loop.call_soon, self.loop.thread_id, self.producer
         )
+        # Invariant: every attribute above is set once, here; the loop thread alone touches
+        # the four below (``abandon`` and ``notify_preemption`` come by ``call_soon``).
         #: Scopes of the waits that close_timeout bounds; a second Ctrl-C shortens them.
         self._bounded: set[anyio.CancelScope] = set()
         self._abandoning = ""  # why every bounded wait was cut short, once it was
@@ -124,8 +124,8 @@ class Session:
             ThreadStartError: It refused the watch thread of the close's deadlines
                 (``bus/watchdog.py``): raised once every callback has closed without it.
         """
-        threads_done: list[tuple[LaneThread, anyio.Event]] = []
-        loop_done: list[tuple[Lane, anyio.Event]] = []
+        threads_done: list[tuple[Worker, anyio.Event]] = []
+        loop_done: list[tuple[Worker, anyio.Event]] = []
         try:  # before the task group, so that a refusal is raised as it is, not grouped
             for thread in self.threads:
                 done = anyio.Event()
@@ -136,21 +136,18 @@ class Session:
         except LaneThreadError:
             with anyio.CancelScope(shield=True):
                 for thread, done in threads_done:
-                    thread.stop()
+                    thread.put(STOP)
                     await done.wait()
             raise
         internal = anyio.CancelScope(shield=True)
         async with anyio.create_task_group() as outer:
             with anyio.CancelScope(shield=True):
                 tg = await outer.start(_run_internal, internal)
-            for lane in self.lanes:
-                if lane.thread is None:
+            for worker in self.workers:
+                if not worker.on_thread:
                     done = anyio.Event()
-                    loop_done.append((lane, done))
-                    tg.start_soon(
-                        run_loop_lane, lane, self.counters, self.loop,
-                        done, name=f"trainbus-lane-{lane.name}",
-                    )
+                    loop_done.append((worker, done))
+                    tg.start_soon(worker.run_task, done, name=worker.name)
             tg.start_soon(self.spawner.serve, tg)
             background = anyio.CancelScope()
             tg.start_soon(self._run_backgrounds, background)
@@ -162,12 +159,10 @@ class Session:
                     await self.drain()
                     await self.disconnect_logger()
                     background.cancel()
-                    for thread in self.threads:
-                        thread.stop()
-                    for lane, _ in loop_done:
-                        self._put(lane, STOP)
-                    for lane, event in loop_done:
-                        if not lane.abandoned:
+                    for worker in self.workers:
+                        worker.put(STOP)
+                    for worker, event in loop_done:
+                        if not worker.lanes[0].abandoned:
                             await event.wait()
                     for thread, event in threads_done:
                         if not any(lane.abandoned for lane in thread.lanes):
@@ -176,27 +171,17 @@ class Session:
                             thread.thread.join()
                     internal.cancel()
                     for lane in self.lanes:  # the queue's peak outlives the session
-                        lane.member.peak = max(lane.member.peak, lane.counts.peak)
+                        lane.member.peak = max(lane.member.peak, lane.worker.queue.peak)
         if self.watch.refused is not None:  # every callback closed unwatched: now say so
             raise self.watch.refused
 
-    def _put(self, lane: Lane, item: Any) -> None:
-        """Queue an item on ``lane`` from the loop (close calls, drain marks; a loop
-        lane's ``STOP``)."""
-        if lane.thread is not None:
-            lane.thread.put(lane, item)
-            return
-        lane.pending.append(item)
-        if lane.wakeup is not None:
-            lane.wakeup.set()
-
-    def _thread_main(self, thread: LaneThread, finished: anyio.Event) -> None:
+    def _thread_main(self, thread: Worker, finished: anyio.Event) -> None:
         try:
             try:
-                run_lane_thread(thread, self.spawner, self.loop, self.counters)
+                thread.run_thread()
             except BaseException as exc:  # a bug of ours: fail the run rather than hang it
                 self.gate.fail(exc, None, None)
-                fail_lane_thread(thread, self.loop, exc)
+                thread.drain_failed(exc)
         finally:
             self.loop.call_soon_if_running(finished.set)
 
@@ -287,17 +272,15 @@ class Session:
                 lane.scope.cancel()
 
     def abandon(self, why: str = "the second Ctrl-C", timeout: float = ABANDON_TIMEOUT) -> None:
-        """A second Ctrl-C (or the preemption watchdog): stop, and give every bounded wait
-        at most ``timeout`` more seconds (``ABANDON_TIMEOUT``; the watchdog passes less
-        when its deadline is near), the waits running now and those still to come (loop
-        thread). What has not finished by then is abandoned; what finishes, a
-        destination's ``close`` writing its file, say, is kept. Nothing is cut at once: at
-        this moment a stuck handler and one about to return look alike."""
+        """A second Ctrl-C (or the preemption watchdog, with less when its deadline is near):
+        stop, and give every bounded wait, running or still to come, at most ``timeout``
+        more seconds (loop thread). What has not finished then is abandoned; what finishes
+        (a destination's ``close`` writing its file) is kept. Nothing is cut at once: now,
+        a stuck handler and one about to return look alike."""
         self.stop()
         self._abandoning = why
         self._abandon_timeout = timeout
-        # A call_soon callback runs outside any task, where anyio.current_time() raises
-        # NoEventLoopError: the loop's own clock is read instead.
+        # Not anyio.current_time(): a call_soon callback runs outside any task (LoopHandle).
         deadline = self.loop.current_time() + timeout
         for scope in self._bounded:
             scope.deadline = min(scope.deadline, deadline)
@@ -308,7 +291,7 @@ class Session:
         for lane in self.lanes:
             if lane.current is not None:
                 busy.append(lane.current)
-            elif lane.counts.done < lane.counts.enq:
+            elif lane.worker.queue.done < lane.worker.queue.enq:
                 busy.append(lane.name)
         return ", ".join(busy)
 
@@ -349,7 +332,7 @@ class Session:
                 box.append(error)
             finished.set()
 
-        self._put(lane, CallItem(fn, is_async, on_done, what))
+        lane.worker.put(CallItem(fn, is_async, on_done, lane, what))
         deadline = f"its close deadline ({timeout:g} s, close_timeout)"
         with self.watch.armed(timeout, deadline), anyio.move_on_after(timeout) as scope:
             self._bounded.add(scope)
@@ -371,7 +354,8 @@ class Session:
                 lane = next((each for each in pinned if each.current is not None), lane)
                 behind = [each for each in pinned if each is not lane]
             for each in (lane, *behind):
-                each.abandoned = each.counts.abandoned = True  # its thread's: nobody waits
+                each.abandoned = each.worker.queue.abandoned = True  # nobody waits for it
+                each.records.abandoned = True
             doing = what or lane.current or "what it had queued"
             if lane.scope is not None:
                 lane.scope.cancel()
@@ -385,21 +369,17 @@ class Session:
         mark for each loop lane, and one for each lane thread, after all its callbacks'
         items (their FIFO is one), not one per callback."""
         async with anyio.create_task_group() as tg:
-            for lane in self.lanes:
-                if lane.thread is None and not lane.abandoned:
-                    tg.start_soon(self._bounded_call, lane, None, False, "")
-            for thread in self.threads:
-                live = [lane for lane in thread.lanes if not lane.abandoned]
+            for worker in self.workers:
+                live = [lane for lane in worker.lanes if not lane.abandoned]
                 if live:
                     tg.start_soon(self._bounded_call, live[0], None, False, "", live)
 
     async def disconnect_logger(self) -> None:
         """Stop taking records: from now on they wait in the logger's backlog for the next
-        session (``docs/loggers.md``, "Logging from anywhere"). A call that is inside the
-        intake now (a thread waiting for a destination's room) finishes there first, so
-        every record taken reaches its destinations before their ``close``; that wait is
-        bounded as a close is (``close_timeout``; a second Ctrl-C or a preemption's plan
-        cuts it short), and a record still inside then may reach a destination late."""
+        session (``docs/loggers.md``, "Logging from anywhere"). A call inside the intake now
+        (a thread waiting for a destination's room) finishes there first, so every record
+        taken reaches its destinations before their ``close``; that wait is bounded as a
+        close is, and a record still inside then may reach a destination late."""
         self.logger._disconnect()
         hub = self.logger._hub
         if not hub.inside:
@@ -498,9 +478,10 @@ class Session:
         )
 
     def _warn_long_wait(
-        self, kind: WaitKind, event: Event | None, lanes: list[Lane], seconds: float
+        self, kind: WaitKind, event: Event | None, waited: list[Waited], seconds: float
     ) -> None:
-        """The training thread has waited ``seconds`` for ``lanes`` (training thread)."""
+        """The training thread has waited ``seconds`` for ``waited`` (training thread)."""
+        lanes = self._waited_lanes(waited)
         where = lanes[0].member.table.callback if lanes else None
         message = long_wait_message(kind, event, lanes, seconds)
         self.loop.call_soon(report_at, message, CallbackTimeoutWarning, where)
@@ -509,10 +490,37 @@ class Session:
             f"the training thread's wait{at} ({seconds:g} s, wait_warning_seconds)", interrupt=False
         )
 
+    def _waited_lanes(self, waited: list[Waited]) -> list[Lane]:
+        """The callbacks behind what the training thread waits for, in list order: a
+        destination's, or, for a worker's queue, those running a handler now (else all)."""
+        found: list[Lane] = []
+        for lane in self.lanes:
+            if lane.records in waited:
+                found.append(lane)
+        for worker in self.workers:
+            if worker.queue in waited:
+                busy = [lane for lane in worker.lanes if lane.current is not None]
+                found.extend(busy or worker.lanes)
+        return sorted(set(found), key=lambda lane: lane.index)
+
     def _warn_slow(self, message: str, where: object) -> None:
         """Report a SlowCallbackWarning on the loop thread, where the caller's filters
         apply; it never fails the run (``slow.report_at``)."""
         self.loop.call_soon(report_at, message, SlowCallbackWarning, where)
+
+
+def start_thread(target: Callable[..., None], args: tuple[Any, ...], name: str,
+                 needed: int) -> threading.Thread:
+    """Start a daemon thread for the bus, or raise :class:`LaneThreadError` naming the
+    limit the operating system enforces (``needed``: the threads this fit starts)."""
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    return _start(
+        thread,
+        needed=f"This fit needs {needed} threads of the bus: lower Trainer(lane_threads=...) "
+        "(the pool of threads plain callbacks share; callbacks that set own_thread = True "
+        "add one each)",
+        error=LaneThreadError,
+    )
 
 
 async def _run_internal(

@@ -1,22 +1,20 @@
 """Warnings about callbacks: slower than their batches, long waits, at the user's code.
 
-:func:`warn_at` names the handler's own ``def`` line (or its class's), not a trainbus line.
+:func:`warn_at` points a warning at the handler's own ``def`` line (or its class's).
 
-Slow callbacks: at each of the first few ``BATCH_END`` events the training thread compares,
-per callback, the time its handlers took since the previous check with the batch's own
-time: the time between the two ``BATCH_END`` events less what the training thread spent
-waiting (for these very handlers, at barriers and full queues). A callback slower than its
-batches in most of the checked batches is marked slow (``CallbackStatistics.slow``) and gets
+The slow check: at each of the first few ``BATCH_END`` events the training thread compares
+each callback's handler time since the previous check with the batch's own time (between
+the two ``BATCH_END`` events, less its waits for handlers at barriers and full queues). A
+callback slower than most of the checked batches is marked slow (``Member.slow``) and gets
 one ``SlowCallbackWarning`` naming it and its slowest event.
 
-The rule for a warning drawn from timings (D7: measured time never changes what a run
-does): it is a report, never an exception. :func:`report_at` emits it through the warnings
-filters as any warning (``ignore``, ``once``, ``default``, ``always`` apply as usual); where
-a filter makes it an error (``python -W error``, pytest's ``filterwarnings = error``), it
-is shown instead of raised (``warnings.showwarning``: a line on stderr, or pytest's warnings
-summary), and training goes on. The timed warnings are ``SlowCallbackWarning`` and the
-"has waited N s" ``CallbackTimeoutWarning`` (``wait_warning``); a deadline the user set
-(``close_timeout``) is not a measurement, and its warning follows the filters.
+The rule for a warning drawn from timings (D7: measured time never changes what a run does):
+it is a report, never an exception. :func:`report_at` emits it through the warnings filters
+as usual, but where a filter makes it an error (``python -W error``, pytest's
+``filterwarnings = error``) it is shown instead (``warnings.showwarning``) and training goes
+on. The timed warnings are ``SlowCallbackWarning`` and the "has waited N s"
+``CallbackTimeoutWarning`` (``wait_warning``); a deadline the user set (``close_timeout``)
+is not a measurement, and its warning follows the filters.
 """
 
 from __future__ import annotations
@@ -28,8 +26,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainbus.bus.lanes import Counters, Lane
     from trainbus.bus.members import Member
+    from trainbus.bus.queue import Counters
+    from trainbus.bus.worker import Lane
     from trainbus.core.events import Event
 
 __all__ = ["SlowCallbacks", "long_wait_message", "report_at", "warn_at"]
@@ -42,7 +41,10 @@ MIN_BUSY = 5e-3
 
 
 class SlowCallbacks:
-    """The state of the check for one session (training thread only)."""
+    """The state of the check for one session.
+
+    Invariant: the training thread alone reads and writes it, and ``Member.slow``/``slow_batches``.
+    """
 
     __slots__ = (
         "busy_marks", "checking", "checks", "last_batch_end", "slow_batches", "wait_mark",
@@ -50,8 +52,7 @@ class SlowCallbacks:
 
     def __init__(self) -> None:
         self.checks = 0
-        #: Whether batches are still being checked (a field, not a property: the producer
-        #: reads it at every ``BATCH_END``, and after the checks it costs no call).
+        #: Whether batches are still being checked (a plain field: read at every BATCH_END).
         self.checking = True
         self.last_batch_end = 0.0
         self.wait_mark = 0.0
@@ -147,12 +148,8 @@ def warn_at(message: str, category: type[Warning], where: object = None) -> None
 
 
 def report_at(message: str, category: type[Warning], where: object = None) -> None:
-    """Warn as :func:`warn_at` does, but never raise: a warning drawn from timings.
-
-    The warnings filters apply; one that turns the warning into an error has it shown
-    (``warnings.showwarning``) rather than raised, so the run goes on (see the module
-    docstring).
-    """
+    """Warn as :func:`warn_at` does, but never raise: a warning drawn from timings is
+    shown where a filter makes it an error (the module docstring's rule)."""
     try:
         warn_at(message, category, where)
     except Warning as exc:  # a filter said "error": report it, do not raise it

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from trainbus.bus.lanes import Counters, Lane
     from trainbus.bus.members import Member
+    from trainbus.bus.queue import Counters
+    from trainbus.bus.worker import Lane
 
 __all__ = ["BusStatistics", "CallbackStatistics", "collect_statistics"]
 
@@ -30,8 +31,8 @@ class CallbackStatistics:
             thread with others shares its queue with them (their items run in one order):
             this is then the thread's, an event item for one or more of its callbacks each.
         peak_pending: The most of those ever queued at once.
-        on_thread: Whether the callback has a thread of its own (it has plain handlers
-            that are not ``@blocking``).
+        on_thread: Whether it runs on a lane thread, its own or a shared one (it has plain
+            handlers that are not ``@blocking``; ``bus/members.py`` has the rule).
         pending_records: For a destination, log records queued or being delivered now
             (with a lossy ``backpressure``: waiting in its mailbox or being delivered).
         peak_pending_records: For a destination, the most records ever queued at once
@@ -46,10 +47,9 @@ class CallbackStatistics:
         barrier_wait_caused: Seconds the training thread waited at barriers, for queues
             or for ``@blocking`` hand-overs while this callback was the last one it waited
             for (each wait is charged to the callback that ended it).
-        slow: Whether its handlers took longer than the batches in most of the batches
-            the slow-callback check compared (the first few of each fit): the statistic
-            behind ``SlowCallbackWarning``. Drawn from timings, so a report only: nothing
-            in the run depends on it (D7).
+        slow: Whether its handlers took longer than most of the batches the slow-callback
+            check compared (the first few of each fit), the statistic behind
+            ``SlowCallbackWarning``: a report only, drawn from timings (D7, ``bus/slow.py``).
         slow_batches: Of the batches the last check compared, those its handlers took
             longer than.
         inline_time: Of ``total_time``, the seconds its plain ``@blocking`` handlers ran
@@ -119,9 +119,8 @@ class BusStatistics:
 def collect_statistics(
     members: Sequence[Member], lanes: Sequence[Lane] | None, counters: Counters, now_batch: int
 ) -> BusStatistics:
-    """Read the counters into a :class:`BusStatistics` (any thread; approximate).
-
-    ``lanes`` are the running (or last) session's lanes, if there was one.
+    """Read the counters into a :class:`BusStatistics` (any thread, no lock: each count is
+    its writer's latest, not all from one instant). ``lanes``: the running or last session's.
     """
     per_callback = []
     depth = peak = lag_events = 0
@@ -129,13 +128,13 @@ def collect_statistics(
     for member in members:
         lane = lanes[member.index] if lanes else None
         slots = member.all_slots()
-        counts = lane.counts if lane is not None else None
+        counts = lane.worker.queue if lane is not None else None
         pending = counts.enq - counts.done if counts is not None else 0
         member_peak = max(member.peak, counts.peak) if counts is not None else member.peak
         records = 0
         if lane is not None:
             box = lane.mailbox
-            records = box.depth if box is not None else lane.log_enq - lane.log_done
+            records = box.depth if box is not None else lane.records.enq - lane.records.done
         lag = now_batch - counts.last_batch if pending and counts is not None else 0
         slowest = max(slots, key=lambda s: s.max_time, default=None)
         per_callback.append(
@@ -161,7 +160,7 @@ def collect_statistics(
                 inline_time=sum(s.total_time for s in slots if s.here),
             )
         )
-        if counts is not None and counts.lanes[0] is lane:  # a shared queue counts once
+        if lane is not None and lane.worker.lanes[0] is lane:  # a shared queue counts once
             depth += pending
         peak = max(peak, member_peak)
         lag_events = max(lag_events, pending)

@@ -4,11 +4,9 @@ When the operating system refuses a thread (``ulimit -u``, a container's pids li
 ``kernel.threads-max``), ``threading.Thread.start`` raises a bare
 ``RuntimeError("can't start new thread")``. :func:`start_thread` turns that into a
 :class:`~trainbus.ThreadStartError` naming the thread, how many threads the process runs,
-and the limits it can read; the caller then stops what it had started and lets the error
-reach the user's call (``Trainer(...)``, ``fit()``). The lanes, the training thread, the
-loop watch, the engine's loop thread, the saver's writer, the preemption watchdog, W&B's
-opener and Ray's reporter all start their threads through it; the bus's and the
-``CheckpointUploader``'s calls into anyio's worker threads go through :func:`run_in_thread`.
+and the limits it can read; the caller stops what it had started and lets the error reach
+the user's call (``Trainer(...)``, ``fit()``). Calls into anyio's worker threads go through
+:func:`run_in_thread`, which does the same.
 """
 
 from __future__ import annotations
@@ -69,12 +67,8 @@ def start_thread(
 async def run_in_thread(
     fn: Callable[..., R], *args: object, needed: str = "", abandon_on_cancel: bool = False
 ) -> R:
-    """``anyio.to_thread.run_sync(fn, *args)``, a refused worker thread a ThreadStartError.
-
-    anyio starts its worker threads on demand; when the system refuses one, its
-    ``RuntimeError("can't start new thread")`` becomes a :class:`ThreadStartError` naming
-    anyio's worker thread, ``needed`` and the limits, as :func:`start_thread` does.
-    """
+    """``anyio.to_thread.run_sync(fn, *args)``; anyio starts its worker threads on demand,
+    and one the system refuses is a :class:`ThreadStartError` naming it and ``needed``."""
     try:
         return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=abandon_on_cancel)
     except RuntimeError as exc:

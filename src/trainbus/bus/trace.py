@@ -35,7 +35,10 @@ class TraceSpan:
 
 
 class TraceRecorder:
-    """Collects spans from every thread; appends are cheap and thread-safe.
+    """Collects spans from every thread.
+
+    Invariant: recording threads only append on the right of ``_spans`` (one atomic
+    ``deque.append`` each); only :meth:`drain` pops, on the left.
 
     Args:
         max_spans: Keep only the newest this many spans (a ring: memory stays flat over a
@@ -68,8 +71,7 @@ class TraceRecorder:
 
     def drain(self) -> list[TraceSpan]:
         """The spans recorded since the last ``drain``, oldest first; they are forgotten
-        (a live view reads its feed this way). Safe while other threads record: they only
-        append on the right, this pops on the left."""
+        (a live view reads its feed this way, while other threads record)."""
         spans = self._spans
         out: list[TraceSpan] = []
         for _ in range(len(spans)):

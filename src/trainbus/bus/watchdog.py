@@ -1,33 +1,24 @@
-"""A handler that holds the event loop's thread past a deadline: named, and interrupted
-where the loop is trainbus's own (issue 45, item 7; ``docs/concurrency.md``, "Deadlines").
+"""Deadlines the event loop cannot keep while a handler holds its thread.
 
-The bus's deadlines (a close's ``close_timeout``, a barrier's ``wait_warning``) are kept
-by the event loop, so an ``async def`` handler that never awaits (``while True: pass``,
-a long computation) silences every one of them: the loop never gets control back to
-cancel it or to warn. :class:`LoopWatch` keeps them from another thread instead: when a
-deadline passes (the training thread's wait at a barrier passes ``wait_warning``; a close's
-deadline, kept by one watch thread for all the closes of a session), it looks at the loop's
-thread. If that thread runs user code and does not run a call handed to it within
-:data:`CONFIRM_S`, a handler holds it: the handler and its event are named on stderr, once.
+The bus's deadlines (a close's ``close_timeout``, a barrier's ``wait_warning``) are kept by
+the loop, so an ``async def`` handler that never awaits (``while True: pass``) silences them
+all. :class:`LoopWatch` keeps them from another thread instead (``docs/concurrency.md``,
+"Deadlines"): when one passes and the loop's thread runs user code and does not run a call
+handed to it within :data:`CONFIRM_S`, a handler holds it, and it is named on stderr, once.
 
-**The one timed behaviour, and its rule.** Only a deadline the user set ends a handler's
-wait (SPEC D7): the close's ``close_timeout`` here (a preemption's deadline is kept by
-``runtime/stop_watchdog.py``). When a close's deadline has passed, by
-:data:`CLOSE_MARGIN_S`, and the loop's thread still runs user code and has not run a call
-handed to it within :data:`CONFIRM_S`:
+Only a deadline the user set ends a handler's wait (D7): here a close's ``close_timeout``
+(``runtime/stop_watchdog.py`` keeps a preemption's). Past it, by :data:`CLOSE_MARGIN_S`:
 
-- under ``fit_sync()`` (trainbus started the loop, on the main thread: :data:`OWN_LOOP`)
-  :class:`~trainbus.HandlerInterrupted` is raised inside the handler (as Ctrl-C raises
-  ``KeyboardInterrupt`` there); the close goes on without that callback;
-- under ``await trainer.fit()`` in your own loop, nothing is raised (the exception could
-  land in your code, not the handler's): the message is all, and the close waits.
+- under ``fit_sync()`` (:data:`OWN_LOOP`: trainbus started the loop, on the main thread)
+  :class:`~trainbus.HandlerInterrupted` is raised inside the handler, as Ctrl-C raises
+  ``KeyboardInterrupt`` there, and the close goes on without that callback;
+- under ``await trainer.fit()`` in your own loop nothing is raised (it could land in your
+  code, not the handler's): the message is all, and the close waits.
 
-``wait_warning`` is a warning's threshold, not a deadline: when it passes at a barrier the
-handler holding the loop is named, never interrupted, and the run waits for it.
-
-A plain ``def`` handler never holds the loop (it runs on its callback's thread), and a
-handler blocked in a C call (``time.sleep`` inside ``async def``) gets the exception
-only when the call returns.
+``wait_warning`` is a warning's threshold, not a deadline: the handler holding the loop is
+named, never interrupted, and the run waits. A plain ``def`` handler never holds the loop
+(it runs on its callback's thread); one blocked in a C call (``time.sleep`` in a
+coroutine) gets the exception only when the call returns.
 """
 
 from __future__ import annotations
@@ -47,7 +38,7 @@ from trainbus.core.exceptions import HandlerInterrupted, ThreadStartError
 
 if TYPE_CHECKING:
     from trainbus.bus.bridge import LoopHandle
-    from trainbus.bus.lanes import Lane
+    from trainbus.bus.worker import Lane
 
 __all__ = ["CONFIRM_S", "OWN_LOOP", "LoopWatch"]
 
@@ -62,15 +53,19 @@ _IDLE = ("/selectors.py", "/asyncio/", "/trio/", "/anyio/", "/threading.py", "/s
 
 
 class LoopWatch:
-    """Keeps the loop-side deadlines of one session from outside the loop (module doc)."""
+    """Keeps the loop-side deadlines of one session from outside the loop (module doc).
+
+    Invariant: ``_armed`` and ``_thread`` change only under ``_changed``, ``_reported`` only
+    under ``_lock``; ``refused`` is written on the loop (``armed``), read there at the end.
+    """
 
     def __init__(self, loop: LoopHandle, lanes: Sequence[Lane]) -> None:
         self.loop = loop
         self.lanes = lanes
         self.interrupt = OWN_LOOP.get()  # read on the loop, where the session is built
-        self._reported: set[str] = set()
+        self._reported: set[str] = set()  # the holders named already
         self._lock = threading.Lock()
-        #: The deadlines armed now (``armed``): token -> (when to look, what it is).
+        #: The deadlines armed now: token -> (when to look, what it is).
         self._armed: dict[int, tuple[float, str]] = {}
         self._tokens = itertools.count()
         self._changed = threading.Condition()

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainbus.bus.lanes import Stopped
 from trainbus.checkpoint.resume import epoch_batches
 from trainbus.core.events import Event
+from trainbus.core.exceptions import Stopped
 from trainbus.core.logger import LogLevel
 from trainbus.core.scalars import DeferredScalar
 from trainbus.core.time import Time, TimeUnit

@@ -1,0 +1,456 @@
+"""The bounded queue a worker runs, the counts a destination's records keep, and the gate.
+
+::
+
+    training thread                      worker (a lane thread, or a task on the loop)
+    ---------------                      ------------------------------------------
+    publish: enq += 1, items.append  ->  items.popleft, run the handlers, done += 1
+    barrier: Gate.wait(queue, enq)   <-  done reached the target: Gate.reached
+
+One :class:`WorkQueue` per worker (``worker.py``) holds that worker's items in order and
+counts them: ``enq`` (the training thread: event items) and ``done`` (the worker). A queue
+serves every callback pinned to its worker, so a publish counts once per worker and a
+barrier waits once per worker, however many callbacks it runs. A destination's records
+are counted apart (:class:`RecordCounts`): records come from any thread and are bounded
+per destination, not per worker.
+
+The training thread waits at the :class:`Gate` for a queue's ``done`` (barriers, D4; a
+full queue, D12; a ``@blocking`` handler, D9) or a destination's delivered records.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from collections.abc import Callable, MutableSequence, Sequence
+from pathlib import Path
+from queue import Empty, SimpleQueue
+from time import perf_counter as _perf
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from trainbus.core.exceptions import Stopped
+
+if TYPE_CHECKING:
+    from trainbus.bus.clock import BatchClock
+    from trainbus.bus.members import Member
+    from trainbus.bus.trace import TraceRecorder
+    from trainbus.core.callback import Handler
+    from trainbus.core.events import Event
+    from trainbus.core.logger import Logger, LogRecord
+    from trainbus.core.state import State
+
+__all__ = [
+    "STOP",
+    "WAKE_END",
+    "CallItem",
+    "Counters",
+    "EventItem",
+    "Gate",
+    "LogItem",
+    "RecordCounts",
+    "Stopped",
+    "WaitKind",
+    "WorkQueue",
+]
+
+WaitKind = Literal["barrier", "fence", "backpressure", "records", "blocking"]
+
+
+# -- the items -----------------------------------------------------------------------------
+
+
+class EventItem:
+    """One published event: the state as of its publication and a logger bound to it.
+
+    (An item's ``lane`` is a ``worker.Lane``, typed ``Any``: this module sits below
+    ``worker.py``.)
+
+    ``lane`` is ``None`` for an item every callback of the worker that only queues the
+    event runs (``Worker.subs``), or the one callback (a ``Lane``) whose handler it is for
+    (a filtered, lagging or ``@blocking`` handler). ``batch``: the batch count at
+    publication.
+    """
+
+    __slots__ = ("batch", "event", "lane", "logger", "view")
+
+    def __init__(self, event: Event, view: State, logger: Logger, batch: int,
+                 lane: Any = None) -> None:
+        self.event: Final = event
+        self.view: Final = view
+        self.logger: Final = logger
+        self.batch: Final = batch
+        self.lane: Final = lane
+
+
+class LogItem:
+    """One logged record for the destination ``lane``; without a record, the marker of a
+    lossy destination's mailbox (the worker takes the records there, ``mailbox.py``)."""
+
+    __slots__ = ("lane", "record")
+
+    def __init__(self, record: LogRecord | None, lane: Any) -> None:
+        self.record: Final = record
+        self.lane: Final = lane
+
+
+class CallItem:
+    """A call run in ``lane``'s order (``close``, ``post_close``, a drain mark).
+
+    ``fn()`` is called (and awaited if ``is_async``); then ``on_done(error)`` on the loop.
+    A drain mark has no ``fn``: taking it only tells that everything before it ran.
+    """
+
+    __slots__ = ("fn", "is_async", "label", "lane", "on_done")
+
+    def __init__(self, fn: Callable[[], Any] | None, is_async: bool,
+                 on_done: Callable[[BaseException | None], None], lane: Any,
+                 label: str = "") -> None:
+        self.fn: Final = fn
+        self.is_async: Final = is_async
+        self.on_done: Final = on_done
+        self.lane: Final = lane
+        self.label: Final = label
+
+
+class _Marker:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+#: The last item a worker takes: it ends.
+STOP: Final = _Marker("STOP")
+#: The end of what one hand-over brought a worker on the loop: it gives the loop a turn.
+WAKE_END: Final = _Marker("WAKE_END")
+
+WorkItem = EventItem | LogItem | CallItem | _Marker
+
+
+# -- the queue -----------------------------------------------------------------------------
+
+
+class WorkQueue:
+    """One worker's items, in order, and their counts (see the module docstring).
+
+    Attributes:
+        items: The items; only the worker takes them.
+        inbox: Where the publishing thread appends. Invariant: ``items`` itself for a
+            worker on a thread; for a worker on the loop, a list only the publishing thread
+            touches until ``Producer.hand_over`` gives it to the loop, so what the loop
+            runs, and when, is the wake rule's doing, not the moment the loop looks.
+        enq: Event items queued. Invariant: written by the publishing thread only, and
+            incremented before its item is appended, so ``done <= enq`` always.
+        done: Event items finished (or skipped), in queue order. Invariant: written by the
+            worker only.
+        wait_done: The ``done`` the training thread waits for now, else ``None``.
+            Invariant: set and cleared under the gate's lock.
+        bound: Event items that may wait before the training thread waits for room (D12,
+            ``queue_size``).
+        uniform: Whether every handler queued here has lag 0 (a barrier waits for ``enq``).
+        last_by_lag: Per lag: ``enq`` after its last item of that lag (training thread).
+        last_fenced: ``enq`` after its last item not of a ``@trailing`` handler.
+        due: Per lag > 0: ``(due batch, enq)`` marks pushed at each ``BATCH_END``.
+        last_batch: The batch of the last item done (lag statistics; the worker).
+        peak: The most items queued at once (the worker).
+        abandoned: Set when its worker missed a close deadline: nobody waits for it.
+    """
+
+    __slots__ = ("abandoned", "bound", "done", "due", "enq", "gate", "inbox", "items",
+                 "last_batch", "last_by_lag", "last_fenced", "peak", "uniform", "wait_done")
+
+    def __init__(self, gate: Gate, bound: int, lags: frozenset[int] = frozenset({0})) -> None:
+        self.gate = gate
+        self.bound = bound
+        self.items: deque[WorkItem] = deque()
+        self.inbox: MutableSequence[WorkItem] = self.items
+        self.enq = 0
+        self.done = 0
+        self.wait_done: int | None = None
+        lags = lags | {0}
+        self.uniform = lags == {0}
+        self.last_by_lag = dict.fromkeys(lags, 0)
+        self.last_fenced = 0
+        self.due: dict[int, deque[tuple[int, int]]] = {k: deque() for k in lags if k}
+        self.last_batch = 0
+        self.peak = 0
+        self.abandoned = False
+
+    def put_event(self, item: EventItem, lag: int, fenced: bool) -> None:
+        """Count and append an event item of a handler with ``lag`` (training thread)."""
+        self.enq = enq = self.enq + 1  # before the item: the worker never counts past enq
+        if not self.uniform:
+            self.last_by_lag[lag] = enq
+            if fenced:
+                self.last_fenced = enq
+        self.inbox.append(item)
+
+    @staticmethod
+    def put_each(queues: Sequence[WorkQueue], item: EventItem, start: int = 0) -> int:
+        """Put ``item`` on each of ``queues[start:]`` with lag 0 (the training thread; one
+        call for all the workers of an event: the hot path of publishing), up to the first
+        full one (``bound`` items waiting, D12). Return how far it got: ``len(queues)``, or
+        the index of the full queue, for the caller to wait for room and call again."""
+        for k in range(start, len(queues)):
+            queue = queues[k]
+            enq = queue.enq
+            if enq - queue.done >= queue.bound:
+                return k
+            queue.enq = enq = enq + 1  # before the item: the worker never counts past enq
+            if not queue.uniform:
+                queue.last_by_lag[0] = queue.last_fenced = enq
+            queue.inbox.append(item)
+        return len(queues)
+
+    def count_done(self, batch: int, by: Member | None) -> None:
+        """Count one event item done (the worker; ``by`` ran its last handler) and tell the
+        gate when that reaches what the training thread waits for."""
+        self.last_batch = batch
+        done = self.done
+        depth = self.enq - done  # the queue at its deepest since the last count
+        if depth > self.peak:
+            self.peak = depth
+        self.done = done = done + 1
+        target = self.wait_done  # read once: the gate may clear it meanwhile
+        if target is not None and done >= target:
+            self.gate.reached(self, by)
+
+    # -- lags (training thread; ``@trailing`` handlers) -----------------------------------
+
+    def mark_batch_end(self, batches: int) -> None:
+        """Note, per lag k, the ``enq`` count a barrier must wait for k batches later."""
+        for lag, marks in self.due.items():
+            marks.append((batches + lag, self.last_by_lag[lag]))
+
+    def barrier_target(self, batches: int) -> int:
+        """The ``done`` count the barrier of batch ``batches`` waits for (lag-0 items, and
+        each lagging handler's items whose k batches have passed)."""
+        target = self.last_by_lag[0]
+        for marks in self.due.values():
+            while marks and marks[0][0] <= batches:
+                target = max(target, marks.popleft()[1])
+        return target
+
+
+class RecordCounts:
+    """A destination's records: logged (``enq``, any thread, under ``lock``) and taken
+    (``done``, its worker), within its bound ``limit`` (D12).
+
+    Attributes:
+        wait_done: The ``done`` the training thread waits for now (under the gate's lock).
+        room_wakers: Called (any thread) as records are taken, while loop tasks wait for
+            room here (``worker.py``).
+    """
+
+    __slots__ = (
+        "abandoned",
+        "done",
+        "enq",
+        "gate",
+        "limit",
+        "lock",
+        "room",
+        "room_waiters",
+        "room_wakers",
+        "wait_done",
+        "who",
+    )
+
+    def __init__(self, gate: Gate, limit: int, who: Member) -> None:
+        self.gate = gate
+        self.limit = limit
+        self.who = who
+        self.enq = 0
+        self.done = 0
+        self.wait_done: int | None = None
+        self.abandoned = False
+        self.lock = threading.Lock()
+        self.room = threading.Condition(threading.Lock())
+        self.room_waiters = 0
+        self.room_wakers: list[Callable[[], None]] = []
+
+    def count(self) -> int:
+        """Count one logged record (any thread); return how many wait now."""
+        with self.lock:
+            self.enq += 1
+            return self.enq - self.done
+
+    def count_done(self, n: int = 1) -> None:
+        """Count ``n`` records taken (the worker); tell whoever waits for room."""
+        self.done += n
+        target = self.wait_done
+        if target is not None and self.done >= target:
+            self.gate.reached(self, self.who)
+        if self.room_waiters:
+            with self.room:
+                self.room.notify_all()
+        for waker in tuple(self.room_wakers):
+            waker()
+
+    def wait_for_room(self, give_up: Callable[[], bool]) -> None:
+        """Block this thread (a lane thread, never the training thread or the loop) until
+        fewer than ``limit`` records wait, or ``give_up()`` (checked every 50 ms) says so."""
+        with self.room:
+            self.room_waiters += 1
+            try:
+                while self.enq - self.done >= self.limit and not give_up():
+                    self.room.wait(0.05)
+            finally:
+                self.room_waiters -= 1
+
+
+# -- what the training thread waits at -----------------------------------------------------
+
+
+class Counters:
+    """What the producer counts over the engine's lifetime (the training thread writes;
+    ``loop_wakeups`` the loop thread).
+
+    Attributes:
+        trace, clock: The timeline recorder, the batch clock (``bus/clock.py``), while kept.
+    """
+
+    __slots__ = ("backpressure_wait", "barrier_wait", "barrier_waits", "batches", "clock",
+                 "loop_wakeups", "published", "trace")
+
+    def __init__(self) -> None:
+        self.published = 0
+        self.batches = 0
+        self.barrier_waits = 0
+        self.barrier_wait = 0.0
+        self.backpressure_wait = 0.0
+        self.loop_wakeups = 0
+        self.trace: TraceRecorder | None = None
+        self.clock: BatchClock | None = None
+
+
+Waited = WorkQueue | RecordCounts
+
+
+class Gate:
+    """What the training thread waits for, failures, and stopping, for one session.
+
+    Invariant: ``_waiting`` holds what the training thread waits for right now; it changes
+    only under ``_lock``, and ``_signal`` gets one ``True`` when it empties (one signal per
+    wait) or a ``False`` from :meth:`stop`.
+    """
+
+    def __init__(self, counters: Counters) -> None:
+        self._lock = threading.Lock()
+        self._signal: SimpleQueue[bool] = SimpleQueue()
+        self._waiting: set[Waited] = set()
+        self.counters = counters
+        #: Set once; then the training thread unwinds at its next event or wait.
+        self.stopping = False
+        self.errors: list[BaseException] = []
+        #: Whose item (or record) ended the current wait: the wait is its doing.
+        self._last: Member | None = None
+        #: Seconds one wait may last before ``on_long_wait`` is told (once per wait).
+        self.wait_warning = math.inf
+        #: Told ``(kind, event, waited, seconds)`` when a wait passes ``wait_warning``.
+        self.on_long_wait: Callable[[WaitKind, Event | None, list[Waited], float], None] | None
+        self.on_long_wait = None
+
+    def wait(self, targets: Sequence[tuple[Waited, int]], kind: WaitKind,
+             event: Event | None = None) -> None:
+        """Block until each queue (or destination) of ``targets`` has ``done`` its target.
+
+        Raises:
+            Stopped: The session is stopping.
+        """
+        with self._lock:
+            for waited, target in targets:
+                waited.wait_done = target
+                if waited.done < target and not waited.abandoned:
+                    self._waiting.add(waited)
+        try:
+            if self._waiting:
+                self._block(kind, event)
+        finally:
+            with self._lock:
+                for waited, _ in targets:
+                    waited.wait_done = None
+                self._waiting.clear()
+
+    def _block(self, kind: WaitKind, event: Event | None) -> None:
+        t0 = _perf()
+        after = self.wait_warning
+        if after == math.inf or self.on_long_wait is None:
+            self._signal.get()
+        else:
+            try:
+                self._signal.get(timeout=after)
+            except Empty:
+                with self._lock:
+                    waited = list(self._waiting)
+                self.on_long_wait(kind, event, waited, after)
+                self._signal.get()
+        elapsed = _perf() - t0
+        counters = self.counters
+        if kind in ("backpressure", "records"):
+            counters.backpressure_wait += elapsed
+            row = "backpressure"
+        else:
+            counters.barrier_wait += elapsed
+            counters.barrier_waits += 1
+            row = "barrier"
+        if counters.trace is not None:
+            counters.trace.producer_wait(row, t0, elapsed)
+        last, self._last = self._last, None
+        if last is not None:
+            last.wait_caused += elapsed
+        if self.stopping:
+            raise Stopped
+
+    def reached(self, waited: Waited, by: Member | None) -> None:
+        """``waited`` reached what the training thread waits for, with an item or record
+        of ``by`` (any thread)."""
+        with self._lock:
+            if waited in self._waiting:
+                self._waiting.discard(waited)
+                if not self._waiting:
+                    self._last = by
+                    self._signal.put(True)
+
+    def fail(self, exc: BaseException, handler: Handler | None, event: Event | None) -> None:
+        """Record a handler's exception and stop the training thread at its next event
+        (the caller marks the handler's lane failed: it runs nothing more but its close).
+
+        A :class:`Stopped` that reaches a handler while the session stops (it waited inside
+        the handler, for a destination's room say) is the bus unwinding it, not the
+        handler's error: it is not recorded.
+        """
+        if isinstance(exc, Stopped) and self.stopping:
+            return
+        if handler is not None:
+            _start_at_user_code(exc)
+            where = f"Event.{event.name}" if event is not None else "a logged record"
+            if handler.qualname.endswith(".background"):
+                where = "its background task"
+            exc.add_note(f"raised by {handler.qualname} while handling {where}")
+        with self._lock:
+            self.errors.append(exc)
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop the training thread at its next event or wait (any thread)."""
+        self.stopping = True
+        self._signal.put(False)
+
+
+#: trainbus's own source folder: frames from here are the bus's, not the user's.
+_OURS = str(Path(__file__).resolve().parents[1])
+
+
+def _start_at_user_code(exc: BaseException) -> None:
+    """Drop the bus's own frames from the start of a handler error's traceback, so that it
+    starts at the user's handler (an error of the bus itself keeps its whole traceback)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_OURS):
+        tb = tb.tb_next
+    if tb is not None:
+        exc.__traceback__ = tb
