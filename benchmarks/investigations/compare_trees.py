@@ -1,7 +1,7 @@
 """Row (c)'s fit under two trainbus source trees, interleaved round by round (issue 42).
 
     python benchmarks/investigations/compare_trees.py OLD/src NEW/src [--rounds 6]
-        [--callbacks 100] [--lanes 8] [--batches 100]
+        [--callbacks 100] [--lanes 8] [--batches 100] [--scenario noop|sleep]
 
 Each round runs, for each tree in turn (the order flipped every other round), one fresh
 process that imports trainbus from that tree and times three fits of
@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 
 ONE_PROCESS = r"""
 import statistics, sys
-src, n, lanes, batches, here = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+src, n, lanes, batches, here, scenario = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 sys.path[:0] = [src, here, str(__import__("pathlib").Path(here).parent)]
 import trainbus
 assert trainbus.__file__.startswith(src), trainbus.__file__
@@ -34,9 +34,9 @@ from harness import workload as wl
 w = wl.make_workload("mlp", batches)
 ratios = []
 for _ in range(3):
-    before = lane_pool.plain(w, "noop")
-    fit, _threads = lane_pool.fit(w, "noop", n, lanes)
-    after = lane_pool.plain(w, "noop")
+    before = lane_pool.plain(w, scenario)
+    fit, _threads = lane_pool.fit(w, scenario, n, lanes)
+    after = lane_pool.plain(w, scenario)
     ratios.append(fit / ((before + after) / 2))
 print(statistics.median(ratios))
 """
@@ -45,7 +45,7 @@ print(statistics.median(ratios))
 def one(src: str, args: argparse.Namespace) -> float:
     out = subprocess.run(
         [sys.executable, "-c", ONE_PROCESS, src, str(args.callbacks), str(args.lanes),
-         str(args.batches), str(HERE)],
+         str(args.batches), str(HERE), args.scenario],
         capture_output=True, text=True, check=True,
     )
     return float(out.stdout.split()[-1])
@@ -59,6 +59,9 @@ def main() -> None:
     parser.add_argument("--callbacks", type=int, default=100)
     parser.add_argument("--lanes", type=int, default=8)
     parser.add_argument("--batches", type=int, default=100)
+    parser.add_argument("--scenario", choices=("noop", "sleep"), default="noop",
+                        help="no-op callbacks (row (c)), or callbacks sleeping 5 ms at "
+                        "BATCH_END over a loop sleeping 5 ms (row (d), with --callbacks 4)")
     args = parser.parse_args()
     trees = [str(Path(args.old).resolve()), str(Path(args.new).resolve())]
     got: dict[str, list[float]] = {tree: [] for tree in trees}
