@@ -127,7 +127,7 @@ def main(argv: list[str]) -> None:
         optimizers=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
         callbacks=[saver, Progress(saver, offset, pause_at)],
         loggers=loggers,
-        run_name="crash", seed=0, load_path=load, warn_slow_callbacks=False,
+        run_name="crash", seed=0, load_path=load,
         preemption=Preemption(grace=10.0) if "--preemption" in argv else False,
     )  # fmt: skip
     trainer.fit_sync()

@@ -85,7 +85,6 @@ CHILD = textwrap.dedent(
             callbacks=[GradMonitor(), inline],
             loggers=[memory],
             max_lag=2,
-            warn_slow_callbacks=False,
         )
         trainer.fit_sync()
         logged = memory.get_timeseries("grad_l2_norm/step")

@@ -150,7 +150,7 @@ def main() -> None:
         eval_dataloader=DataLoader(dataset, batch_size=4), eval_interval="2ba",
         optimizers=torch.optim.SGD(model.parameters(), lr=0.05), callbacks=callbacks,
         loggers=[JSONLinesLogger(out / "m.jsonl")], device="cpu", seed=7,
-        load_path=args.load, preemption=True, dist_timeout=60.0, warn_slow_callbacks=False,
+        load_path=args.load, preemption=True, dist_timeout=60.0,
     )  # fmt: skip
     status: Any = 0
     try:

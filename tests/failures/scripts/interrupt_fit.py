@@ -98,7 +98,6 @@ def main() -> int:
         loggers=[destination],
         log_train_loss=False,
         close_timeout=args.close_timeout,
-        warn_slow_callbacks=False,
     )
     try:
         trainer.fit_sync(backend=args.backend)

@@ -115,7 +115,7 @@ def main(argv: list[str]) -> None:
         optimizers=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
         callbacks=callbacks, loggers=[JSONLinesLogger(args.workdir / "m.jsonl")],
         preemption=Preemption(grace=args.grace or None), close_timeout=6, seed=0,
-        load_path=args.workdir / "ckpt", warn_slow_callbacks=False, device="cpu",
+        load_path=args.workdir / "ckpt", device="cpu",
     )  # fmt: skip
     if args.runner == "fit_sync":
         trainer.fit_sync()

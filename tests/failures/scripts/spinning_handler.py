@@ -40,7 +40,6 @@ trainer = Trainer(
     callbacks=[Spins()],
     close_timeout=5,
     wait_warning_seconds=5,
-    warn_slow_callbacks=False,
 )
 try:
     if runner == "fit_sync":
