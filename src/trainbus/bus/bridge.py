@@ -31,7 +31,7 @@ from typing import Any, Protocol, TypeVar
 
 import anyio
 
-from trainbus.bus.threads import start_thread
+from trainbus.core.threads import start_thread
 
 __all__ = [
     "LoopEvent",

@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
-from trainbus.bus.threads import start_thread
+from trainbus.core.threads import start_thread
 from trainbus.core.exceptions import HandlerInterrupted, ThreadStartError
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ import anyio
 
 from trainbus.bus.mailbox import Mailbox
 from trainbus.bus.queue import STOP, WAKE_END, CallItem, EventItem, LogItem, RecordCounts, WorkQueue
-from trainbus.bus.threads import run_in_thread
+from trainbus.core.threads import run_in_thread
 from trainbus.core.scalars import all_ready
 
 if TYPE_CHECKING:

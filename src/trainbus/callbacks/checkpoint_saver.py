@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainbus.bus.threads import start_thread
+from trainbus.core.threads import start_thread
 from trainbus.callbacks._interval import Interval
 from trainbus.checkpoint import abandoned as _abandoned
 from trainbus.checkpoint import sharded as _dcp

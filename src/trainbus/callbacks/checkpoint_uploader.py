@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from trainbus.bus.bridge import LoopHandle
-from trainbus.bus.threads import run_in_thread
+from trainbus.core.threads import run_in_thread
 from trainbus.callbacks.checkpoint_saver import CheckpointSaver, _rank
 from trainbus.checkpoint.s3 import (
     MANIFEST_FORMAT,

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import ray.train
 import torch
 
-from trainbus.bus.threads import start_thread
+from trainbus.core.threads import start_thread
 from trainbus.callbacks._interval import Interval
 from trainbus.callbacks.checkpoint_saver import CheckpointSaver
 from trainbus.core.callback import blocking

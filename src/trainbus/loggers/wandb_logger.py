@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainbus.bus.threads import start_thread
+from trainbus.core.threads import start_thread
 from trainbus.core.destination import LoggerDestination
 from trainbus.core.logger import LogRecord
 from trainbus.loggers.jsonl import to_json_value
