@@ -195,11 +195,11 @@ class Producer:
                 elif workers or others:
                     self._fence_owed = True
             if workers:  # D3: once per worker, for all its callbacks there
-                put = WorkQueue.put_each(workers, item)
-                while put < len(workers):  # D12: that queue is full: wait for room first
-                    full = workers[put]
+                full = WorkQueue.put_each(workers, item)
+                while full is not None:  # D12: that queue is full: wait for room first
                     self.wait([(full, full.enq - full.bound + 1)], "backpressure", event)
-                    put = WorkQueue.put_each(workers, item, put)
+                    rest = workers[workers.index(full):]
+                    full = WorkQueue.put_each(rest, item)
             if here:
                 self._run_here(here, item)
             for lane, slot in others:

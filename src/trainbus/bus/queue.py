@@ -190,21 +190,20 @@ class WorkQueue:
         self.inbox.append(item)
 
     @staticmethod
-    def put_each(queues: Sequence[WorkQueue], item: EventItem, start: int = 0) -> int:
-        """Put ``item`` on each of ``queues[start:]`` with lag 0 (the training thread; one
-        call for all the workers of an event: the hot path of publishing), up to the first
-        full one (``bound`` items waiting, D12). Return how far it got: ``len(queues)``, or
-        the index of the full queue, for the caller to wait for room and call again."""
-        for k in range(start, len(queues)):
-            queue = queues[k]
+    def put_each(queues: Sequence[WorkQueue], item: EventItem) -> WorkQueue | None:
+        """Put ``item`` on each of ``queues`` with lag 0 (the training thread; one call for
+        all the workers of an event: the hot path of publishing), up to the first full one
+        (``bound`` items waiting, D12). Return that queue (``item`` is on none from it on),
+        for the caller to wait for room and call again from it; ``None`` when all took it."""
+        for queue in queues:
             enq = queue.enq
             if enq - queue.done >= queue.bound:
-                return k
+                return queue
             queue.enq = enq = enq + 1  # before the item: the worker never counts past enq
             if not queue.uniform:
                 queue.last_by_lag[0] = queue.last_fenced = enq
             queue.inbox.append(item)
-        return len(queues)
+        return None
 
     def count_done(self, batch: int, by: Member | None) -> None:
         """Count one event item done (the worker; ``by`` ran its last handler) and tell the

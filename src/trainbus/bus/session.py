@@ -27,8 +27,6 @@ from trainbus.bus.producer import Producer
 from trainbus.bus.queue import STOP, CallItem, Gate, Stopped
 from trainbus.bus.records import Records
 from trainbus.bus.slow import long_wait_message, report_at, warn_at
-from trainbus.core.threads import run_in_thread
-from trainbus.core.threads import start_thread as _start
 from trainbus.bus.watchdog import LoopWatch
 from trainbus.bus.worker import Lane, Worker, place
 from trainbus.core.exceptions import (
@@ -37,6 +35,8 @@ from trainbus.core.exceptions import (
     RecordsDroppedWarning,
     SlowCallbackWarning,
 )
+from trainbus.core.threads import run_in_thread
+from trainbus.core.threads import start_thread as _start
 
 if TYPE_CHECKING:
     from trainbus.bus.members import Member

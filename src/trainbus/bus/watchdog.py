@@ -33,8 +33,8 @@ from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
-from trainbus.core.threads import start_thread
 from trainbus.core.exceptions import HandlerInterrupted, ThreadStartError
+from trainbus.core.threads import start_thread
 
 if TYPE_CHECKING:
     from trainbus.bus.bridge import LoopHandle

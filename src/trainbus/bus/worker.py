@@ -34,8 +34,8 @@ import anyio
 
 from trainbus.bus.mailbox import Mailbox
 from trainbus.bus.queue import STOP, WAKE_END, CallItem, EventItem, LogItem, RecordCounts, WorkQueue
-from trainbus.core.threads import run_in_thread
 from trainbus.core.scalars import all_ready
+from trainbus.core.threads import run_in_thread
 
 if TYPE_CHECKING:
     from trainbus.bus.bridge import LoopEvent, LoopHandle, Spawner

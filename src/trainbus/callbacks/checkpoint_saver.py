@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainbus.core.threads import start_thread
 from trainbus.callbacks._interval import Interval
 from trainbus.checkpoint import abandoned as _abandoned
 from trainbus.checkpoint import sharded as _dcp
@@ -28,6 +27,7 @@ from trainbus.checkpoint.resume import epoch_rng, wait_for_handlers
 from trainbus.core.callback import Callback, blocking
 from trainbus.core.events import Event
 from trainbus.core.exceptions import CheckpointWarning
+from trainbus.core.threads import start_thread
 from trainbus.core.time import Time
 from trainbus.core.timer import Timestamp
 from trainbus.runtime import gloo_exit as _gloo_exit

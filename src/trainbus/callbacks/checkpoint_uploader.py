@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from trainbus.bus.bridge import LoopHandle
-from trainbus.core.threads import run_in_thread
 from trainbus.callbacks.checkpoint_saver import CheckpointSaver, _rank
 from trainbus.checkpoint.s3 import (
     MANIFEST_FORMAT,
@@ -42,6 +41,7 @@ from trainbus.checkpoint.s3 import (
     transient,
 )
 from trainbus.core.callback import Callback, blocking
+from trainbus.core.threads import run_in_thread
 from trainbus.core.timer import Timestamp
 
 if TYPE_CHECKING:

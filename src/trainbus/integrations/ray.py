@@ -49,12 +49,12 @@ from typing import TYPE_CHECKING, Any
 import ray.train
 import torch
 
-from trainbus.core.threads import start_thread
 from trainbus.callbacks._interval import Interval
 from trainbus.callbacks.checkpoint_saver import CheckpointSaver
 from trainbus.core.callback import blocking
 from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
+from trainbus.core.threads import start_thread
 from trainbus.core.time import Time
 from trainbus.runtime.distributed import register_launcher
 from trainbus.runtime.preemption import TrainingPreempted

@@ -44,9 +44,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainbus.core.threads import start_thread
 from trainbus.core.destination import LoggerDestination
 from trainbus.core.logger import LogRecord
+from trainbus.core.threads import start_thread
 from trainbus.loggers.jsonl import to_json_value
 
 if TYPE_CHECKING:

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from trainbus.bus.session import ABANDON_TIMEOUT
-from trainbus.core.threads import start_thread
 from trainbus.core.exceptions import ThreadStartError
+from trainbus.core.threads import start_thread
 from trainbus.runtime.stop_report import say as _say
 
 if TYPE_CHECKING:
