@@ -11,6 +11,9 @@ as Composer's ``_run_callbacks`` goes down its callbacks, goes down the event's 
 - then, if the event ends a batch, the barrier: wait at the gate (``queue.py``) until each
   queue's ``done`` reaches what the barrier waits for (D4, with each handler's lag).
 
+An event inside a batch that no handler takes and no rule stops at (``Producer.quiet``) is
+only counted: most of a batch's events, for callbacks that take one or two of them.
+
 A full queue (``queue_size`` items) makes the training thread wait for room first (D12).
 Nothing here depends on how long anything took.
 
@@ -147,11 +150,19 @@ class Producer:
                 self.plan[event] = ([], [], subs)
             if any(not lane.on_thread and not slot.here for lane, slot in subs):
                 self.to_loop.add(event)
+        #: The events inside a batch that no handler takes and no rule stops at (not the
+        #: fence's event, not a barrier): publishing one only counts it.
+        self.quiet = frozenset(
+            event for event in INSIDE_BATCH - {_FENCE_AT} - self.barriers
+            if self.plan[event] == ([], [], [])
+        )
         self.ident: int | None = None
         self.running_here: Lane | None = None
         self.slow = SlowCallbacks()
-        self._view_key: tuple[Any, Any] = (None, None)
-        self._view: tuple[State, Logger] | None = None
+        #: The last snapshot and its logger, and the frame and timestamp it was taken at.
+        self._view: tuple[State, Logger] = (state, logger)
+        self._view_frame: object = None
+        self._view_ts: object = None
         self._trace_mark = 0.0
         #: While set, every event is published as a barrier that waits for every handler.
         self._barrier_all = False
@@ -184,8 +195,11 @@ class Producer:
         if gate.stopping:
             raise Stopped
         outside = to_loop_now = fence = False
+        quiet = self.quiet
         for event in events:
             self.counters.published += 1
+            if event in quiet and not self._barrier_all:
+                continue
             workers, here, others = self.plan[event]
             if workers or here or others:
                 item = self._item(event)
@@ -323,15 +337,15 @@ class Producer:
     # -- running here ----------------------------------------------------------------------
 
     def _item(self, event: Event) -> EventItem:
-        """The event's item, with a snapshot shared by events with nothing between them."""
+        """The event's item, with a snapshot shared by events with nothing between them (the
+        training loop replaces the state's frame or timestamp when a per-batch value
+        changes, so the same two objects mean the same values)."""
         state = self.state
-        ts = state._timer._ts
-        key = (state._frame, ts)
-        cached = self._view_key
-        if key[0] is not cached[0] or key[1] is not cached[1] or self._view is None:
+        frame, ts = state._frame, state._timer._ts
+        if frame is not self._view_frame or ts is not self._view_ts:
             view = state.snapshot()
             self._view = (view, self.logger._bind(view))
-            self._view_key = key
+            self._view_frame, self._view_ts = frame, ts
         view, logger = self._view
         return EventItem(event, view, logger, ts._batch)
 
