@@ -153,12 +153,8 @@ class Spawner:
         self._stopping = True
         self._loop.call_soon_if_running(self._poke)
 
-    def run(
-        self,
-        fn: Callable[..., Awaitable[Any]],
-        *args: Any,
-        on_scope: Callable[[anyio.CancelScope | None], None] | None = None,
-    ) -> None:
+    def run(self, fn: Callable[..., Awaitable[Any]], *args: Any,
+            on_scope: Callable[[anyio.CancelScope | None], None] | None = None) -> None:
         """Run ``await fn(*args)`` in a task on the loop; block this thread until it ends;
         re-raise its exception. ``on_scope`` is told the task's cancel scope (and ``None``
         at its end), so the bus can cancel it like any handler on the loop (D11)."""

@@ -4,16 +4,14 @@ A destination with a lossy ``backpressure`` (``core/backpressure.py``; ``docs/lo
 "Falling behind") gets its records here instead of in its worker's queue::
 
     any thread --offer(record)--> Mailbox (at most ``limit``; full: drop or merge)
-        the first record into an empty mailbox also queues a marker (a ``LogItem``
-        without a record) in its worker's queue
-    worker, at the marker --takes()--> the waiting records, one by one, until none
+                                  + a marker (a record-less ``LogItem``) in its worker's queue
+                                    when the mailbox was empty
+    worker, at the marker --takes()--> the waiting records, until none
 
-So the worker's queue holds at most one marker per destination, however many records come.
-Counting (``queue.RecordCounts``): ``enq`` counts every record offered, under ``lock`` (this
-mailbox's lock); ``done`` stays the worker's, which counts the records dropped or merged
-since its last take done as it takes: ``enq - done`` still reaches 0 once everything is
-delivered (what ``wait_all(records=True)`` waits for), and no count goes back. Full is
-``len(waiting) + in_flight >= limit``: logged and not yet delivered, as for ``block``.
+Counting (``queue.RecordCounts``): ``enq`` counts every record offered, under the mailbox's
+lock; its worker counts ``done`` as it takes, the records dropped or merged meanwhile with
+it, so ``enq - done`` reaches 0 once everything is delivered (``wait_all(records=True)``).
+Full is ``len(waiting) + in_flight >= limit``: logged and not yet delivered, as for ``block``.
 """
 
 from __future__ import annotations

@@ -22,8 +22,7 @@ class CallbackStatistics:
     Attributes:
         name: The callback's class name.
         handled: Handler calls completed (events and logged records).
-        inline: Of those, the calls the training thread ran itself: its plain ``@blocking``
-            handlers' (D9), the only ones that run there (D7).
+        inline: Of those, the calls the training thread ran itself (plain ``@blocking``, D9).
         total_time: Seconds spent in the callback's handlers.
         max_time: The longest single handler call, in seconds.
         slowest: ``"Class.method"`` of the handler with the longest call.
@@ -32,8 +31,8 @@ class CallbackStatistics:
         peak_pending: The most of those ever queued at once.
         on_thread: Whether it runs on a lane thread, its own or a shared one (the rule:
             ``bus/members.py``).
-        pending_records: For a destination, log records queued or being delivered now
-            (with a lossy ``backpressure``: waiting in its mailbox or being delivered).
+        pending_records: For a destination, log records queued (or in its mailbox) or being
+            delivered now.
         peak_pending_records: For a destination, the most records ever queued at once
             (bounded by ``queue_size``, or its ``backpressure`` limit, D12).
         records_dropped: For a destination with a lossy ``backpressure``, whole records
@@ -41,15 +40,13 @@ class CallbackStatistics:
         records_coalesced: Records its ``coalesce`` policy merged into an earlier one.
         values_dropped: Values lost: those of dropped records, and those overwritten by
             the same name (``latest``, ``coalesce``).
-        lag_batches: How many batches it trails the training thread by now (0 when it
-            has nothing pending).
+        lag_batches: Batches it trails the training thread by now (0 with nothing pending).
         barrier_wait_caused: Seconds the training thread waited (barriers, full queues,
             ``@blocking`` hand-overs) while this was the last callback it waited for.
-        slow: Whether its handlers took longer than most of the batches the slow-callback
-            check compared (the first few of each fit), the statistic behind
-            ``SlowCallbackWarning``: a report only, drawn from timings (D7, ``bus/slow.py``).
-        slow_batches: Of the batches the last check compared, those its handlers took
-            longer than.
+        slow: Whether its handlers took longer than most batches the slow-callback check
+            compared (the first few of each fit): ``SlowCallbackWarning``'s statistic, a
+            report drawn from timings (D7, ``bus/slow.py``).
+        slow_batches: Of the batches the last check compared, those its handlers outlasted.
         inline_time: Of ``total_time``, the seconds its plain ``@blocking`` handlers ran
             on the training thread (the rest ran off it).
     """

@@ -9,14 +9,13 @@ silences them all. :class:`LoopWatch` keeps them from a thread of its own instea
     watch thread: armed(close_timeout) --past it by CLOSE_MARGIN_S--> check(): the loop
                   runs user code, and no call handed to it runs in CONFIRM_S: named
 
-Only a deadline the user set ends a handler's wait (D7): here a close's ``close_timeout``
-(``runtime/stop_watchdog.py`` keeps a preemption's). Under ``fit_sync()`` (:data:`OWN_LOOP`:
-trainbus started the loop, on the main thread) :class:`~trainbus.HandlerInterrupted` is then
-raised inside the handler, as Ctrl-C raises ``KeyboardInterrupt``, and the close goes on
-without that callback; under ``await trainer.fit()`` in your own loop nothing is raised (it
-could land in your code): the message is all, and the close waits. ``wait_warning`` is a
-warning's threshold: the holder is named, never interrupted. A plain ``def`` handler never
-holds the loop; one blocked in a C call gets the exception only when the call returns.
+The holder is named on stderr, once. Only a deadline the user set ends its wait (D7): a
+close's ``close_timeout`` (``runtime/stop_watchdog.py`` keeps a preemption's). Under
+``fit_sync()`` (:data:`OWN_LOOP`: trainbus started the loop) :class:`~trainbus.HandlerInterrupted`
+is raised in the handler, as Ctrl-C raises ``KeyboardInterrupt``, and the close goes on
+without it; in your own loop (``await trainer.fit()``) nothing is raised (it could land in
+your code) and the close waits. A plain ``def`` handler never holds the loop; one blocked
+in a C call gets the exception only when the call returns.
 """
 
 from __future__ import annotations
