@@ -1,19 +1,15 @@
 """Warnings about callbacks: slower than their batches, long waits, at the user's code.
 
 The slow check: at each of the first few ``BATCH_END`` events the training thread compares
-each callback's handler time since the previous check with the batch's own time (between
-the two ``BATCH_END`` events, less its waits at barriers and full queues). A callback
-slower than most of the checked batches is marked slow (``Member.slow``) and gets one
-``SlowCallbackWarning`` naming it and its slowest event.
+each callback's handler time since the previous check with the batch's own time (less its
+waits at barriers and full queues); a callback slower than most checked batches is marked
+slow (``Member.slow``) and gets one ``SlowCallbackWarning`` naming its slowest event.
 
-:func:`warn_at` points a warning at the handler's own ``def`` line (or its class's). A
-warning drawn from timings (D7: measured time never changes what a run does) is a report,
-never an exception: :func:`report_at` emits it through the warnings filters, but where a
-filter makes it an error (``python -W error``, pytest's ``filterwarnings = error``) it is
-shown instead (``warnings.showwarning``) and training goes on. The timed warnings are
-``SlowCallbackWarning`` and the "has waited N s" ``CallbackTimeoutWarning``
-(``wait_warning``); a deadline the user set (``close_timeout``) is not a measurement, and
-its warning follows the filters.
+:func:`warn_at` points a warning at the handler's own ``def`` line (or its class's), and
+:func:`report_at` emits one drawn from timings (D7: measured time never changes what a run
+does), ``SlowCallbackWarning`` and the "has waited N s" ``CallbackTimeoutWarning``: where a
+filter makes it an error (``python -W error``) it is shown instead and training goes on. A
+deadline the user set (``close_timeout``) is no measurement: its warning follows the filters.
 """
 
 from __future__ import annotations

@@ -2,20 +2,17 @@
 
 The loop keeps the bus's deadlines (a close's ``close_timeout``, a barrier's
 ``wait_warning``), so an ``async def`` handler that never awaits (``while True: pass``)
-silences them all. :class:`LoopWatch` keeps them from a thread of its own instead
-(``docs/concurrency.md``, "Deadlines")::
+silences them all. :class:`LoopWatch` keeps them from a thread of its own::
 
     loop thread:  ...a handler spins, never awaits.........................
     watch thread: armed(close_timeout) --past it by CLOSE_MARGIN_S--> check(): the loop
                   runs user code, and no call handed to it runs in CONFIRM_S: named
 
-The holder is named on stderr, once. Only a deadline the user set ends its wait (D7): a
-close's ``close_timeout`` (``runtime/stop_watchdog.py`` keeps a preemption's). Under
-``fit_sync()`` (:data:`OWN_LOOP`: trainbus started the loop) :class:`~trainbus.HandlerInterrupted`
-is raised in the handler, as Ctrl-C raises ``KeyboardInterrupt``, and the close goes on
-without it; in your own loop (``await trainer.fit()``) nothing is raised (it could land in
-your code) and the close waits. A plain ``def`` handler never holds the loop; one blocked
-in a C call gets the exception only when the call returns.
+The holder is named on stderr, once. Only a deadline the user set ends its wait (D7): past
+a ``close_timeout`` under ``fit_sync()`` (:data:`OWN_LOOP`: trainbus started the loop),
+:class:`~trainbus.HandlerInterrupted` is raised in the handler, as Ctrl-C raises
+``KeyboardInterrupt``; in your own loop nothing is raised (it could land in your code).
+``docs/concurrency.md``, "Close", tabulates what happens where.
 """
 
 from __future__ import annotations
