@@ -57,6 +57,8 @@ class LoopHandle:
         yield_now: ``await yield_now()`` (on the loop) gives the loop one turn.
         current_time: The loop's clock, the one its cancel scopes' deadlines are on; unlike
             ``anyio.current_time()`` it works in a :attr:`call_soon` callback too.
+
+    Invariant: every field is set once, by ``__init__``; any thread reads them.
     """
 
     __slots__ = ("asyncio_loop", "backend", "call_soon", "current_time", "thread_id",
@@ -198,7 +200,8 @@ class LoopThread:
     def __init__(self, name: str, backend: str = "asyncio") -> None:
         self._started = threading.Event()
         self.backend = backend
-        self.loop: LoopHandle | None = None  # these two are set on the loop, before _started
+        # Invariant: these two are set once, on the loop, before ``_started`` is.
+        self.loop: LoopHandle | None = None
         self._spawner: Spawner | None = None
         self._thread = threading.Thread(
             target=lambda: anyio.run(self._serve, backend=backend), name=name, daemon=True

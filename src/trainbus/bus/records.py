@@ -37,7 +37,8 @@ __all__ = ["Records"]
 
 
 class Records:
-    """The record intake of one session (any thread)."""
+    """The record intake of one session. Invariant: its fields are set once, by ``__init__``;
+    any thread submits."""
 
     def __init__(self, lanes: Sequence[Lane], gate: Gate, counters: Counters,
                  call_soon: Callable[..., Any], loop_thread: int, producer: Producer) -> None:
