@@ -19,8 +19,8 @@ from trainbus.bus.statistics import BusStatistics, CallbackStatistics
 from trainbus.bus.trace import PRODUCER_ROW, TraceRecorder, TraceSpan
 from trainbus.core.exceptions import LaneThreadError
 
-#: What users use: the statistics, the trace, and the error a fit raises when the operating
-#: system refuses a thread. The rest of the package is the bus's plumbing.
+#: What users use: the statistics, the trace, and the error a fit raises when the system
+#: refuses a thread; the rest is plumbing.
 __all__ = [
     "PRODUCER_ROW",
     "BusStatistics",
@@ -30,8 +30,7 @@ __all__ = [
     "TraceSpan",
 ]
 
-#: Plumbing this package once exported, still importable from here (not listed in
-#: ``__all__``): its home module now.
+#: Plumbing this package once exported, still importable from here: its home module now.
 _PLUMBING = {
     "DEFAULT_CLOSE_TIMEOUT": "trainbus.bus.options",
     "DEFAULT_LANE_THREADS": "trainbus.bus.options",

@@ -1,20 +1,16 @@
 """The thread boundary: every way trainbus reaches an event loop from another thread.
 
-Every crossing from a thread into the loop goes through this module: the bus's, the
-loggers' (their lane threads hand batches to the loop) and the built-ins' (the checkpoint
-uploader, the dashboard). anyio gives blocking round trips (``from_thread.run``); the bus
-also needs the cheaper fire-and-forget call that asyncio and trio both have
-(``call_soon_threadsafe``, ``TrioToken.run_sync_soon``), so that what is queued while the
-loop is busy costs one wake-up. The tools:
+The bus's crossings, the loggers' (lane threads hand batches to the loop) and the built-ins'
+(the checkpoint uploader, the dashboard) all come here. Besides anyio's blocking round trips
+the bus needs the cheaper fire-and-forget call of asyncio and trio (``call_soon_threadsafe``,
+``TrioToken.run_sync_soon``): what is queued while the loop is busy costs one wake-up::
 
-- :class:`LoopHandle`: call a function soon on the loop, from any thread.
-- :class:`Spawner`: run a coroutine function as a task on the loop for a thread and wait
-  for it (a thread lane's ``async def`` handlers).
-- :class:`LoopThread`: a daemon thread running an event loop of its own, for plain code
-  that calls the engine with no loop running (``engine.run_event`` outside ``fit()``), and
-  for the ``Dashboard``'s server, which needs asyncio and outlives ``fit()``.
-- :func:`no_running_loop`: whether the calling thread runs no loop.
+    any thread  --LoopHandle.call_soon(fn)--> fn() soon, on the running loop
+    lane thread --Spawner.run(fn)-----------> await fn() in a task on that loop; it waits
+    plain code  --LoopThread.call(fn)-------> await fn() on a loop of a daemon thread
 
+A :class:`LoopThread` serves the engine called with no loop running (``engine.run_event``
+outside ``fit()``) and the ``Dashboard``'s asyncio server, which outlives ``fit()``.
 ``tests/test_bridge.py`` fails if any other module of trainbus makes such a crossing.
 """
 
@@ -33,19 +29,13 @@ import anyio
 
 from trainbus.core.threads import start_thread
 
-__all__ = [
-    "LoopEvent",
-    "LoopHandle",
-    "LoopThread",
-    "Spawner",
-    "no_running_loop",
-]
+__all__ = ["LoopEvent", "LoopHandle", "LoopThread", "Spawner", "no_running_loop"]
 
 T = TypeVar("T")
 
 
 class LoopEvent(Protocol):
-    """What a worker on the loop sleeps on: a one-shot event (``worker.py``): ``set()`` and
+    """What a worker on the loop sleeps on (``worker.py``): ``set()`` and
     ``await event.wait()``, on the loop."""
 
     def set(self) -> None: ...
@@ -62,6 +52,13 @@ class LoopHandle:
         thread_id: The loop's thread.
         backend: ``"asyncio"`` or ``"trio"``, for code that must pick a library's API by
             the loop it runs on (obstore's ``*_async`` functions need asyncio).
+        asyncio_loop: The asyncio loop itself (``None`` on trio): a worker sleeps on its
+            futures.
+        yield_now: ``await yield_now()`` (on the loop) gives the loop one turn.
+        current_time: The loop's clock, the one its cancel scopes' deadlines are on; unlike
+            ``anyio.current_time()`` it works in a :attr:`call_soon` callback too.
+
+    Invariant: every field is set once, by ``__init__``; any thread reads them.
     """
 
     __slots__ = ("asyncio_loop", "backend", "call_soon", "current_time", "thread_id",
@@ -75,18 +72,10 @@ class LoopHandle:
         self.call_soon: Callable[..., Any] = found
         running = asyncio.events._get_running_loop()
         self.backend = "asyncio" if running is not None else "trio"
-        #: The asyncio loop itself (``None`` on trio): a worker sleeps on its futures.
         self.asyncio_loop = running
-        #: ``await yield_now()`` (on the loop): give the loop one turn, as a sleep that is
-        #: woken at once would (a worker at a ``WAKE_END`` with more queued).
-        self.yield_now: Callable[[], Awaitable[None]]
-        #: ``current_time()`` (on the loop, also in a :attr:`call_soon` callback, outside
-        #: any task, where ``anyio.current_time()`` finds no event loop): the loop's clock,
-        #: the one its cancel scopes' deadlines are on.
-        self.current_time: Callable[[], float]
         if running is not None:
-            self.yield_now = functools.partial(asyncio.sleep, 0)
-            self.current_time = running.time
+            self.yield_now: Callable[[], Awaitable[None]] = functools.partial(asyncio.sleep, 0)
+            self.current_time: Callable[[], float] = running.time
         else:
             trio = sys.modules["trio"]
             self.yield_now = trio.lowlevel.checkpoint
@@ -130,21 +119,24 @@ def no_running_loop() -> bool:
 
 
 class Spawner:
-    """Runs, on the loop, the coroutine functions that threads hand over, and waits for them.
+    """Starts, on the loop, the coroutine functions that other threads hand over.
 
     anyio starts tasks only from a task, so one task (:meth:`serve`) takes the handed-over
-    coroutine functions from a queue and starts each in the session's task group.
+    coroutine functions from a queue and starts each in a task group. Create it on the loop.
     """
 
     def __init__(self, loop: LoopHandle) -> None:
         self._loop = loop
+        # Invariant: any thread appends to ``_queue``, then pokes; only :meth:`serve` pops.
         self._queue: deque[Callable[[], Coroutine[Any, Any, None]]] = deque()
-        self._wakeup = anyio.Event()
+        self._wakeup = anyio.Event()  # replaced by serve, set by _poke: both on the loop
+        # Invariant: set once (any thread), then a poke; serve returns at its next wake-up.
+        self._stopping = False
 
     async def serve(self, tg: anyio.abc.TaskGroup) -> None:
-        """Start handed-over coroutines in ``tg`` until cancelled (loop thread)."""
+        """Start handed-over coroutines in ``tg`` until cancelled or stopped (loop thread)."""
         queue = self._queue
-        while True:
+        while not self._stopping:
             await self._wakeup.wait()
             self._wakeup = anyio.Event()
             while queue:
@@ -153,12 +145,18 @@ class Spawner:
     def _poke(self) -> None:
         self._wakeup.set()
 
-    def run(
-        self,
-        fn: Callable[..., Awaitable[Any]],
-        *args: Any,
-        on_scope: Callable[[anyio.CancelScope | None], None] | None = None,
-    ) -> None:
+    def start_soon(self, fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Start ``fn()`` as a task soon, without waiting (any thread)."""
+        self._queue.append(fn)
+        self._loop.call_soon(self._poke)
+
+    def stop(self) -> None:
+        """End :meth:`serve` at its next wake-up (any thread; nothing if the loop ended)."""
+        self._stopping = True
+        self._loop.call_soon_if_running(self._poke)
+
+    def run(self, fn: Callable[..., Awaitable[Any]], *args: Any,
+            on_scope: Callable[[anyio.CancelScope | None], None] | None = None) -> None:
         """Run ``await fn(*args)`` in a task on the loop; block this thread until it ends;
         re-raise its exception. ``on_scope`` is told the task's cancel scope (and ``None``
         at its end), so the bus can cancel it like any handler on the loop (D11)."""
@@ -178,7 +176,7 @@ class Spawner:
                     on_scope(None)
                 done.set()
 
-        self._queue.append(runner)
+        self._queue.append(runner)  # start_soon, written out: once per handler call
         self._loop.call_soon(self._poke)
         done.wait()
         if box:
@@ -188,11 +186,8 @@ class Spawner:
 class LoopThread:
     """An event loop on a daemon thread of its own, serving calls from other threads.
 
-    Daemon, so a process that never closes it still exits; :meth:`stop` ends it. (anyio
-    starts tasks only from a task, so one task starts the coroutines other threads hand
-    in, as :class:`Spawner` does.) It serves the engine's calls from plain code, and the
-    built-ins whose server must outlive ``fit()`` and needs asyncio whatever backend the
-    fit runs on (the ``Dashboard``'s uvicorn: :meth:`start_main`).
+    Daemon, so a process that never closes it still exits; :meth:`stop` ends it. Its loop
+    starts the coroutines other threads hand in with a :class:`Spawner`.
 
     Args:
         name: The thread's name.
@@ -204,32 +199,22 @@ class LoopThread:
 
     def __init__(self, name: str, backend: str = "asyncio") -> None:
         self._started = threading.Event()
-        self._queue: deque[Callable[[], Coroutine[Any, Any, None]]] = deque()
-        self._wakeup: anyio.Event | None = None
-        self._stopping = False
         self.backend = backend
+        # Invariant: these two are set once, on the loop, before ``_started`` is.
         self.loop: LoopHandle | None = None
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._spawner: Spawner | None = None
+        self._thread = threading.Thread(
+            target=lambda: anyio.run(self._serve, backend=backend), name=name, daemon=True
+        )
         start_thread(self._thread, needed="It runs an event loop for calls from plain code")
         self._started.wait()
 
-    def _main(self) -> None:
-        anyio.run(self._serve, backend=self.backend)
-
     async def _serve(self) -> None:
         self.loop = LoopHandle()
-        self._wakeup = anyio.Event()
+        self._spawner = Spawner(self.loop)
         self._started.set()
         async with anyio.create_task_group() as tg:
-            while not self._stopping:
-                await self._wakeup.wait()
-                self._wakeup = anyio.Event()
-                while self._queue:
-                    tg.start_soon(self._queue.popleft())
-
-    def _poke(self) -> None:
-        assert self._wakeup is not None
-        self._wakeup.set()
+            await self._spawner.serve(tg)
 
     def is_alive(self) -> bool:
         """Whether the thread (and its loop) still runs."""
@@ -237,25 +222,25 @@ class LoopThread:
 
     def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Start ``fn(*args)`` as a task on the loop without waiting (another thread)."""
-        assert self.loop is not None
+        assert self._spawner is not None
 
         async def runner() -> None:
             await fn(*args)
 
-        self._queue.append(runner)
-        self.loop.call_soon(self._poke)
+        self._spawner.start_soon(runner)
 
     def start_main(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Start ``fn(*args)``, a long-lived task (a server), without waiting; the loop and
         its thread end once it returns or raises (its exception ends the thread), or at
         :meth:`stop` once every task has ended (another thread)."""
+        assert self._spawner is not None
+        spawner = self._spawner
 
         async def main() -> None:
             try:
                 await fn(*args)
             finally:
-                self._stopping = True
-                self._poke()
+                spawner.stop()
 
         self.start_soon(main)
 
@@ -275,7 +260,6 @@ class LoopThread:
     def stop(self, timeout: float | None = None) -> None:
         """End the loop once its tasks are done, and its thread (another thread); wait at
         most ``timeout`` seconds for them (``None``: for as long as they take)."""
-        if self._thread.is_alive() and self.loop is not None:
-            self._stopping = True
-            self.loop.call_soon_if_running(self._poke)
+        if self._thread.is_alive() and self._spawner is not None:
+            self._spawner.stop()
             self._thread.join(timeout)

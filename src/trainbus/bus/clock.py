@@ -16,7 +16,6 @@ __all__ = ["STEP_BUCKETS", "BatchClock"]
 #: The step-time histogram's bucket bounds, in seconds (``le``; +Inf is implied).
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                 10.0, 30.0, 60.0, 300.0)  # fmt: skip
-_RECENT = 32
 _bucket = bisect.bisect_left
 
 
@@ -42,7 +41,7 @@ class BatchClock:
         self.bounds = STEP_BUCKETS
         self.counts = [0] * (len(STEP_BUCKETS) + 1)
         self.total = 0.0
-        self.recent: deque[float] = deque(maxlen=_RECENT)
+        self.recent: deque[float] = deque(maxlen=32)
 
     def tick(self, now: float) -> None:
         """A batch ended at ``now`` (training thread, the producer)."""

@@ -1,27 +1,24 @@
 """A lossy destination's records: a bounded queue that drops or merges instead of waiting.
 
 A destination with a lossy ``backpressure`` (``core/backpressure.py``; ``docs/loggers.md``,
-"Falling behind") gets its records here instead of in its worker's queue: any thread offers a
-record (:meth:`Mailbox.offer`); the worker's queue gets one *marker* item (a ``LogItem``
-without a record) when the mailbox goes from empty to not, and the runner, at the marker,
-takes records (:meth:`Mailbox.take`) until there are none. So the queue holds at most one
-marker per destination, however many records come, and memory is bounded by ``limit``.
+"Falling behind") gets its records here instead of in its worker's queue::
 
-Counting (``queue.RecordCounts``): ``enq`` counts every record offered, under its ``lock``
-(this mailbox's lock); ``done`` stays the worker's: the records dropped or merged
-since its last take are handed to it by :meth:`take` and it counts them done there. So
-``enq - done`` still reaches 0 when everything is delivered (what
-``wait_all(records=True)`` waits for), and no count ever goes back.
+    any thread --offer(record)--> Mailbox (at most ``limit``; full: drop or merge)
+                                  + a marker (a record-less ``LogItem``) in its worker's queue
+                                    when the mailbox was empty
+    worker, at the marker --takes()--> the waiting records, until none
 
-Fullness is ``len(waiting) + in_flight >= limit``: records logged and not yet delivered,
-the one being delivered included (as for ``block``).
+Counting (``queue.RecordCounts``): ``enq`` counts every record offered, under the mailbox's
+lock; its worker counts ``done`` as it takes, the records dropped or merged meanwhile with
+it, so ``enq - done`` reaches 0 once everything is delivered (``wait_all(records=True)``).
+Full is ``len(waiting) + in_flight >= limit``: logged and not yet delivered, as for ``block``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -32,8 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FULL", "QUEUED", "WAKE", "Mailbox"]
 
-
-#: :meth:`Mailbox.offer`'s answers: queued and the runner must be given a marker; queued
+#: :meth:`Mailbox.offer`'s answers: queued and the worker must be given a marker; queued
 #: (or dropped/merged) with a marker already on its way; full (``coalesce``: wait for room).
 WAKE: Final = 1
 QUEUED: Final = 0
@@ -48,6 +44,9 @@ class Mailbox:
         records_dropped: Whole records dropped this session.
         records_coalesced: Records merged into an earlier one this session.
         values_dropped: Per metric name, values lost this session (dropped or overwritten).
+
+    Invariant: the waiting records and every count change only under ``_lock`` (the
+    destination's ``RecordCounts.lock``).
     """
 
     __slots__ = ("_armed", "_counts", "_in_flight", "_lock", "_member", "_skipped", "_waiting",
@@ -64,7 +63,7 @@ class Mailbox:
         self._waiting: deque[LogRecord] = deque()
         self._armed = False  # a marker is queued on the lane and not yet taken to the end
         self._in_flight = 0
-        self._skipped = 0  # dropped or merged since the runner's last take
+        self._skipped = 0  # dropped or merged since the worker's last take
         self.records_dropped = 0
         self.records_coalesced = 0
         self.values_dropped: Counter[str] = Counter()
@@ -78,30 +77,22 @@ class Mailbox:
         """Queue ``record`` by the policy (any thread): :data:`WAKE`, :data:`QUEUED` or
         (``coalesce`` only, when it cannot merge; never with ``force``) :data:`FULL`."""
         with self._lock:
-            waiting = self._waiting
-            if not force and len(waiting) + self._in_flight >= self.limit:
-                if not self._make_room(record):
+            if force or len(self._waiting) + self._in_flight < self.limit:
+                self._waiting.append(record)
+            elif self.policy.policy == "coalesce":
+                if not self._merge(record):
                     return FULL
             else:
-                waiting.append(record)
+                if self.policy.policy == "latest":
+                    self._replace(record)
+                if len(self._waiting) + self._in_flight >= self.limit:
+                    self._drop(self._waiting.popleft())
+                self._waiting.append(record)
             self._counts.enq += 1
             if self._armed:
                 return QUEUED
             self._armed = True
             return WAKE
-
-    def take(self) -> tuple[LogRecord | None, int]:
-        """The runner: the oldest waiting record (``None`` when there is none: the marker
-        is spent), and how many records were dropped or merged since its last take (to
-        count done)."""
-        with self._lock:
-            skipped, self._skipped = self._skipped, 0
-            if self._waiting:
-                self._in_flight = 1
-                return self._waiting.popleft(), skipped
-            self._in_flight = 0
-            self._armed = False
-            return None, skipped
 
     def takes(self, requeue: Callable[[], None]) -> Iterator[LogRecord]:
         """The worker, at a marker: the waiting records, at most ``limit + 1`` takes; then,
@@ -109,7 +100,14 @@ class Mailbox:
         that records logged without pause never starve the events. The records dropped or
         merged are counted done as they are taken."""
         for _ in range(self.limit + 1):
-            record, skipped = self.take()
+            with self._lock:
+                skipped, self._skipped = self._skipped, 0
+                record = self._waiting.popleft() if self._waiting else None
+                if record is None:
+                    self._in_flight = 0
+                    self._armed = False  # the marker is spent
+                else:
+                    self._in_flight = 1
             if skipped:
                 self._counts.count_done(skipped)
             if record is None:
@@ -117,34 +115,14 @@ class Mailbox:
             yield record
         requeue()
 
-    # -- the policies (under the lock; the box is full) ------------------------------------
-
-    def _make_room(self, record: LogRecord) -> bool:
-        """Apply the policy to a full box: true once ``record`` is in (or merged)."""
-        policy = self.policy.policy
-        if policy == "coalesce":
-            return self._merge(record)
-        if policy == "latest":
-            self._replace(record)
-        waiting = self._waiting
-        if len(waiting) + self._in_flight >= self.limit:
-            self._drop(waiting.popleft())
-        waiting.append(record)
-        return True
+    # -- the policies (under the lock; the mailbox is full) --------------------------------
 
     def _drop(self, record: LogRecord) -> None:
-        self._dropped_record()
-        self._dropped_values(record.metrics.keys())
-
-    def _dropped_record(self) -> None:
         self.records_dropped += 1
-        self._skipped += 1
         self._member.records_dropped += 1
-
-    def _dropped_values(self, names: Iterable[str]) -> None:
-        before = self.values_dropped.total()
-        self.values_dropped.update(names)
-        self._member.values_dropped += self.values_dropped.total() - before
+        self._skipped += 1
+        self.values_dropped.update(record.metrics.keys())
+        self._member.values_dropped += len(record.metrics)
 
     def _replace(self, record: LogRecord) -> None:
         """Drop every waiting record of ``record``'s kind whose names all come again in
@@ -164,18 +142,17 @@ class Mailbox:
         if not self._waiting:
             return False
         newest = self._waiting[-1]
-        if (
-            newest.step != record.step
-            or newest.level != record.level
-            or newest.hyperparameters is not record.hyperparameters
+        if (newest.step, newest.level) != (record.step, record.level) or (
+            newest.hyperparameters is not record.hyperparameters
         ):
             return False
-        self._dropped_values([name for name in record.metrics if name in newest.metrics])
-        merged = dataclasses.replace(
+        overwritten = [name for name in record.metrics if name in newest.metrics]
+        self.values_dropped.update(overwritten)
+        self._member.values_dropped += len(overwritten)
+        self._waiting[-1] = dataclasses.replace(
             newest, metrics={**newest.metrics, **record.metrics}, wall_time=record.wall_time,
             _resolved=False,
         )
-        self._waiting[-1] = merged
         self.records_coalesced += 1
         self._member.records_coalesced += 1
         self._skipped += 1

@@ -36,21 +36,8 @@ class Slot:
     handler (``Producer._run_here``); the training thread alone replaces ``when`` (``due``).
     """
 
-    __slots__ = (
-        "calls",
-        "event",
-        "fenced",
-        "fn",
-        "handler",
-        "here",
-        "is_async",
-        "is_blocking",
-        "lag",
-        "max_time",
-        "qualname",
-        "total_time",
-        "when",
-    )
+    __slots__ = ("calls", "event", "fenced", "fn", "handler", "here", "is_async", "is_blocking",
+                 "lag", "max_time", "qualname", "total_time", "when")
 
     def __init__(
         self, handler: Handler, event: Event | None, lag: int = 0, *, fenced: bool = True
@@ -60,14 +47,12 @@ class Slot:
         self.fn = handler.fn
         self.qualname = handler.qualname
         self.is_async = handler.is_async
-        #: ``@blocking``: the training thread waits for it (D9).
-        self.is_blocking = handler.is_blocking
+        self.is_blocking = handler.is_blocking  # the training thread waits for it (D9)
         #: A plain ``@blocking`` handler: the training thread runs it itself.
         self.here = handler.is_blocking and not handler.is_async
         #: The filter (``@every``/``@once``); replaced by a never-true one after ``@once``.
         self.when: Callable[[Any], bool] | None = handler.when
-        #: Batches this handler may trail the ``BATCH_END`` barrier by (``@trailing``).
-        self.lag = lag
+        self.lag = lag  # batches it may trail the BATCH_END barrier by (@trailing)
         #: Whether its items finish before the training thread next zeroes the gradients
         #: (the live fence, ``producer.py``): every handler but a declared ``@trailing(k)``.
         self.fenced = fenced
@@ -85,22 +70,19 @@ class Member:
         index: Its position in the callback list.
         slots: The slot per event it handles (none for events it ignores).
         log_slot: For a logger destination, the slot receiving log records.
-        on_thread: Whether it runs on a lane thread (see the module docstring).
+        backpressure: For a destination, its declared policy (``core/backpressure.py``).
+        on_thread: Whether it runs on a lane thread (the module docstring's rule).
         own_thread: Whether that lane thread is its own (``own_thread = True`` on the
             callback), not one of the pool's.
         shares_thread: Whether the training thread runs some of its plain handlers too
             (``@blocking``): then each item of its thread runs under its lane's lock (D1).
         lags: The distinct lags (batches) of its slots.
-        peak: The most event handler calls ever queued at once for it, over the sessions
-            that ended (a running session's is its lane's ``counts.peak``).
-        peak_records: For a destination, the most records ever queued at once for it.
-        backpressure: For a destination, its declared policy (``core/backpressure.py``);
-            ``None`` for other callbacks.
-        records_dropped, records_coalesced, values_dropped: For a lossy destination, what
-            its policy dropped or merged over the engine's life (``bus/mailbox.py``).
-        wait_caused: Seconds the training thread waited with it the last callback waited for.
-        slow, slow_batches: Whether the slow-callback check (``bus/slow.py``) found it
-            slow, and in how many of the batches it compared: a statistic, never acted on.
+        peak, peak_records, wait_caused: Over the engine's life, what
+            :class:`~trainbus.CallbackStatistics` reads as ``peak_pending`` (over the
+            sessions that ended: a running one's is its queue's), ``peak_pending_records``
+            and ``barrier_wait_caused``.
+        records_dropped, records_coalesced, values_dropped, slow, slow_batches: The same,
+            read into its fields of those names.
 
     Invariant: what ``__init__`` derives from the table never changes. ``peak`` is written
     by the loop at a session's end; ``wait_caused``, ``slow`` and ``slow_batches`` by the
@@ -108,26 +90,9 @@ class Member:
     ``peak_records`` unlocked by any logging thread (two at once may keep the smaller).
     """
 
-    __slots__ = (
-        "backpressure",
-        "index",
-        "lags",
-        "log_slot",
-        "name",
-        "on_thread",
-        "own_thread",
-        "peak",
-        "peak_records",
-        "records_coalesced",
-        "records_dropped",
-        "shares_thread",
-        "slots",
-        "slow",
-        "slow_batches",
-        "table",
-        "values_dropped",
-        "wait_caused",
-    )
+    __slots__ = ("backpressure", "index", "lags", "log_slot", "name", "on_thread", "own_thread",
+                 "peak", "peak_records", "records_coalesced", "records_dropped", "shares_thread",
+                 "slots", "slow", "slow_batches", "table", "values_dropped", "wait_caused")
 
     def __init__(
         self, table: HandlerTable, index: int, log_handler: Handler | None, default_lag: int
@@ -141,21 +106,18 @@ class Member:
             refuse_live_trailing(h, event, declared, f"callbacks[{index}]")
             lag = default_lag if declared is None else declared
             self.slots[event] = Slot(h, event, lag, fenced=not declared)
-        self.log_slot = Slot(log_handler, None) if log_handler is not None else None
-        self.backpressure = (
-            backpressure_of(table.callback, f"callbacks[{index}]")
-            if log_handler is not None
-            else None
-        )
-        plain_log = log_handler is not None and not log_handler.is_async
+        self.log_slot = self.backpressure = None
+        here = any(slot.here for slot in self.slots.values())
+        if log_handler is not None:
+            self.log_slot = Slot(log_handler, None)
+            self.backpressure = backpressure_of(table.callback, f"callbacks[{index}]")
         # A destination with a @blocking handler gets a thread too: its records then run
         # under the lane's lock (``shares_thread``), never beside that handler (D1).
-        blocking_destination = log_handler is not None and any(
-            slot.here for slot in self.slots.values()
+        self.on_thread = table.has_sync or (
+            log_handler is not None and (here or not log_handler.is_async)
         )
-        self.on_thread = table.has_sync or plain_log or blocking_destination
         self.own_thread = self.on_thread and own_thread_of(table.callback, index)
-        self.shares_thread = self.on_thread and any(slot.here for slot in self.slots.values())
+        self.shares_thread = self.on_thread and here
         self.lags = frozenset(slot.lag for slot in self.slots.values()) or frozenset({0})
         self.peak = 0
         self.peak_records = 0
@@ -197,6 +159,5 @@ def due(slot: Slot, when: Callable[[Any], bool], ts: Any) -> bool:
     return True
 
 
-def _never(ts: Any) -> bool:
-    """The filter of a ``@once`` handler that already ran."""
+def _never(ts: Any) -> bool:  # the filter of a @once handler that already ran
     return False

@@ -6,7 +6,6 @@ with a message that names the argument and a value that works.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -74,20 +73,10 @@ class BusOptions:
         """
         _int_at_least(max_lag, 0, "max_lag", "an int >= 0 (batches), e.g. 0 or 2")
         _int_at_least(queue_size, 1, "queue_size", "an int >= 1 (handler calls), e.g. 128")
-        _int_at_least(
-            lane_threads, 1, "lane_threads",
-            f"an int >= 1 (threads plain callbacks share), e.g. {DEFAULT_LANE_THREADS}",
-        )
-        _seconds(close_timeout, "close_timeout", "seconds > 0, e.g. 30.0 or math.inf")
-        if close_timeout == 0:
-            raise ValueError(f"close_timeout={close_timeout!r} must be > 0 seconds, e.g. 30.0")
-        _seconds(
-            wait_warning, "wait_warning_seconds", "seconds > 0, e.g. 10.0, or math.inf for never"
-        )
-        if wait_warning == 0:
-            raise ValueError(
-                f"wait_warning_seconds={wait_warning!r} must be > 0 seconds, e.g. 10.0"
-            )
+        _int_at_least(lane_threads, 1, "lane_threads",
+                      f"an int >= 1 (threads plain callbacks share), e.g. {DEFAULT_LANE_THREADS}")
+        _seconds(close_timeout, "close_timeout", "30.0", " or math.inf")
+        _seconds(wait_warning, "wait_warning_seconds", "10.0", ", or math.inf for never")
         if not isinstance(warn_slow, bool):
             raise TypeError(f"warn_slow_callbacks={warn_slow!r} must be True or False")
         return cls(
@@ -106,14 +95,12 @@ def _int_at_least(value: Any, low: int, name: str, what: str) -> None:
         raise ValueError(f"{name}={value!r} must be {what}")
 
 
-def _seconds(value: Any, name: str, what: str) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or math.isnan(value)
-        or value < 0
-    ):
-        raise ValueError(f"{name}={value!r} must be {what}")
+def _seconds(value: Any, name: str, example: str, infinite: str) -> None:
+    """Check seconds > 0 (``math.inf`` allowed); ``infinite`` says what inf means."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:  # NaN
+        raise ValueError(f"{name}={value!r} must be seconds > 0, e.g. {example}{infinite}")
+    if value == 0:
+        raise ValueError(f"{name}={value!r} must be > 0 seconds, e.g. {example}")
 
 
 def _barrier_events(barriers: Iterable[Event | str]) -> list[Event]:
@@ -130,8 +117,6 @@ def _barrier_events(barriers: Iterable[Event | str]) -> list[Event]:
             events.append(Event(item))
         except ValueError:
             valid = ", ".join(e.value for e in Event)
-            raise ValueError(
-                f"barriers={barriers!r}: {item!r} is not an Event; {hint} (valid names: "
-                f"{valid})"
-            ) from None
+            raise ValueError(f"barriers={barriers!r}: {item!r} is not an Event; {hint} "
+                             f"(valid names: {valid})") from None
     return events

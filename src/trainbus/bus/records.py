@@ -1,25 +1,20 @@
 """Logged records: queued on every destination, within each one's bound (D12).
 
 ``logger.log_metrics(...)`` (any thread) hands its record to :meth:`Records.submit`, which
-queues it on every destination's worker. At most ``limit`` records wait per destination
-(its ``backpressure`` limit, else ``queue_size``); past that the logging party waits, in
-the way its thread allows:
+queues it on every destination's worker (a lossy destination's in its mailbox instead,
+``mailbox.py``, which drops or merges rather than waiting). At most ``limit`` records wait
+per destination (its ``backpressure`` limit, else ``queue_size``); past that the logging
+party waits, as its thread allows:
 
 - the training thread waits at the gate, like a full event queue;
 - a lane thread (a plain handler that logs) blocks until the destination has room;
 - a handler on the event loop cannot block the loop: its record is queued, and its lane
-  waits for room after the handler returns (``Worker._wait_for_room``). The overshoot is
+  waits for room after the handler returns (``Worker._wait_for_room``), an overshoot
   bounded by what one handler call logs.
 
-Nobody waits where waiting could never end: for room in its own lane or in a destination
-pinned to its own lane thread, or where waiting would close a cycle of workers
-waiting for each other's room: then the record is queued over
-the bound. Barriers never wait for records.
-
-A destination with a lossy policy (``drop_oldest``, ``latest``, ``coalesce``) gets its records
-in its mailbox instead (``mailbox.py``), which drops or merges rather than waiting (only
-``coalesce`` waits, as above, for a record it cannot merge); its worker gets a marker when the
-mailbox was empty.
+Nobody waits where waiting could never end (for its own lane, a destination on its own
+lane thread, or a cycle of workers waiting for each other's room): the record is then
+queued over the bound. Barriers never wait for records.
 """
 
 from __future__ import annotations
@@ -42,17 +37,11 @@ __all__ = ["Records"]
 
 
 class Records:
-    """The record intake of one session (any thread)."""
+    """The record intake of one session. Invariant: its fields are set once, by ``__init__``;
+    any thread submits."""
 
-    def __init__(
-        self,
-        lanes: Sequence[Lane],
-        gate: Gate,
-        counters: Counters,
-        call_soon: Callable[..., Any],
-        loop_thread: int,
-        producer: Producer,
-    ) -> None:
+    def __init__(self, lanes: Sequence[Lane], gate: Gate, counters: Counters,
+                 call_soon: Callable[..., Any], loop_thread: int, producer: Producer) -> None:
         self.destinations = [lane for lane in lanes if lane.log_slot is not None]
         self.gate = gate
         self.counters = counters
@@ -65,10 +54,9 @@ class Records:
         destinations that sleep.
 
         From the publishing thread a record for a worker on the loop rides the loop's next
-        hand-over (the producer's wake rule), after the events published before it (D1):
-        no wake-up of its own; logged by a ``@blocking`` handler (which may wait for its
-        delivery), it is handed over at once. From any other thread the workers on the
-        loop that sleep are woken in one call into the loop."""
+        hand-over (the wake rule), after the events published before it (D1), but at once
+        when a ``@blocking`` handler logs it (it may wait for its delivery). From any other
+        thread the sleeping workers on the loop are woken in one call into the loop."""
         woken: list[Worker] = []
         owed = False
         producer = self._producer
@@ -82,12 +70,10 @@ class Records:
                     self._wait_for_room(lane)
                     answer = box.offer(record, force=True)
                 depth = box.depth
-                # the mailbox was empty: its worker gets a marker (else one is queued)
-                item = LogItem(None, lane) if answer == WAKE else None
+                item = LogItem(None, lane) if answer == WAKE else None  # the marker, once
             else:
-                if counts.enq - counts.done >= counts.limit and not (
-                    lane.failed or lane.abandoned
-                ):
+                full = counts.enq - counts.done >= counts.limit
+                if full and not (lane.failed or lane.abandoned):
                     self._wait_for_room(lane)
                 depth = counts.count()
                 item = LogItem(record, lane)
@@ -131,12 +117,10 @@ class Records:
         if waiter is not None:
             waiter.waiting_on = lane
         try:
-            counts.wait_for_room(lambda: self._give_up(waiter, lane))
+            counts.wait_for_room(
+                lambda: self.gate.stopping or lane.failed or lane.abandoned
+                or would_deadlock(waiter, lane)
+            )
         finally:
             if waiter is not None:
                 waiter.waiting_on = None
-
-    def _give_up(self, waiter: Worker | None, lane: Lane) -> bool:
-        if self.gate.stopping or lane.failed or lane.abandoned:
-            return True
-        return would_deadlock(waiter, lane)

@@ -1,20 +1,15 @@
 """Warnings about callbacks: slower than their batches, long waits, at the user's code.
 
-:func:`warn_at` points a warning at the handler's own ``def`` line (or its class's).
-
 The slow check: at each of the first few ``BATCH_END`` events the training thread compares
-each callback's handler time since the previous check with the batch's own time (between
-the two ``BATCH_END`` events, less its waits for handlers at barriers and full queues). A
-callback slower than most of the checked batches is marked slow (``Member.slow``) and gets
-one ``SlowCallbackWarning`` naming it and its slowest event.
+each callback's handler time since the previous check with the batch's own time (less its
+waits at barriers and full queues); a callback slower than most checked batches is marked
+slow (``Member.slow``) and gets one ``SlowCallbackWarning`` naming its slowest event.
 
-The rule for a warning drawn from timings (D7: measured time never changes what a run does):
-it is a report, never an exception. :func:`report_at` emits it through the warnings filters
-as usual, but where a filter makes it an error (``python -W error``, pytest's
-``filterwarnings = error``) it is shown instead (``warnings.showwarning``) and training goes
-on. The timed warnings are ``SlowCallbackWarning`` and the "has waited N s"
-``CallbackTimeoutWarning`` (``wait_warning``); a deadline the user set (``close_timeout``)
-is not a measurement, and its warning follows the filters.
+:func:`warn_at` points a warning at the handler's own ``def`` line (or its class's), and
+:func:`report_at` emits one drawn from timings (D7: measured time never changes what a run
+does), ``SlowCallbackWarning`` and the "has waited N s" ``CallbackTimeoutWarning``: where a
+filter makes it an error (``python -W error``) it is shown instead and training goes on. A
+deadline the user set (``close_timeout``) is no measurement: its warning follows the filters.
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainbus.bus.members import Member
+    from trainbus.bus.members import Member, Slot
     from trainbus.bus.queue import Counters
     from trainbus.bus.worker import Lane
     from trainbus.core.events import Event
@@ -43,28 +38,23 @@ MIN_BUSY = 5e-3
 class SlowCallbacks:
     """The state of the check for one session.
 
-    Invariant: the training thread alone reads and writes it, and ``Member.slow``/``slow_batches``.
+    Invariant: the training thread alone reads and writes it, and ``Member.slow`` and
+    ``Member.slow_batches``.
     """
 
-    __slots__ = (
-        "busy_marks", "checking", "checks", "last_batch_end", "slow_batches", "wait_mark",
-    )
+    __slots__ = ("busy_marks", "checking", "checks", "last_batch_end", "slow_batches",
+                 "wait_mark")
 
     def __init__(self) -> None:
         self.checks = 0
-        #: Whether batches are still being checked (a plain field: read at every BATCH_END).
-        self.checking = True
+        self.checking = True  # batches are still checked (a field: read at every BATCH_END)
         self.last_batch_end = 0.0
         self.wait_mark = 0.0
         self.busy_marks: dict[int, float] = {}
         self.slow_batches: dict[int, int] = {}
 
-    def at_batch_end(
-        self,
-        members: Sequence[Member],
-        counters: Counters,
-        warn: Callable[[str, object], None] | None,
-    ) -> None:
+    def at_batch_end(self, members: Sequence[Member], counters: Counters,
+                     warn: Callable[[str, object], None] | None) -> None:
         """Check the batch that just ended: mark the slow callbacks (``Member.slow``) once
         the checks are done, and ``warn`` about each (unless ``warn`` is ``None``)."""
         now = time.perf_counter()
@@ -75,9 +65,7 @@ class SlowCallbacks:
         self.checks += 1
         marks = self.busy_marks
         for member in members:
-            busy = sum(slot.total_time for slot in member.slots.values())
-            if member.log_slot is not None:
-                busy += member.log_slot.total_time
+            busy = sum(slot.total_time for slot in member.all_slots())
             delta = busy - marks.get(member.index, busy)
             marks[member.index] = busy
             if self.checks > 1 and delta > batch_time and delta > MIN_BUSY:
@@ -88,15 +76,14 @@ class SlowCallbacks:
                 member.slow_batches = self.slow_batches.get(member.index, 0)
                 if member.slow_batches >= CHECK_BATCHES - 1:
                     member.slow = True
-                    if warn is None:
-                        continue
-                    slowest = max(member.slots.values(), key=lambda s: s.total_time, default=None)
-                    where = slowest.handler.fn if slowest is not None else member.table.callback
-                    warn(_message(member), where)
+                    if warn is not None:
+                        slowest = max(member.slots.values(), key=lambda s: s.total_time,
+                                      default=None)
+                        where = member.table.callback if slowest is None else slowest.handler.fn
+                        warn(_message(member, slowest), where)
 
 
-def _message(member: Member) -> str:
-    slowest = max(member.slots.values(), key=lambda s: s.total_time, default=None)
+def _message(member: Member, slowest: Slot | None) -> str:
     where = slowest.handler.qualname if slowest is not None else member.name
     event = f"Event.{slowest.event.name}" if slowest and slowest.event else "its events"
     advice = (
@@ -126,10 +113,8 @@ def long_wait_message(kind: str, event: Event | None, lanes: list[Lane], seconds
     at = _WAITING_FOR.get(kind, "")
     if event is not None:
         at += f" of Event.{event.name}" if kind == "barrier" else f" at Event.{event.name}"
-    names = ", ".join(
-        f"{lane.name} (running {lane.current})" if lane.current else lane.name
-        for lane in lanes
-    )
+    names = ", ".join(f"{lane.name} (running {lane.current})" if lane.current else lane.name
+                      for lane in lanes)
     return (
         f"the training thread has waited {seconds:g} s {at} for "
         f"{names or 'its callbacks'}; it keeps waiting (Trainer(wait_warning_seconds=...) sets "

@@ -22,19 +22,17 @@ class CallbackStatistics:
     Attributes:
         name: The callback's class name.
         handled: Handler calls completed (events and logged records).
-        inline: Of those, the calls the training thread ran itself: its plain ``@blocking``
-            handlers' (D9), the only ones that run there (D7).
+        inline: Of those, the calls the training thread ran itself (plain ``@blocking``, D9).
         total_time: Seconds spent in the callback's handlers.
         max_time: The longest single handler call, in seconds.
         slowest: ``"Class.method"`` of the handler with the longest call.
-        pending: Event handler calls queued or running now. A callback that shares a pool
-            thread with others shares its queue with them (their items run in one order):
-            this is then the thread's, an event item for one or more of its callbacks each.
+        pending: Event handler calls queued or running now; for a callback sharing a pool
+            thread, its thread's (one queue: an item each for one or more callbacks).
         peak_pending: The most of those ever queued at once.
-        on_thread: Whether it runs on a lane thread, its own or a shared one (it has plain
-            handlers that are not ``@blocking``; ``bus/members.py`` has the rule).
-        pending_records: For a destination, log records queued or being delivered now
-            (with a lossy ``backpressure``: waiting in its mailbox or being delivered).
+        on_thread: Whether it runs on a lane thread, its own or a shared one (the rule:
+            ``bus/members.py``).
+        pending_records: For a destination, log records queued (or in its mailbox) or being
+            delivered now.
         peak_pending_records: For a destination, the most records ever queued at once
             (bounded by ``queue_size``, or its ``backpressure`` limit, D12).
         records_dropped: For a destination with a lossy ``backpressure``, whole records
@@ -42,16 +40,13 @@ class CallbackStatistics:
         records_coalesced: Records its ``coalesce`` policy merged into an earlier one.
         values_dropped: Values lost: those of dropped records, and those overwritten by
             the same name (``latest``, ``coalesce``).
-        lag_batches: How many batches it trails the training thread by now (0 when it
-            has nothing pending).
-        barrier_wait_caused: Seconds the training thread waited at barriers, for queues
-            or for ``@blocking`` hand-overs while this callback was the last one it waited
-            for (each wait is charged to the callback that ended it).
-        slow: Whether its handlers took longer than most of the batches the slow-callback
-            check compared (the first few of each fit), the statistic behind
-            ``SlowCallbackWarning``: a report only, drawn from timings (D7, ``bus/slow.py``).
-        slow_batches: Of the batches the last check compared, those its handlers took
-            longer than.
+        lag_batches: Batches it trails the training thread by now (0 with nothing pending).
+        barrier_wait_caused: Seconds the training thread waited (barriers, full queues,
+            ``@blocking`` hand-overs) while this was the last callback it waited for.
+        slow: Whether its handlers took longer than most batches the slow-callback check
+            compared (the first few of each fit): ``SlowCallbackWarning``'s statistic, a
+            report drawn from timings (D7, ``bus/slow.py``).
+        slow_batches: Of the batches the last check compared, those its handlers outlasted.
         inline_time: Of ``total_time``, the seconds its plain ``@blocking`` handlers ran
             on the training thread (the rest ran off it).
     """
@@ -116,32 +111,35 @@ class BusStatistics:
         return sum(c.total_time for c in self.callbacks)
 
 
-def collect_statistics(
-    members: Sequence[Member], lanes: Sequence[Lane] | None, counters: Counters, now_batch: int
-) -> BusStatistics:
+def collect_statistics(members: Sequence[Member], lanes: Sequence[Lane] | None,
+                       counters: Counters, now_batch: int) -> BusStatistics:
     """Read the counters into a :class:`BusStatistics` (any thread, no lock: each count is
     its writer's latest, not all from one instant). ``lanes``: the running or last session's.
     """
     per_callback = []
-    depth = peak = lag_events = 0
-    lag_batches = 0
+    depth = peak = lag_events = lag_batches = 0
     for member in members:
         lane = lanes[member.index] if lanes else None
-        slots = member.all_slots()
-        counts = lane.worker.queue if lane is not None else None
-        pending = counts.enq - counts.done if counts is not None else 0
-        member_peak = max(member.peak, counts.peak) if counts is not None else member.peak
-        records = 0
+        pending = records = lag = 0
+        member_peak = member.peak
         if lane is not None:
+            queue = lane.worker.queue
+            pending = queue.enq - queue.done
+            member_peak = max(member.peak, queue.peak)
             box = lane.mailbox
             records = box.depth if box is not None else lane.records.enq - lane.records.done
-        lag = now_batch - counts.last_batch if pending and counts is not None else 0
+            if pending:
+                lag = max(now_batch - queue.last_batch, 0)
+            if lane.worker.lanes[0] is lane:  # a queue callbacks share counts once
+                depth += pending
+        slots = member.all_slots()
+        here = [s for s in slots if s.here]  # plain @blocking: run by the training thread
         slowest = max(slots, key=lambda s: s.max_time, default=None)
         per_callback.append(
             CallbackStatistics(
                 name=member.name,
                 handled=sum(s.calls for s in slots),
-                inline=sum(s.calls for s in slots if s.here),  # plain @blocking ones
+                inline=sum(s.calls for s in here),
                 total_time=sum(s.total_time for s in slots),
                 max_time=max((s.max_time for s in slots), default=0.0),
                 slowest=slowest.handler.qualname if slowest and slowest.calls else None,
@@ -150,18 +148,16 @@ def collect_statistics(
                 on_thread=member.on_thread,
                 pending_records=records,
                 peak_pending_records=member.peak_records,
-                lag_batches=max(lag, 0),
+                lag_batches=lag,
                 barrier_wait_caused=member.wait_caused,
                 records_dropped=member.records_dropped,
                 records_coalesced=member.records_coalesced,
                 values_dropped=member.values_dropped,
                 slow=member.slow,
                 slow_batches=member.slow_batches,
-                inline_time=sum(s.total_time for s in slots if s.here),
+                inline_time=sum(s.total_time for s in here),
             )
         )
-        if lane is not None and lane.worker.lanes[0] is lane:  # a shared queue counts once
-            depth += pending
         peak = max(peak, member_peak)
         lag_events = max(lag_events, pending)
         lag_batches = max(lag_batches, lag)

@@ -1,7 +1,10 @@
 """Timeline recording: when each handler ran on which lane, when the producer waited.
 
-Enable with ``engine.record_trace()``; export with :meth:`TraceRecorder.chrome_trace`
-(the Chrome trace-event JSON that Perfetto and ``chrome://tracing`` open).
+Enable with ``engine.record_trace()``; export with :meth:`TraceRecorder.chrome_trace` (the
+Chrome trace-event JSON that Perfetto and ``chrome://tracing`` open), a row per lane::
+
+    training thread  [batch 1][wait: barrier][batch 2]...
+    CSVLogger           [batch_end]    [log_record]...
 """
 
 from __future__ import annotations
@@ -66,8 +69,8 @@ class TraceRecorder:
 
     def spans(self) -> Iterator[TraceSpan]:
         """The recorded spans, in recording order."""
-        for row, label, start, duration, thread in list(self._spans):
-            yield TraceSpan(row, label, start, duration, thread)
+        for span in list(self._spans):
+            yield TraceSpan(*span)
 
     def drain(self) -> list[TraceSpan]:
         """The spans recorded since the last ``drain``, oldest first; they are forgotten
@@ -76,10 +79,9 @@ class TraceRecorder:
         out: list[TraceSpan] = []
         for _ in range(len(spans)):
             try:
-                row, label, start, duration, thread = spans.popleft()
+                out.append(TraceSpan(*spans.popleft()))
             except IndexError:
                 break
-            out.append(TraceSpan(row, label, start, duration, thread))
         return out
 
     def chrome_trace(self) -> dict[str, Any]:
@@ -88,16 +90,9 @@ class TraceRecorder:
         events: list[dict[str, Any]] = []
         for span in self.spans():
             tid = rows.setdefault(span.row, len(rows))
-            events.append(
-                {
-                    "name": span.label,
-                    "ph": "X",
-                    "pid": 1,
-                    "tid": tid,
-                    "ts": (span.start - self.origin) * 1e6,
-                    "dur": span.duration * 1e6,
-                }
-            )
+            start = (span.start - self.origin) * 1e6
+            events.append({"name": span.label, "ph": "X", "pid": 1, "tid": tid, "ts": start,
+                           "dur": span.duration * 1e6})
         for row, tid in rows.items():
             events.append(
                 {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": row}}

@@ -1,24 +1,18 @@
 """Deadlines the event loop cannot keep while a handler holds its thread.
 
-The bus's deadlines (a close's ``close_timeout``, a barrier's ``wait_warning``) are kept by
-the loop, so an ``async def`` handler that never awaits (``while True: pass``) silences them
-all. :class:`LoopWatch` keeps them from another thread instead (``docs/concurrency.md``,
-"Deadlines"): when one passes and the loop's thread runs user code and does not run a call
-handed to it within :data:`CONFIRM_S`, a handler holds it, and it is named on stderr, once.
+The loop keeps the bus's deadlines (a close's ``close_timeout``, a barrier's
+``wait_warning``), so an ``async def`` handler that never awaits (``while True: pass``)
+silences them all. :class:`LoopWatch` keeps them from a thread of its own::
 
-Only a deadline the user set ends a handler's wait (D7): here a close's ``close_timeout``
-(``runtime/stop_watchdog.py`` keeps a preemption's). Past it, by :data:`CLOSE_MARGIN_S`:
+    loop thread:  ...a handler spins, never awaits.........................
+    watch thread: armed(close_timeout) --past it by CLOSE_MARGIN_S--> check(): the loop
+                  runs user code, and no call handed to it runs in CONFIRM_S: named
 
-- under ``fit_sync()`` (:data:`OWN_LOOP`: trainbus started the loop, on the main thread)
-  :class:`~trainbus.HandlerInterrupted` is raised inside the handler, as Ctrl-C raises
-  ``KeyboardInterrupt`` there, and the close goes on without that callback;
-- under ``await trainer.fit()`` in your own loop nothing is raised (it could land in your
-  code, not the handler's): the message is all, and the close waits.
-
-``wait_warning`` is a warning's threshold, not a deadline: the handler holding the loop is
-named, never interrupted, and the run waits. A plain ``def`` handler never holds the loop
-(it runs on its callback's thread); one blocked in a C call (``time.sleep`` in a
-coroutine) gets the exception only when the call returns.
+The holder is named on stderr, once. Only a deadline the user set ends its wait (D7): past
+a ``close_timeout`` under ``fit_sync()`` (:data:`OWN_LOOP`: trainbus started the loop),
+:class:`~trainbus.HandlerInterrupted` is raised in the handler, as Ctrl-C raises
+``KeyboardInterrupt``; in your own loop nothing is raised (it could land in your code).
+``docs/concurrency.md``, "Close", tabulates what happens where.
 """
 
 from __future__ import annotations
@@ -55,22 +49,23 @@ _IDLE = ("/selectors.py", "/asyncio/", "/trio/", "/anyio/", "/threading.py", "/s
 class LoopWatch:
     """Keeps the loop-side deadlines of one session from outside the loop (module doc).
 
-    Invariant: ``_armed`` and ``_thread`` change only under ``_changed``, ``_reported`` only
-    under ``_lock``; ``refused`` is written on the loop (``armed``), read there at the end.
+    Attributes:
+        refused: The system refused the watch thread: the session raises it once closed.
     """
 
     def __init__(self, loop: LoopHandle, lanes: Sequence[Lane]) -> None:
         self.loop = loop
         self.lanes = lanes
         self.interrupt = OWN_LOOP.get()  # read on the loop, where the session is built
-        self._reported: set[str] = set()  # the holders named already
-        self._lock = threading.Lock()
-        #: The deadlines armed now: token -> (when to look, what it is).
+        # Invariant: ``_armed`` (token -> (when to look, what it is)), ``_thread`` (runs
+        # while something is armed) and ``_reported`` (the holders named already) change
+        # only under ``_changed``.
+        self._reported: set[str] = set()
         self._armed: dict[int, tuple[float, str]] = {}
-        self._tokens = itertools.count()
+        self._thread: threading.Thread | None = None
         self._changed = threading.Condition()
-        self._thread: threading.Thread | None = None  # runs while something is armed
-        #: The system refused the watch thread: the session raises it once it has closed.
+        self._tokens = itertools.count()
+        # Invariant: written on the loop (``armed``), read there at the session's end.
         self.refused: ThreadStartError | None = None
 
     def check(self, deadline: str, *, interrupt: bool = True) -> None:
@@ -87,33 +82,23 @@ class LoopWatch:
         self.loop.call_soon_if_running(answered.set)
         if answered.wait(CONFIRM_S) or not _runs_user_code(tid):
             return
-        running = [
-            f"{lane.current}" for lane in self.lanes if lane.scope is not None and lane.current
-        ]
+        running = [lane.current for lane in self.lanes if lane.scope is not None and lane.current]
         held = " or ".join(running) or "an async def handler"
-        with self._lock:
+        with self._changed:
             first = held not in self._reported
             self._reported.add(held)
         interrupting = self.interrupt and interrupt
         if interrupting:
             what = "raising HandlerInterrupted in it (fit_sync() owns the loop)"
         elif self.interrupt:
-            what = (
-                "the run waits for it (wait_warning only warns; close_timeout, or a "
-                "preemption's deadline, ends a handler's wait): make it await"
-            )
+            what = ("the run waits for it (wait_warning only warns; close_timeout, or a "
+                    "preemption's deadline, ends a handler's wait): make it await")
         else:
-            what = (
-                "it cannot be interrupted in your own event loop (await trainer.fit()): the "
-                "run waits for it; make it await, or a plain def (its own thread)"
-            )
+            what = ("it cannot be interrupted in your own event loop (await trainer.fit()): the "
+                    "run waits for it; make it await, or a plain def (its own thread)")
         if first or interrupting:
-            print(
-                f"trainbus: {held} has held the event loop's thread past {deadline} without "
-                f"awaiting (a loop with no await?); {what}",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"trainbus: {held} has held the event loop's thread past {deadline} without "
+                  f"awaiting (a loop with no await?); {what}", file=sys.stderr, flush=True)
         if interrupting:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(tid), ctypes.py_object(HandlerInterrupted)
@@ -123,9 +108,9 @@ class LoopWatch:
     def armed(self, seconds: float, deadline: str) -> Iterator[None]:
         """Check ``CLOSE_MARGIN_S`` after ``seconds`` unless the block ended first.
 
-        One watch thread keeps every armed deadline of the session (a session closing 100
-        callbacks arms 300: each lane's drain, ``close`` and ``post_close``); it starts
-        with the first and ends once none is armed, so no thread outlives the blocks.
+        One watch thread keeps every armed deadline of the session (each lane's drain,
+        ``close`` and ``post_close``); it starts with the first and ends once none is
+        armed, so no thread outlives the blocks.
         """
         if seconds == float("inf"):
             yield
@@ -149,13 +134,10 @@ class LoopWatch:
                 self._armed.pop(token, None)  # gone already if its deadline was checked
                 thread = None if self._armed else self._thread
                 self._changed.notify()
-            if thread is not None:
-                # The last block: its thread ends at once, or within CONFIRM_S when a
-                # check has begun (its wait for the loop).
+            if thread is not None:  # the last block: its thread ends (a check: in CONFIRM_S)
                 thread.join(CONFIRM_S + 1.0)
 
-    def _watch(self) -> None:
-        """The watch thread: check each armed deadline when it passes, until none is armed."""
+    def _watch(self) -> None:  # the watch thread: check each deadline as it passes
         changed = self._changed
         with changed:
             while self._armed:
