@@ -194,8 +194,8 @@ class Engine:
         self._last_lanes: list[Lane] | None = None
         self._running = False
         self._closed = True
-        # Invariant: plain code swaps ``_standing`` under ``_plain``; a cycle takes it with
-        # one swap (``_end_standing``) before its own session starts.
+        # Invariant: plain code swaps ``_standing`` (and writes ``_closed``) under ``_plain``;
+        # a cycle takes it with one swap (``_cycle``) before its own session starts.
         self._standing: _Standing | None = None
         self._plain = threading.Lock()
         # A callback that observes the bus (the dashboard) gets a private hook, once.
@@ -235,9 +235,7 @@ class Engine:
             return
         self._refuse_blocking_call("run_event", f"await engine.arun_event(Event.{event.name})")
         with self._plain:
-            if self._standing is None:
-                self._standing = _Standing(self)
-            standing = self._standing
+            standing = self._standing = self._standing or _Standing(self)
             self._closed = False
             errors = standing.run_now(event)
             if errors:
@@ -289,8 +287,7 @@ class Engine:
         event = Event(event)
 
         def produce() -> None:
-            publish = self.publisher()
-            publish(event)
+            self.publisher()(event)
             self.wait_all()
 
         await self.run_cycle(produce, close=False)
@@ -315,11 +312,8 @@ class Engine:
         if self._session is not None:
             raise EngineThreadError("the engine already has a running session")
         session = Session(
-            state=self.state,
-            logger=self.logger,
-            members=self._members,
-            options=self.options,
-            counters=self._counters,
+            state=self.state, logger=self.logger, members=self._members,
+            options=self.options, counters=self._counters,
         )
         self._session = session
         self._last_lanes = session.lanes

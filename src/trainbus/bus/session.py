@@ -76,7 +76,6 @@ class Session:
         self.state = state
         self.logger = logger
         self.options = options
-        self.counters = counters
         self.loop = LoopHandle()
         self.gate = gate = Gate(counters)
         gate.wait_warning = options.wait_warning
@@ -249,7 +248,9 @@ class Session:
             await finished.wait()
         except BaseException:
             self.stop()
-            self.cancel_in_flight()
+            for lane in self.lanes:  # cancel the coroutine handlers running now
+                if lane.scope is not None:
+                    lane.scope.cancel()
             timeout = self.timeout()
             with anyio.move_on_after(timeout, shield=True) as scope:
                 self._bounded.add(scope)
@@ -267,12 +268,6 @@ class Session:
     def stop(self) -> None:
         """Stop the training thread at its next event or wait (any thread)."""
         self.gate.stop()
-
-    def cancel_in_flight(self) -> None:
-        """Cancel the coroutine handlers running now (loop thread only)."""
-        for lane in self.lanes:
-            if lane.scope is not None:
-                lane.scope.cancel()
 
     def abandon(self, why: str = "the second Ctrl-C", timeout: float = ABANDON_TIMEOUT) -> None:
         """A second Ctrl-C (or the preemption watchdog, with less when its deadline is near):
