@@ -74,9 +74,7 @@ def raise_errors(errors: Sequence[BaseException], what: str = "handlers") -> Non
         add_thread_bound_hint(error)  # sqlite3's wrong-thread error: where to open it
     if len(errors) == 1:
         raise errors[0]
-    if all(isinstance(e, Exception) for e in errors):
-        raise ExceptionGroup(f"{len(errors)} {what} failed", list(errors))  # type: ignore[type-var]
-    raise BaseExceptionGroup(f"{len(errors)} {what} failed", list(errors))
+    raise BaseExceptionGroup(f"{len(errors)} {what} failed", list(errors))  # or ExceptionGroup
 
 
 class Engine:
@@ -237,7 +235,9 @@ class Engine:
         with self._plain:
             standing = self._standing = self._standing or _Standing(self)
             self._closed = False
-            errors = standing.run_now(event)
+            session = standing.session
+            session.as_producer(lambda: session.producer.run_now(event))
+            errors = list(session.gate.errors)
             if errors:
                 self._standing = None
                 standing.end(close=False)
@@ -502,12 +502,6 @@ class _Standing:
                 self._opened.set_exception(exc)
         finally:
             self._ended.set()
-
-    def run_now(self, event: Event) -> list[BaseException]:
-        """Run ``event``'s handlers from this thread; return the handlers' errors."""
-        producer = self.session.producer
-        self.session.as_producer(lambda: producer.run_now(event))
-        return list(self.session.gate.errors)
 
     def end(self, close: bool) -> list[BaseException]:
         """End the session (after every ``close``/``post_close`` if ``close``); return the

@@ -21,8 +21,8 @@ every bounded wait to ``ABANDON_TIMEOUT``.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -252,10 +252,8 @@ class Session:
                 if lane.scope is not None:
                     lane.scope.cancel()
             timeout = self.timeout()
-            with anyio.move_on_after(timeout, shield=True) as scope:
-                self._bounded.add(scope)
+            with self._deadline(timeout, shield=True):
                 await finished.wait()
-            self._bounded.discard(scope)
             if finished.is_set():
                 thread.join()
             else:
@@ -294,6 +292,16 @@ class Session:
 
     # -- close -----------------------------------------------------------------------------
 
+    @contextmanager
+    def _deadline(self, timeout: float, shield: bool = False) -> Iterator[anyio.CancelScope]:
+        """A wait on user code: cut short after ``timeout`` s, or sooner after ``abandon``."""
+        with anyio.move_on_after(timeout, shield=shield) as scope:
+            self._bounded.add(scope)
+            try:
+                yield scope
+            finally:
+                self._bounded.discard(scope)
+
     def timeout(self, lane: Lane | None = None) -> float:
         """The deadline for ``lane``'s close: ``close_timeout``, or longer when the callback
         has its own ``close_timeout`` (an uploader retrying that long) plus a margin."""
@@ -325,8 +333,7 @@ class Session:
 
         lane.worker.put(CallItem(fn, is_async, on_done, lane, what))
         deadline = f"its close deadline ({timeout:g} s, close_timeout)"
-        with self.watch.armed(timeout, deadline), anyio.move_on_after(timeout) as scope:
-            self._bounded.add(scope)
+        with self.watch.armed(timeout, deadline), self._deadline(timeout) as scope:
             with anyio.move_on_after(min(self.options.wait_warning, timeout)):
                 await finished.wait()
             if not finished.is_set():  # drawn from timings: reported, never raised (D7)
@@ -338,7 +345,6 @@ class Session:
                     lane.member.table.callback,
                 )
                 await finished.wait()
-        self._bounded.discard(scope)
         if scope.cancelled_caught:
             stuck = next((each for each in lanes if each.current is not None), lane)
             for each in lanes:
@@ -373,13 +379,9 @@ class Session:
         if not hub.inside:
             return
         timeout = self.timeout()
-        with anyio.move_on_after(timeout) as scope:
-            self._bounded.add(scope)
-            try:  # the worker thread ends by itself within ``timeout`` when cut short
-                await run_in_thread(hub.wait_idle, timeout, abandon_on_cancel=True,
-                                    needed="It waits for the logger's intake at close")  # fmt: skip
-            finally:
-                self._bounded.discard(scope)
+        with self._deadline(timeout):  # cut short, the worker thread ends within ``timeout``
+            await run_in_thread(hub.wait_idle, timeout, abandon_on_cancel=True,
+                                needed="It waits for the logger's intake at close")  # fmt: skip
 
     async def close_callbacks(self) -> list[BaseException]:
         """Run every ``close`` (destinations last), then every ``post_close``.
