@@ -183,9 +183,7 @@ class Engine:
                         f"{task.qualname} must be `async def {name}(self, state, logger)`: "
                         f"it runs as a task on the event loop {when}"
                     )
-            self._members.append(
-                Member(table, i, resolve_log_handler(table), options.max_lag)
-            )
+            self._members.append(Member(table, i, resolve_log_handler(table), options.max_lag))
         # Invariant: only the thread whose loop runs a session writes ``_session``,
         # ``_last_lanes`` and ``_running``; other threads read ``_session`` once, into a local.
         self._session: Session | None = None
