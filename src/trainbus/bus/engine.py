@@ -16,8 +16,10 @@ deadlock. One event's path (``docs/concurrency.md`` has the whole picture)::
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +35,7 @@ from trainbus.bus.options import (
     DEFAULT_WAIT_WARNING,
     BusOptions,
 )
-from trainbus.bus.queue import Counters, Stopped
+from trainbus.bus.queue import Counters
 from trainbus.bus.session import ABANDON_TIMEOUT, Session
 from trainbus.bus.statistics import BusStatistics, collect_statistics
 from trainbus.bus.trace import TraceRecorder
@@ -55,10 +57,13 @@ if TYPE_CHECKING:
 
 __all__ = ["Engine", "raise_errors"]
 
-_EXTRA_METHODS = (
-    ("background", object, 2, "background(self, state, logger)"),
-    ("preemption_notice", object, 2, "preemption_notice(self, state, logger)"),
-)
+#: The optional methods that run as tasks on the loop (``async def`` only), and when.
+_TASKS = {
+    "background": "for the whole fit()",
+    "preemption_notice": "as soon as the run is told to stop (docs/preemption.md); a "
+    "plain handler can read state.preemption instead",
+}
+_EXTRA_METHODS = tuple((name, object, 2, f"{name}(self, state, logger)") for name in _TASKS)
 
 
 def raise_errors(errors: Sequence[BaseException], what: str = "handlers") -> None:
@@ -69,9 +74,7 @@ def raise_errors(errors: Sequence[BaseException], what: str = "handlers") -> Non
         add_thread_bound_hint(error)  # sqlite3's wrong-thread error: where to open it
     if len(errors) == 1:
         raise errors[0]
-    if all(isinstance(e, Exception) for e in errors):
-        raise ExceptionGroup(f"{len(errors)} {what} failed", list(errors))  # type: ignore[type-var]
-    raise BaseExceptionGroup(f"{len(errors)} {what} failed", list(errors))
+    raise BaseExceptionGroup(f"{len(errors)} {what} failed", list(errors))  # or ExceptionGroup
 
 
 class Engine:
@@ -144,21 +147,14 @@ class Engine:
                 f"options={options!r} must be a BusOptions (BusOptions.validated(...)), or "
                 "leave it out and pass the options as keywords"
             )
-        else:
+        else:  # then every keyword must be left at its default
+            passed = locals()
             given = [
                 name
-                for name, value, default in (
-                    ("barriers", barriers, (Event.BATCH_END,)),
-                    ("max_lag", max_lag, 0),
-                    ("queue_size", queue_size, 128),
-                    ("warn_slow_callbacks", warn_slow_callbacks, True),
-                    ("close_timeout", close_timeout, DEFAULT_CLOSE_TIMEOUT),
-                    ("wait_warning_seconds", wait_warning_seconds, DEFAULT_WAIT_WARNING),
-                    ("lane_threads", lane_threads, DEFAULT_LANE_THREADS),
-                    ("warn_slow", warn_slow, None),
-                    ("wait_warning", wait_warning, None),
-                )
-                if value != default
+                for name, parameter in inspect.signature(Engine).parameters.items()
+                if parameter.kind is parameter.KEYWORD_ONLY
+                and name != "options"
+                and passed[name] != parameter.default
             ]
             if given:
                 raise TypeError(
@@ -166,7 +162,6 @@ class Engine:
                     "either as one BusOptions or as keywords, not both"
                 )
         self.options = options
-        max_lag = options.max_lag
         self.state = state
         self.logger = logger
         self._counters = Counters()
@@ -181,29 +176,22 @@ class Engine:
                 )
             seen[id(cb)] = i
             table = resolve_callback(cb, where=f"callbacks[{i}]", extra=_EXTRA_METHODS)
-            background = table.extra.get("background")
-            if background is not None and not background.is_async:
-                raise CallbackSignatureError(
-                    f"{background.qualname} must be `async def background(self, state, "
-                    "logger)`: it runs as a task on the event loop for the whole fit()"
-                )
-            notice = table.extra.get("preemption_notice")
-            if notice is not None and not notice.is_async:
-                raise CallbackSignatureError(
-                    f"{notice.qualname} must be `async def preemption_notice(self, state, "
-                    "logger)`: it runs as a task on the event loop as soon as the run is "
-                    "told to stop (docs/preemption.md); a plain handler can read "
-                    "state.preemption instead"
-                )
-            self._members.append(Member(table, i, resolve_log_handler(table), max_lag))
+            for name, when in _TASKS.items():
+                task = table.extra.get(name)
+                if task is not None and not task.is_async:
+                    raise CallbackSignatureError(
+                        f"{task.qualname} must be `async def {name}(self, state, logger)`: "
+                        f"it runs as a task on the event loop {when}"
+                    )
+            self._members.append(Member(table, i, resolve_log_handler(table), options.max_lag))
         # Invariant: only the thread whose loop runs a session writes ``_session``,
         # ``_last_lanes`` and ``_running``; other threads read ``_session`` once, into a local.
         self._session: Session | None = None
         self._last_lanes: list[Lane] | None = None
         self._running = False
         self._closed = True
-        # Invariant: plain code swaps ``_standing`` under ``_plain``; a cycle takes it with
-        # one swap (``_end_standing``) before its own session starts.
+        # Invariant: plain code swaps ``_standing`` (and writes ``_closed``) under ``_plain``;
+        # a cycle takes it with one swap (``_cycle``) before its own session starts.
         self._standing: _Standing | None = None
         self._plain = threading.Lock()
         # A callback that observes the bus (the dashboard) gets a private hook, once.
@@ -243,14 +231,14 @@ class Engine:
             return
         self._refuse_blocking_call("run_event", f"await engine.arun_event(Event.{event.name})")
         with self._plain:
-            standing = self._standing
-            if standing is None:
-                standing = self._standing = _Standing(self)
+            standing = self._standing = self._standing or _Standing(self)
             self._closed = False
-            errors = standing.run_now(event)
+            session = standing.session
+            session.as_producer(lambda: session.producer.run_now(event))
+            errors = list(session.gate.errors)
             if errors:
                 self._standing = None
-                standing.end(close=None)
+                standing.end(close=False)
         raise_errors(errors)
 
     def publisher(self) -> Callable[..., None]:
@@ -297,8 +285,7 @@ class Engine:
         event = Event(event)
 
         def produce() -> None:
-            publish = self.publisher()
-            publish(event)
+            self.publisher()(event)
             self.wait_all()
 
         await self.run_cycle(produce, close=False)
@@ -323,11 +310,8 @@ class Engine:
         if self._session is not None:
             raise EngineThreadError("the engine already has a running session")
         session = Session(
-            state=self.state,
-            logger=self.logger,
-            members=self._members,
-            options=self.options,
-            counters=self._counters,
+            state=self.state, logger=self.logger, members=self._members,
+            options=self.options, counters=self._counters,
         )
         self._session = session
         self._last_lanes = session.lanes
@@ -336,6 +320,22 @@ class Engine:
                 yield session
         finally:
             self._session = None
+
+    @asynccontextmanager
+    async def _cycle(self, what: str = "") -> AsyncIterator[Session]:
+        """A session on this loop as the running cycle (``running``), the standing one
+        ended first."""
+        self._refuse_while_running(what)
+        self._running = True
+        try:
+            standing, self._standing = self._standing, None
+            if standing is not None:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(standing.end, False)
+            async with self._session_on_this_loop() as session:
+                yield session
+        finally:
+            self._running = False
 
     async def run_cycle(self, produce: Callable[[], None], *, close: bool = True) -> None:
         """Run ``produce`` on a new training thread with the handlers running on this loop.
@@ -349,39 +349,26 @@ class Engine:
         Raises:
             FitInProgressError: The engine is already running a cycle.
         """
-        self._refuse_while_running()
-        self._running = True
         failure: BaseException | None = None
         close_errors: list[BaseException] = []
-        errors: list[BaseException] = []
-        try:
-            await self._end_standing()
-            async with self._session_on_this_loop() as session:
-                self._closed = False
-                try:
-                    await session.run_producer(produce)
-                except BaseException as exc:
-                    failure = exc
-                if close:
-                    with anyio.CancelScope(shield=True):
-                        close_errors = await session.close_callbacks()
-                    self._closed = True
-            errors = list(session.gate.errors)
-        finally:
-            self._running = False
-        if failure is not None and isinstance(failure, anyio.get_cancelled_exc_class()):
+        async with self._cycle() as session:
+            self._closed = False
+            try:
+                await session.run_producer(produce)
+            except BaseException as exc:
+                failure = exc
+            if close:
+                with anyio.CancelScope(shield=True):
+                    close_errors = await session.close_callbacks()
+                self._closed = True
+        errors = list(session.gate.errors)
+        if isinstance(failure, anyio.get_cancelled_exc_class()):
             raise failure
         if failure is None:  # a cancellation that came during the (shielded) close
             await anyio.lowlevel.checkpoint_if_cancelled()
-        if failure is not None:
+        else:
             errors.append(failure)
         raise_errors(errors + close_errors)
-
-    async def _end_standing(self) -> None:
-        standing, self._standing = self._standing, None
-        if standing is not None:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(standing.end, None)
 
     def close(self) -> None:
         """Run every callback's ``close``, then ``post_close``; a no-op if closed.
@@ -394,26 +381,19 @@ class Engine:
         with self._plain:
             standing, self._standing = self._standing, None
             if standing is not None:
-                errors: list[BaseException] = []
-                standing.end(close=errors)
+                errors = standing.end(close=True)
                 self._closed = True
                 raise_errors(errors, "close handlers")
                 return
-        anyio.run(self.aclose)
+        anyio.run(self.aclose)  # no standing session: after arun_event, or a failed event
 
     async def aclose(self) -> None:
         """Async twin of :meth:`close`."""
         if self._closed:
             return
-        self._refuse_while_running("close the engine")
-        self._running = True
-        try:
-            await self._end_standing()
-            async with self._session_on_this_loop() as session:
-                errors = await session.close_callbacks()
-                self._closed = True
-        finally:
-            self._running = False
+        async with self._cycle("close the engine") as session:
+            errors = await session.close_callbacks()
+            self._closed = True
         raise_errors(errors, "close handlers")
 
     # -- observability ----------------------------------------------------------------------
@@ -491,60 +471,42 @@ class Engine:
 
 
 class _Standing:
-    """A session held open on a loop thread of its own, for calls from plain code.
+    """A session held open by a task (``_hold``) on a loop thread of its own, for calls
+    from plain code, until :meth:`end`.
 
-    Invariant: ``_hold`` (on that thread) sets ``session`` and ``_end``, or ``_failure``,
-    before ``_opened``; the calling threads read them after ``_opened.wait()``.
+    Invariant: ``_hold`` resolves ``_opened`` once, on the loop thread (with the session and
+    the event that ends it, or the failure to open it); the calling threads read it.
     """
 
     def __init__(self, engine: Engine) -> None:
         self._thread = LoopThread("trainbus-engine-loop")
-        self._opened = threading.Event()
-        self._end: anyio.Event | None = None
-        self._closed = threading.Event()
-        self._failure: BaseException | None = None
-        self.session: Session | None = None
+        self._opened: Future[tuple[Session, anyio.Event]] = Future()
+        self._ended = threading.Event()
         self._thread.start_soon(self._hold, engine)
-        self._opened.wait()
-        if self._failure is not None:
+        try:
+            self.session, self._end = self._opened.result()
+        except BaseException:
             self._thread.stop()
-            raise self._failure
+            raise
 
     async def _hold(self, engine: Engine) -> None:
         try:
-            self._end = anyio.Event()
             async with engine._session_on_this_loop() as session:
-                self.session = session
-                self._opened.set()
-                await self._end.wait()
+                end = anyio.Event()
+                self._opened.set_result((session, end))
+                await end.wait()
         except BaseException as exc:
-            self._failure = exc
+            if not self._opened.done():
+                self._opened.set_exception(exc)
         finally:
-            self._opened.set()
-            self._closed.set()
+            self._ended.set()
 
-    def run_now(self, event: Event) -> list[BaseException]:
-        """Run ``event``'s handlers from this thread; return the handlers' errors."""
-        session = self.session
-        assert session is not None
-        producer = session.producer
-        producer.ident = threading.get_ident()
-        try:
-            producer.run_now(event)
-        except Stopped:  # a handler failed: its error is in the gate
-            pass
-        finally:
-            producer.hand_over()  # what the stop left in the inboxes of workers on the loop
-            producer.ident = None
-        return list(session.gate.errors)
-
-    def end(self, close: list[BaseException] | None) -> None:
-        """End the session (after every ``close``/``post_close`` if ``close`` is a list)."""
-        session = self.session
-        if session is not None and close is not None:
-            close.extend(self._thread.call(session.close_callbacks))
-        end = self._end
-        if end is not None and self._thread.loop is not None:
-            self._thread.loop.call_soon(end.set)
-        self._closed.wait()
+    def end(self, close: bool) -> list[BaseException]:
+        """End the session (after every ``close``/``post_close`` if ``close``); return the
+        errors of those."""
+        errors = self._thread.call(self.session.close_callbacks) if close else []
+        assert self._thread.loop is not None
+        self._thread.loop.call_soon(self._end.set)
+        self._ended.wait()
         self._thread.stop()
+        return errors

@@ -1,9 +1,14 @@
 """A session: one run of the bus on one event loop, from its start to its close.
 
-One ``fit()`` (or one engine call from plain code) is one session. It creates everything
-per-run: the gate, a lane per callback, the workers (``worker.place``: the lane threads and
-a task per callback on the loop), the producer. What outlives it (the slots' statistics,
-the counters) lives in the engine's members.
+One ``fit()`` (or one engine call from plain code) is one session. It builds the per-run
+parts: the gate, a lane per callback, the workers (``worker.place``: the lane threads and a
+task per callback on the loop), the producer. What outlives it (the slots' statistics, the
+counters) lives in the engine's members. Its life::
+
+    running():          start the lane threads, then the loop tasks (workers, backgrounds)
+      run_producer(fn):   fn on a new training thread, publishing; cancellable
+      close_callbacks():  drain; every close (destinations last); every post_close
+    (exit)              drain, stop the workers, wait for them
 
 Its tasks run in a task group under a shielded scope: a task started while the caller is
 being cancelled must still start (a thread's handed-over coroutine), or that thread would
@@ -16,8 +21,8 @@ every bounded wait to ``ABANDON_TIMEOUT``.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -35,8 +40,7 @@ from trainbus.core.exceptions import (
     RecordsDroppedWarning,
     SlowCallbackWarning,
 )
-from trainbus.core.threads import run_in_thread
-from trainbus.core.threads import start_thread as _start
+from trainbus.core.threads import run_in_thread, start_thread
 
 if TYPE_CHECKING:
     from trainbus.bus.members import Member
@@ -67,10 +71,11 @@ class Session:
         options: BusOptions,
         counters: Counters,
     ) -> None:
+        # Invariant: every attribute is set once, here; the loop thread alone touches the
+        # four last ones (``abandon`` and ``notify_preemption`` come by ``call_soon``).
         self.state = state
         self.logger = logger
         self.options = options
-        self.counters = counters
         self.loop = LoopHandle()
         self.gate = gate = Gate(counters)
         gate.wait_warning = options.wait_warning
@@ -85,22 +90,13 @@ class Session:
         self.threads = [worker for worker in self.workers if worker.on_thread]
         self.watch = LoopWatch(self.loop, self.lanes)  # deadlines a held loop cannot keep
         self.producer = Producer(
-            state=state,
-            logger=logger,
-            members=members,
-            lanes=self.lanes,
-            workers=self.workers,
-            options=options,
-            gate=gate,
-            counters=counters,
-            call_soon=self.loop.call_soon,
-            warn=self._warn_slow,
+            state=state, logger=logger, members=members, lanes=self.lanes,
+            workers=self.workers, options=options, gate=gate, counters=counters,
+            call_soon=self.loop.call_soon, warn=self._warn_slow,
         )
         self.records = Records(
             self.lanes, gate, counters, self.loop.call_soon, self.loop.thread_id, self.producer
         )
-        # Invariant: every attribute above is set once, here; the loop thread alone touches
-        # the four below (``abandon`` and ``notify_preemption`` come by ``call_soon``).
         #: Scopes of the waits that close_timeout bounds; a second Ctrl-C shortens them.
         self._bounded: set[anyio.CancelScope] = set()
         self._abandoning = ""  # why every bounded wait was cut short, once it was
@@ -124,20 +120,18 @@ class Session:
             ThreadStartError: It refused the watch thread of the close's deadlines
                 (``bus/watchdog.py``): raised once every callback has closed without it.
         """
-        threads_done: list[tuple[Worker, anyio.Event]] = []
-        loop_done: list[tuple[Worker, anyio.Event]] = []
+        finished = {worker: anyio.Event() for worker in self.workers}
         try:  # before the task group, so that a refusal is raised as it is, not grouped
-            for thread in self.threads:
-                done = anyio.Event()
-                thread.thread = start_thread(
-                    self._thread_main, (thread, done), thread.name, len(self.threads) + 1
+            for worker in self.threads:
+                worker.thread = self._start(
+                    worker.name, self._thread_main, worker, finished[worker]
                 )
-                threads_done.append((thread, done))
         except LaneThreadError:
             with anyio.CancelScope(shield=True):
-                for thread, done in threads_done:
-                    thread.put(STOP)
-                    await done.wait()
+                for worker in self.threads:
+                    if worker.thread is not None:
+                        worker.put(STOP)
+                        await finished[worker].wait()
             raise
         internal = anyio.CancelScope(shield=True)
         async with anyio.create_task_group() as outer:
@@ -145,9 +139,7 @@ class Session:
                 tg = await outer.start(_run_internal, internal)
             for worker in self.workers:
                 if not worker.on_thread:
-                    done = anyio.Event()
-                    loop_done.append((worker, done))
-                    tg.start_soon(worker.run_task, done, name=worker.name)
+                    tg.start_soon(worker.run_task, finished[worker], name=worker.name)
             tg.start_soon(self.spawner.serve, tg)
             background = anyio.CancelScope()
             tg.start_soon(self._run_backgrounds, background)
@@ -161,43 +153,47 @@ class Session:
                     background.cancel()
                     for worker in self.workers:
                         worker.put(STOP)
-                    for worker, event in loop_done:
-                        if not worker.lanes[0].abandoned:
-                            await event.wait()
-                    for thread, event in threads_done:
-                        if not any(lane.abandoned for lane in thread.lanes):
-                            await event.wait()
-                            assert thread.thread is not None
-                            thread.thread.join()
+                    for worker in self.workers:  # an abandoned lane's worker is left behind
+                        if not any(lane.abandoned for lane in worker.lanes):
+                            await finished[worker].wait()
+                            if worker.thread is not None:
+                                worker.thread.join()
                     internal.cancel()
                     for lane in self.lanes:  # the queue's peak outlives the session
                         lane.member.peak = max(lane.member.peak, lane.worker.queue.peak)
         if self.watch.refused is not None:  # every callback closed unwatched: now say so
             raise self.watch.refused
 
-    def _thread_main(self, thread: Worker, finished: anyio.Event) -> None:
+    def _start(self, name: str, target: Callable[..., None], *args: Any) -> threading.Thread:
+        """Start a daemon thread, or raise :class:`LaneThreadError` naming what the fit needs."""
+        return start_thread(
+            threading.Thread(target=target, args=args, name=name, daemon=True),
+            needed=f"This fit needs {len(self.threads) + 1} threads of the bus: lower "
+            "Trainer(lane_threads=...) (the pool of threads plain callbacks share; callbacks "
+            "that set own_thread = True add one each)",
+            error=LaneThreadError,
+        )
+
+    def _thread_main(self, worker: Worker, finished: anyio.Event) -> None:
         try:
             try:
-                thread.run_thread()
+                worker.run_thread()
             except BaseException as exc:  # a bug of ours: fail the run rather than hang it
                 self.gate.fail(exc, None, None)
-                thread.drain_failed(exc)
+                worker.drain_failed(exc)
         finally:
             self.loop.call_soon_if_running(finished.set)
 
     async def _run_backgrounds(self, scope: anyio.CancelScope) -> None:
         with scope:
             async with anyio.create_task_group() as tg:
-                for lane in self.lanes:
-                    handler = lane.member.table.extra.get("background")
-                    if handler is not None:
-                        tg.start_soon(self._background, handler)
-                if self.state.preemption is None:  # else given before this session
-                    await self._noticed.wait()
-                for lane in self.lanes:
-                    handler = lane.member.table.extra.get("preemption_notice")
-                    if handler is not None:
-                        tg.start_soon(self._background, handler)
+                for name in ("background", "preemption_notice"):
+                    if name == "preemption_notice" and self.state.preemption is None:
+                        await self._noticed.wait()  # (else it was given before this session)
+                    for lane in self.lanes:
+                        handler = lane.member.table.extra.get(name)
+                        if handler is not None:
+                            tg.start_soon(self._background, handler)
 
     def notify_preemption(self) -> None:
         """Start each callback's ``preemption_notice`` beside its handlers, once (loop).
@@ -216,6 +212,18 @@ class Session:
 
     # -- the training thread ---------------------------------------------------------------
 
+    def as_producer(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on this thread as the session's producer; a stop ends it quietly."""
+        producer = self.producer
+        producer.ident = threading.get_ident()
+        try:
+            fn()
+        except Stopped:  # the session stopped it (a failed handler's error is in the gate)
+            pass
+        finally:
+            producer.hand_over()  # what a stop left in the inboxes: counted, then run
+            producer.ident = None
+
     async def run_producer(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on a new training thread and wait for it, cancellably.
 
@@ -224,38 +232,32 @@ class Session:
         ``close_timeout`` has passed (then the thread is reported and left behind).
         Exceptions from ``fn`` other than :class:`Stopped` are re-raised here.
         """
-        loop = self.loop
         finished = anyio.Event()
         box: list[BaseException] = []
-        producer = self.producer
 
         def main() -> None:
-            producer.ident = threading.get_ident()
             try:
-                fn()
-            except Stopped:  # the session stopped it: not an error of its own
-                pass
+                self.as_producer(fn)
             except BaseException as exc:
                 box.append(exc)
             finally:
-                producer.hand_over()  # what a stop left in the inboxes: counted, then run
-                producer.ident = None
-                loop.call_soon_if_running(finished.set)
+                self.loop.call_soon_if_running(finished.set)
 
-        thread = start_thread(main, (), "trainbus-train", len(self.threads) + 1)
+        thread = self._start("trainbus-train", main)
         try:
             await finished.wait()
         except BaseException:
             self.stop()
-            self.cancel_in_flight()
-            with anyio.move_on_after(self.timeout(), shield=True) as scope:
-                self._bounded.add(scope)
+            for lane in self.lanes:  # cancel the coroutine handlers running now
+                if lane.scope is not None:
+                    lane.scope.cancel()
+            timeout = self.timeout()
+            with self._deadline(timeout, shield=True):
                 await finished.wait()
-            self._bounded.discard(scope)
             if finished.is_set():
                 thread.join()
             else:
-                self._warn_stuck("the training thread", "its current step")
+                self._warn_stuck("the training thread", "its current step", None, timeout)
             raise
         thread.join()
         if box:
@@ -264,12 +266,6 @@ class Session:
     def stop(self) -> None:
         """Stop the training thread at its next event or wait (any thread)."""
         self.gate.stop()
-
-    def cancel_in_flight(self) -> None:
-        """Cancel the coroutine handlers running now (loop thread only)."""
-        for lane in self.lanes:
-            if lane.scope is not None:
-                lane.scope.cancel()
 
     def abandon(self, why: str = "the second Ctrl-C", timeout: float = ABANDON_TIMEOUT) -> None:
         """A second Ctrl-C (or the preemption watchdog, with less when its deadline is near):
@@ -289,13 +285,22 @@ class Session:
         """What runs or waits now, e.g. ``"Upload.batch_end, Metrics"`` (any thread)."""
         busy = []
         for lane in self.lanes:
-            if lane.current is not None:
-                busy.append(lane.current)
-            elif lane.worker.queue.done < lane.worker.queue.enq:
-                busy.append(lane.name)
+            current = lane.current
+            if current is not None or lane.worker.queue.done < lane.worker.queue.enq:
+                busy.append(current or lane.name)
         return ", ".join(busy)
 
     # -- close -----------------------------------------------------------------------------
+
+    @contextmanager
+    def _deadline(self, timeout: float, shield: bool = False) -> Iterator[anyio.CancelScope]:
+        """A wait on user code: cut short after ``timeout`` s, or sooner after ``abandon``."""
+        with anyio.move_on_after(timeout, shield=shield) as scope:
+            self._bounded.add(scope)
+            try:
+                yield scope
+            finally:
+                self._bounded.discard(scope)
 
     def timeout(self, lane: Lane | None = None) -> float:
         """The deadline for ``lane``'s close: ``close_timeout``, or longer when the callback
@@ -309,21 +314,15 @@ class Session:
         return timeout
 
     async def _bounded_call(
-        self,
-        lane: Lane,
-        fn: Callable[[], Any] | None,
-        is_async: bool,
-        what: str,
-        pinned: Sequence[Lane] = (),
+        self, lanes: Sequence[Lane], fn: Callable[[], Any] | None, is_async: bool, what: str
     ) -> None:
-        """Run ``fn`` as ``lane``'s next item within its deadline; abandon the lane if it
-        misses it. After ``wait_warning`` seconds a warning names what it still waits for.
-
-        ``pinned``: a drain of ``lane``'s thread standing for all these lanes of it (one
-        FIFO, so one mark comes after all they queued): the longest of their deadlines, and
-        if it is missed, all of them are abandoned, the one running a handler then named
-        as the stuck one."""
-        timeout = max(map(self.timeout, pinned or (lane,)))
+        """Run ``fn`` as the next item of the worker of ``lanes`` (a lane, or a lane thread's
+        lanes: its FIFO is one, so one drain's mark comes after all they queued), within the
+        longest of their deadlines; if it is missed, abandon them all, naming the one running
+        a handler as the stuck one. After ``wait_warning`` seconds a warning names what it
+        still waits for."""
+        lane = lanes[0]
+        timeout = max(map(self.timeout, lanes))
         finished = anyio.Event()
         box: list[BaseException] = []
 
@@ -334,8 +333,7 @@ class Session:
 
         lane.worker.put(CallItem(fn, is_async, on_done, lane, what))
         deadline = f"its close deadline ({timeout:g} s, close_timeout)"
-        with self.watch.armed(timeout, deadline), anyio.move_on_after(timeout) as scope:
-            self._bounded.add(scope)
+        with self.watch.armed(timeout, deadline), self._deadline(timeout) as scope:
             with anyio.move_on_after(min(self.options.wait_warning, timeout)):
                 await finished.wait()
             if not finished.is_set():  # drawn from timings: reported, never raised (D7)
@@ -347,32 +345,28 @@ class Session:
                     lane.member.table.callback,
                 )
                 await finished.wait()
-        self._bounded.discard(scope)
         if scope.cancelled_caught:
-            behind: list[Lane] = []
-            if pinned:
-                lane = next((each for each in pinned if each.current is not None), lane)
-                behind = [each for each in pinned if each is not lane]
-            for each in (lane, *behind):
+            stuck = next((each for each in lanes if each.current is not None), lane)
+            for each in lanes:
                 each.abandoned = each.worker.queue.abandoned = True  # nobody waits for it
                 each.records.abandoned = True
-            doing = what or lane.current or "what it had queued"
-            if lane.scope is not None:
-                lane.scope.cancel()
-            self._warn_stuck(f"callback {lane.name}", doing, lane.member.table.callback,
-                             timeout, behind)
+            doing = what or stuck.current or "what it had queued"
+            if stuck.scope is not None:
+                stuck.scope.cancel()
+            behind = [each for each in lanes if each is not stuck]
+            callback = stuck.member.table.callback
+            self._warn_stuck(f"callback {stuck.name}", doing, callback, timeout, behind)
         elif box:
             raise box[0]
 
     async def drain(self) -> None:
         """Wait until every lane has run everything queued so far (or was abandoned): one
-        mark for each loop lane, and one for each lane thread, after all its callbacks'
-        items (their FIFO is one), not one per callback."""
+        mark per worker, after all its lanes' items."""
         async with anyio.create_task_group() as tg:
             for worker in self.workers:
                 live = [lane for lane in worker.lanes if not lane.abandoned]
                 if live:
-                    tg.start_soon(self._bounded_call, live[0], None, False, "", live)
+                    tg.start_soon(self._bounded_call, live, None, False, "")
 
     async def disconnect_logger(self) -> None:
         """Stop taking records: from now on they wait in the logger's backlog for the next
@@ -385,13 +379,9 @@ class Session:
         if not hub.inside:
             return
         timeout = self.timeout()
-        with anyio.move_on_after(timeout) as scope:
-            self._bounded.add(scope)
-            try:  # the worker thread ends by itself within ``timeout`` when cut short
-                await run_in_thread(hub.wait_idle, timeout, abandon_on_cancel=True,
-                                    needed="It waits for the logger's intake at close")  # fmt: skip
-            finally:
-                self._bounded.discard(scope)
+        with self._deadline(timeout):  # cut short, the worker thread ends within ``timeout``
+            await run_in_thread(hub.wait_idle, timeout, abandon_on_cancel=True,
+                                needed="It waits for the logger's intake at close")  # fmt: skip
 
     async def close_callbacks(self) -> list[BaseException]:
         """Run every ``close`` (destinations last), then every ``post_close``.
@@ -406,7 +396,7 @@ class Session:
         async def call(lane: Lane, handler: Handler, *args: Any) -> None:
             try:
                 await self._bounded_call(
-                    lane, lambda: handler.fn(*args), handler.is_async, handler.qualname
+                    [lane], lambda: handler.fn(*args), handler.is_async, handler.qualname
                 )
             except BaseException as exc:
                 if isinstance(exc, anyio.get_cancelled_exc_class()):
@@ -423,7 +413,10 @@ class Session:
                     is_dest = lane.log_slot is not None
                     if close is not None and is_dest is destinations and not lane.abandoned:
                         tg.start_soon(call, lane, close, self.state, self.logger)
-        self._report_drops()
+        for lane in self.lanes:  # what lossy destinations lost: nothing more reaches them
+            drops = lane.mailbox.report(lane.index) if lane.mailbox is not None else None
+            if drops is not None:
+                self._emit(drops, RecordsDroppedWarning, lane.member.table.callback)
         async with anyio.create_task_group() as tg:
             for lane in self.lanes:
                 post = lane.member.table.post_close
@@ -431,18 +424,9 @@ class Session:
                     tg.start_soon(call, lane, post)
         return errors
 
-    # -- warnings on the loop --------------------------------------------------------------
+    # -- warnings --------------------------------------------------------------------------
 
-    def _report_drops(self) -> None:
-        """One :class:`RecordsDroppedWarning` per lossy destination that lost something in
-        this session (after the destinations' close: nothing more reaches them)."""
-        for lane in self.lanes:
-            box = lane.mailbox
-            message = box.report(lane.index) if box is not None else None
-            if message is not None:
-                self._emit(message, RecordsDroppedWarning, lane.member.table.callback)
-
-    def _emit(self, message: str, category: type[Warning], where: object = None) -> None:
+    def _emit(self, message: str, category: type[Warning], where: object) -> None:
         """Warn on the loop thread, at ``where``'s code; an error-warning fails the run."""
         try:
             warn_at(message, category, where)
@@ -450,24 +434,18 @@ class Session:
             self.gate.fail(exc, None, None)
 
     def _warn_stuck(
-        self,
-        who: str,
-        what: str,
-        where: object = None,
-        timeout: float | None = None,
-        behind: Sequence[Lane] = (),
+        self, who: str, what: str, where: object, timeout: float, behind: Sequence[Lane] = ()
     ) -> None:
-        when = (
-            f"within {self._abandon_timeout:.1f} s of {self._abandoning}"
-            if self._abandoning
-            else f"within {self.timeout() if timeout is None else timeout:g} s (close_timeout)"
-        )
+        if self._abandoning:
+            when = f"within {self._abandon_timeout:.1f} s of {self._abandoning}"
+        else:
+            when = f"within {timeout:g} s (close_timeout)"
         others = "The other callbacks were closed."
         if behind:
-            names = ", ".join(each.name for each in behind)
             others = (
                 f"The other callbacks were closed, but for the {len(behind)} pinned to its "
-                f"lane thread, whose items wait behind it ({names}): give a callback that "
+                "lane thread, whose items wait behind it "
+                f"({', '.join(each.name for each in behind)}): give a callback that "
                 "blocks for long a thread of its own (own_thread = True)."
             )
         self._emit(
@@ -480,8 +458,15 @@ class Session:
     def _warn_long_wait(
         self, kind: WaitKind, event: Event | None, waited: list[Waited], seconds: float
     ) -> None:
-        """The training thread has waited ``seconds`` for ``waited`` (training thread)."""
-        lanes = self._waited_lanes(waited)
+        """The training thread has waited ``seconds`` for ``waited`` (training thread): name
+        the callbacks behind it, in list order: a destination's, or, for a worker's queue,
+        those running a handler now (else all its callbacks)."""
+        found = {lane for lane in self.lanes if lane.records in waited}
+        for worker in self.workers:
+            if worker.queue in waited:
+                busy = [lane for lane in worker.lanes if lane.current is not None]
+                found.update(busy or worker.lanes)
+        lanes = sorted(found, key=lambda lane: lane.index)
         where = lanes[0].member.table.callback if lanes else None
         message = long_wait_message(kind, event, lanes, seconds)
         self.loop.call_soon(report_at, message, CallbackTimeoutWarning, where)
@@ -490,37 +475,10 @@ class Session:
             f"the training thread's wait{at} ({seconds:g} s, wait_warning_seconds)", interrupt=False
         )
 
-    def _waited_lanes(self, waited: list[Waited]) -> list[Lane]:
-        """The callbacks behind what the training thread waits for, in list order: a
-        destination's, or, for a worker's queue, those running a handler now (else all)."""
-        found: list[Lane] = []
-        for lane in self.lanes:
-            if lane.records in waited:
-                found.append(lane)
-        for worker in self.workers:
-            if worker.queue in waited:
-                busy = [lane for lane in worker.lanes if lane.current is not None]
-                found.extend(busy or worker.lanes)
-        return sorted(set(found), key=lambda lane: lane.index)
-
     def _warn_slow(self, message: str, where: object) -> None:
-        """Report a SlowCallbackWarning on the loop thread, where the caller's filters
-        apply; it never fails the run (``slow.report_at``)."""
+        """A SlowCallbackWarning, on the loop thread where the caller's filters apply; it
+        never fails the run (``slow.report_at``)."""
         self.loop.call_soon(report_at, message, SlowCallbackWarning, where)
-
-
-def start_thread(target: Callable[..., None], args: tuple[Any, ...], name: str,
-                 needed: int) -> threading.Thread:
-    """Start a daemon thread for the bus, or raise :class:`LaneThreadError` naming the
-    limit the operating system enforces (``needed``: the threads this fit starts)."""
-    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-    return _start(
-        thread,
-        needed=f"This fit needs {needed} threads of the bus: lower Trainer(lane_threads=...) "
-        "(the pool of threads plain callbacks share; callbacks that set own_thread = True "
-        "add one each)",
-        error=LaneThreadError,
-    )
 
 
 async def _run_internal(
@@ -528,6 +486,7 @@ async def _run_internal(
     *,
     task_status: anyio.abc.TaskStatus[anyio.abc.TaskGroup] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Serve a task group under ``scope`` (shielded) until it is cancelled."""
     with scope:
         async with anyio.create_task_group() as tg:
             task_status.started(tg)
