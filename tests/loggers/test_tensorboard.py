@@ -86,13 +86,14 @@ def test_missing_tensorboard_names_the_extra(
         TensorBoardLogger(tmp_path)
 
 
-def test_missing_writer_at_fit_start_names_the_extra(
+def test_missing_writer_names_the_extra_when_the_logger_is_created(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dest = TensorBoardLogger(tmp_path)
+    """The writer is imported by the constructor, on the caller's thread: a missing one is
+    an error there, not a failed ``fit_start`` inside a fit."""
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     with pytest.raises(ImportError, match=r"pip install 'trainbus\[tensorboard\]'"):
-        dest.fit_start(None, None)  # type: ignore[arg-type]
+        TensorBoardLogger(tmp_path)
 
 
 def test_import_trainbus_loggers_does_not_import_tensorboard() -> None:

@@ -19,6 +19,7 @@ from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
 from trainbus.core.scalars import DeferredScalar
 from trainbus.core.time import Time, TimeUnit
+from trainbus.core.trailing import trailing
 
 if TYPE_CHECKING:
     from trainbus.core.logger import Logger
@@ -279,6 +280,7 @@ class ProgressBar(LoggerDestination):
             label = self._epoch_label(state, int(ts.epoch) + 1)
             self._open_bar(label, self._epoch_batches(state), int(ts.batch_in_epoch))
 
+    @trailing(2)  # reads only its event's snapshot: the next batch never waits for it
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         """Advance the bar, or write a line when the batch is due."""
         if not self._loss_logged and state.loss is not None:

@@ -1,8 +1,8 @@
 """``TensorBoardLogger``: scalars and hyperparameters as TensorBoard event files.
 
 TensorBoard is an optional dependency (``pip install 'trainbus[tensorboard]'``); it is
-imported when the writer is first needed (at ``fit_start``), never when
-``trainbus.loggers`` is imported.
+imported when a ``TensorBoardLogger`` is created, never when ``trainbus.loggers`` is
+imported.
 
 What goes where:
 
@@ -120,6 +120,9 @@ class TensorBoardLogger(LoggerDestination):
             )
         if importlib.util.find_spec("tensorboard") is None:
             raise ImportError(_MISSING)
+        # Imported here, on the caller's thread before any fit (an ImportError naming the
+        # extra, not a failed fit_start; and a fit's first batches do not wait for the import).
+        self._writer_class = _summary_writer_class()
         self.log_dir = Path(log_dir)
         self.flush_seconds = float(flush_seconds)
         self._writer: Any = None
@@ -127,8 +130,9 @@ class TensorBoardLogger(LoggerDestination):
 
     def _open(self) -> Any:
         if self._writer is None:
-            writer_class = _summary_writer_class()
-            self._writer = writer_class(log_dir=str(self.log_dir), flush_secs=self.flush_seconds)
+            self._writer = self._writer_class(
+                log_dir=str(self.log_dir), flush_secs=self.flush_seconds
+            )
         return self._writer
 
     def fit_start(self, state: State, logger: Logger) -> None:
