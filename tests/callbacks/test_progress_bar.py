@@ -205,3 +205,33 @@ def test_stdout_is_given_back_when_training_fails(monkeypatch: pytest.MonkeyPatc
         make_trainer(4, callbacks=[Boom()], loggers=[ProgressBar(stream=out)]).fit_sync()
     assert sys.stdout is out
     assert "about to fail" in out.getvalue()
+
+
+def test_the_next_batch_does_not_wait_for_the_bar() -> None:
+    """The bar's ``batch_checkpoint`` is ``@trailing(2)``: while its line for batch 1 is held
+    (a terminal that blocks), the training thread starts batch 2 and passes its live fence.
+    Regression: the fence waited for the bar at every batch."""
+    from trainbus import blocking
+
+    started_batch_2 = threading.Event()
+
+    class HeldPipe(Pipe):
+        released_by_training = False
+
+        def write(self, s: str) -> int:
+            if "batch 1/" in s:  # held until the training thread is inside batch 2
+                HeldPipe.released_by_training = started_batch_2.wait(timeout=60)
+            return super().write(s)
+
+    class Watch(Callback):
+        @blocking
+        def before_forward(self, state: Any, logger: Any) -> None:
+            if int(state.timestamp.batch) == 1:  # batch 2, past its live fence
+                started_batch_2.set()
+
+    out = HeldPipe()
+    trainer = make_trainer(3, 1, [Watch()], loggers=[ProgressBar(stream=out, interval="1ba")],
+                           progress=False)
+    trainer.fit_sync()
+    assert HeldPipe.released_by_training, "batch 2 waited for the bar's line of batch 1"
+    assert "batch 3/3" in out.getvalue()

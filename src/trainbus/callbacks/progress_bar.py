@@ -3,7 +3,9 @@
 tqdm is optional (``pip install 'trainbus[progress]'``) and imported only when a bar is
 drawn. Every handler is a plain method, so the bar is written on the progress bar's lane
 thread, never on the training thread or the event loop. Batches are counted at
-``BATCH_CHECKPOINT``, which is not a barrier: training does not wait for the bar. While
+``BATCH_CHECKPOINT``, which is not a barrier, by a ``@trailing(2)`` handler (it reads only
+its event's snapshot): training does not wait for the bar, neither at the end of a batch nor
+at the live fence before the next one's gradients are zeroed. While
 bars are drawn, ``sys.stdout`` and ``sys.stderr`` write whole lines around them (tqdm's
 ``tqdm.write``), so ``print()`` from a handler does not break a bar.
 """
