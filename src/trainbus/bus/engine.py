@@ -35,8 +35,9 @@ from trainbus.bus.options import (
     DEFAULT_WAIT_WARNING,
     BusOptions,
 )
+from trainbus.bus.queue import Counters
 from trainbus.bus.session import ABANDON_TIMEOUT, Session
-from trainbus.bus.statistics import BusStatistics, Counters, collect_statistics
+from trainbus.bus.statistics import BusStatistics, collect_statistics
 from trainbus.bus.trace import TraceRecorder
 from trainbus.core.callback import resolve_callback
 from trainbus.core.destination import resolve_log_handler

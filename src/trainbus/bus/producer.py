@@ -49,8 +49,7 @@ from trainbus.core.events import Event
 if TYPE_CHECKING:
     from trainbus.bus.members import Member, Slot
     from trainbus.bus.options import BusOptions
-    from trainbus.bus.queue import Gate, RecordCounts, WaitKind
-    from trainbus.bus.statistics import Counters
+    from trainbus.bus.queue import Counters, Gate, RecordCounts, WaitKind
     from trainbus.bus.worker import Lane, Worker
     from trainbus.core.logger import Logger
     from trainbus.core.state import State

@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from trainbus.core.exceptions import Stopped
 
 if TYPE_CHECKING:
+    from trainbus.bus.clock import BatchClock
     from trainbus.bus.members import Member
-    from trainbus.bus.statistics import Counters
+    from trainbus.bus.trace import TraceRecorder
     from trainbus.core.callback import Handler
     from trainbus.core.events import Event
     from trainbus.core.logger import Logger, LogRecord
@@ -43,6 +44,7 @@ __all__ = [
     "STOP",
     "WAKE_END",
     "CallItem",
+    "Counters",
     "EventItem",
     "Gate",
     "LogItem",
@@ -301,6 +303,28 @@ class RecordCounts:
 
 
 # -- what the training thread waits at -----------------------------------------------------
+
+
+class Counters:
+    """What the producer counts over the engine's lifetime (the training thread writes;
+    ``loop_wakeups`` the loop thread).
+
+    Attributes:
+        trace, clock: The timeline recorder, the batch clock (``bus/clock.py``), while kept.
+    """
+
+    __slots__ = ("backpressure_wait", "barrier_wait", "barrier_waits", "batches", "clock",
+                 "loop_wakeups", "published", "trace")
+
+    def __init__(self) -> None:
+        self.published = 0
+        self.batches = 0
+        self.barrier_waits = 0
+        self.barrier_wait = 0.0
+        self.backpressure_wait = 0.0
+        self.loop_wakeups = 0
+        self.trace: TraceRecorder | None = None
+        self.clock: BatchClock | None = None
 
 
 Waited = WorkQueue | RecordCounts

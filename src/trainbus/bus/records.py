@@ -29,8 +29,7 @@ from trainbus.bus.worker import CURRENT_WORKER, Lane, wake_on_loop, would_deadlo
 
 if TYPE_CHECKING:
     from trainbus.bus.producer import Producer
-    from trainbus.bus.queue import Gate
-    from trainbus.bus.statistics import Counters
+    from trainbus.bus.queue import Counters, Gate
     from trainbus.bus.worker import Worker
     from trainbus.core.logger import LogRecord
 

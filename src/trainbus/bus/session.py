@@ -45,8 +45,7 @@ from trainbus.core.threads import run_in_thread, start_thread
 if TYPE_CHECKING:
     from trainbus.bus.members import Member
     from trainbus.bus.options import BusOptions
-    from trainbus.bus.queue import Waited, WaitKind
-    from trainbus.bus.statistics import Counters
+    from trainbus.bus.queue import Counters, Waited, WaitKind
     from trainbus.core.callback import Handler
     from trainbus.core.events import Event
     from trainbus.core.logger import Logger

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from trainbus.bus.members import Member, Slot
-    from trainbus.bus.statistics import Counters
+    from trainbus.bus.queue import Counters
     from trainbus.bus.worker import Lane
     from trainbus.core.events import Event
 

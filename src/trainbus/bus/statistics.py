@@ -1,5 +1,4 @@
-"""Statistics of the bus: what ``Engine.statistics()`` returns, from the slots' figures and the
-:class:`Counters` the producer and the gate keep over the engine's lifetime."""
+"""Statistics of the bus: what ``Engine.statistics()`` returns."""
 
 from __future__ import annotations
 
@@ -9,34 +8,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from trainbus.bus.clock import BatchClock
     from trainbus.bus.members import Member
-    from trainbus.bus.trace import TraceRecorder
+    from trainbus.bus.queue import Counters
     from trainbus.bus.worker import Lane
 
-__all__ = ["BusStatistics", "CallbackStatistics", "Counters", "collect_statistics"]
-
-
-class Counters:
-    """What the producer counts over the engine's lifetime (the training thread writes;
-    ``loop_wakeups`` the loop thread).
-
-    Attributes:
-        trace, clock: The timeline recorder, the batch clock (``bus/clock.py``), while kept.
-    """
-
-    __slots__ = ("backpressure_wait", "barrier_wait", "barrier_waits", "batches", "clock",
-                 "loop_wakeups", "published", "trace")
-
-    def __init__(self) -> None:
-        self.published = 0
-        self.batches = 0
-        self.barrier_waits = 0
-        self.barrier_wait = 0.0
-        self.backpressure_wait = 0.0
-        self.loop_wakeups = 0
-        self.trace: TraceRecorder | None = None
-        self.clock: BatchClock | None = None
+__all__ = ["BusStatistics", "CallbackStatistics", "collect_statistics"]
 
 
 @dataclass(frozen=True, slots=True)

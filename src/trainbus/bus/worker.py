@@ -40,8 +40,7 @@ from trainbus.core.threads import run_in_thread
 if TYPE_CHECKING:
     from trainbus.bus.bridge import LoopEvent, LoopHandle, Spawner
     from trainbus.bus.members import Member, Slot
-    from trainbus.bus.queue import Gate, WorkItem
-    from trainbus.bus.statistics import Counters
+    from trainbus.bus.queue import Counters, Gate, WorkItem
     from trainbus.bus.trace import TraceRecorder
     from trainbus.core.events import Event
     from trainbus.core.logger import LogRecord
