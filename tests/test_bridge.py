@@ -1,6 +1,6 @@
 """The thread boundary (issue 29): one module crosses it, and what it offers works.
 
-``bus/bridge.py`` is the only module of trainbus that reaches an event loop from another
+``core/bridge.py`` is the only module of trainbus that reaches an event loop from another
 thread (or starts one on a thread of its own): the loggers' inbox, the checkpoint uploader
 and the dashboard go through it. The first test reads every module with :mod:`ast` and
 fails on a loop-crossing call anywhere else. ``serve/`` is the user's server process:
@@ -18,11 +18,11 @@ import anyio
 import pytest
 
 import trainbus
-from trainbus.bus.bridge import LoopHandle, LoopThread
+from trainbus.core.bridge import LoopHandle, LoopThread
 from trainbus.loggers._inbox import Inbox
 
 PACKAGE_DIR = Path(trainbus.__file__).parent
-BRIDGE = PACKAGE_DIR / "bus" / "bridge.py"
+BRIDGE = PACKAGE_DIR / "core" / "bridge.py"
 
 #: Methods and functions that cross into a loop from a thread, start a loop on a thread,
 #: or ask which loop runs: whatever object they are called on.
@@ -91,7 +91,7 @@ def test_only_the_bridge_crosses_between_a_thread_and_an_event_loop() -> None:
         )
     ]
     assert not found, (
-        "loop-crossing calls outside trainbus/bus/bridge.py (use bridge.LoopHandle, "
+        "loop-crossing calls outside trainbus/core/bridge.py (use bridge.LoopHandle, "
         "LoopThread or no_running_loop):\n" + "\n".join(found)
     )
 

@@ -123,8 +123,8 @@ def test_trainbus_bus_exports_what_users_use() -> None:
         "BusStatistics", "CallbackStatistics", "LaneThreadError", "PRODUCER_ROW",
         "TraceRecorder", "TraceSpan",
     }
-    from trainbus.bus.bridge import no_running_loop
     from trainbus.bus.options import BusOptions
+    from trainbus.core.bridge import no_running_loop
 
     assert bus.BusOptions is BusOptions  # plumbing it once exported: still importable
     assert bus.no_running_loop is no_running_loop

@@ -17,10 +17,10 @@ import torch
 
 from trainbus import Callback, Event, Logger, State, blocking, trailing
 from trainbus.bus import worker as worker_module
-from trainbus.bus.bridge import LoopHandle
 from trainbus.bus.members import Member
 from trainbus.bus.queue import STOP, CallItem, Counters, EventItem, Gate, LogItem, Stopped
 from trainbus.bus.worker import Lane, Worker, hand_over_on_loop, wake_chain, wake_on_loop
+from trainbus.core.bridge import LoopHandle
 from trainbus.core.callback import resolve_callback
 from trainbus.core.logger import LogRecord
 

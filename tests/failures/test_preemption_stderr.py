@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from tests.failures._child import Child
-from trainbus.bus.bridge import LoopHandle
+from trainbus.core.bridge import LoopHandle
 
 SCRIPT = Path(__file__).parent / "scripts" / "preempt_stuck.py"
 

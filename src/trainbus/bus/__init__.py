@@ -1,12 +1,11 @@
 """The event bus: the training thread publishes, workers run handlers, barriers join them.
 
-Only this package knows there are threads and event loops. One event's path, in order of
-the modules it passes: ``producer`` (publish, on the training thread) -> ``queue`` (each
-worker's queue) -> ``worker`` (a lane thread or a task on the loop runs the handlers) ->
-``queue`` (counted done; the gate the training thread waits at). ``members`` says where
-each handler runs, ``records`` queues logged records on the destinations (``mailbox`` for
-those with a lossy ``backpressure``), ``bridge`` holds every crossing into the loop,
-``session`` runs one cycle and closes it, ``engine`` is the entry point.
+One event's path, in order of the modules it passes: ``producer`` (publish, on the training
+thread) -> ``queue`` (each worker's queue) -> ``worker`` (a lane thread or a task on the loop
+runs the handlers) -> ``queue`` (counted done; the gate the training thread waits at).
+``members`` says where each handler runs, ``records`` queues logged records on the
+destinations (``mailbox`` for those with a lossy ``backpressure``), ``session`` runs one
+cycle and closes it, ``engine`` is the entry point.
 ``docs/concurrency.md`` describes the model (guarantees D1-D14).
 """
 
@@ -36,9 +35,9 @@ _PLUMBING = {
     "DEFAULT_LANE_THREADS": "trainbus.bus.options",
     "DEFAULT_WAIT_WARNING": "trainbus.bus.options",
     "BusOptions": "trainbus.bus.options",
-    "LoopHandle": "trainbus.bus.bridge",
-    "LoopThread": "trainbus.bus.bridge",
-    "no_running_loop": "trainbus.bus.bridge",
+    "LoopHandle": "trainbus.core.bridge",
+    "LoopThread": "trainbus.core.bridge",
+    "no_running_loop": "trainbus.core.bridge",
     "Stopped": "trainbus.core.exceptions",
 }
 

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
-from trainbus.bus.bridge import LoopThread, no_running_loop
 from trainbus.bus.clock import BatchClock
 from trainbus.bus.members import Member
 from trainbus.bus.options import (
@@ -39,6 +38,7 @@ from trainbus.bus.queue import Counters
 from trainbus.bus.session import ABANDON_TIMEOUT, Session
 from trainbus.bus.statistics import BusStatistics, collect_statistics
 from trainbus.bus.trace import TraceRecorder
+from trainbus.core.bridge import LoopThread, no_running_loop
 from trainbus.core.callback import resolve_callback
 from trainbus.core.destination import resolve_log_handler
 from trainbus.core.events import Event

@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from trainbus.bus.bridge import LoopHandle, Spawner
 from trainbus.bus.producer import Producer
 from trainbus.bus.queue import STOP, CallItem, Gate, Stopped
 from trainbus.bus.records import Records
 from trainbus.bus.slow import long_wait_message, report_at, warn_at
 from trainbus.bus.watchdog import LoopWatch
 from trainbus.bus.worker import Lane, Worker, place
+from trainbus.core.bridge import LoopHandle, Spawner
 from trainbus.core.exceptions import (
     CallbackTimeoutWarning,
     LaneThreadError,

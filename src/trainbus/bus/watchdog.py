@@ -24,20 +24,18 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
+from trainbus.core.bridge import OWN_LOOP
 from trainbus.core.exceptions import HandlerInterrupted, ThreadStartError
 from trainbus.core.threads import start_thread
 
 if TYPE_CHECKING:
-    from trainbus.bus.bridge import LoopHandle
     from trainbus.bus.worker import Lane
+    from trainbus.core.bridge import LoopHandle
 
-__all__ = ["CONFIRM_S", "OWN_LOOP", "LoopWatch"]
+__all__ = ["CONFIRM_S", "LoopWatch"]
 
-#: Set (in the loop's context) by ``fit_sync()``/``run_sync()``: trainbus started this loop.
-OWN_LOOP: ContextVar[bool] = ContextVar("trainbus_own_loop", default=False)
 #: Seconds a held loop's thread is given to run a handed-over call before it counts as held.
 CONFIRM_S = 1.0
 #: Seconds after a close deadline that its watch looks (the loop's own cancel comes first).

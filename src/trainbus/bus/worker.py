@@ -38,10 +38,10 @@ from trainbus.core.scalars import all_ready
 from trainbus.core.threads import run_in_thread
 
 if TYPE_CHECKING:
-    from trainbus.bus.bridge import LoopEvent, LoopHandle, Spawner
     from trainbus.bus.members import Member, Slot
     from trainbus.bus.queue import Counters, Gate, WorkItem
     from trainbus.bus.trace import TraceRecorder
+    from trainbus.core.bridge import LoopEvent, LoopHandle, Spawner
     from trainbus.core.events import Event
     from trainbus.core.logger import LogRecord
 

@@ -5,7 +5,7 @@ The saver's writer thread hands over each file once it is complete on disk
 link (so the saver may prune the local file at once) and queues it for the uploader's
 ``background`` task, which runs on the fit's own event loop and starts one upload task
 per file (the hand-over wakes that task through the bus's bridge,
-:class:`~trainbus.bus.bridge.LoopHandle`). Uploads use ``obstore`` (Rust; multipart for
+:class:`~trainbus.core.bridge.LoopHandle`). Uploads use ``obstore`` (Rust; multipart for
 files larger than ``part_size``, ``part_concurrency`` parts in flight; the GIL is released
 while bytes move): its ``*_async`` functions under asyncio, which need an asyncio loop;
 under trio its blocking functions, each in an anyio worker thread (an upload cancelled at
@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from trainbus.bus.bridge import LoopHandle
 from trainbus.callbacks.checkpoint_saver import CheckpointSaver, _rank
 from trainbus.checkpoint.s3 import (
     MANIFEST_FORMAT,
@@ -40,6 +39,7 @@ from trainbus.checkpoint.s3 import (
     parse_s3_url,
     transient,
 )
+from trainbus.core.bridge import LoopHandle
 from trainbus.core.callback import Callback, blocking
 from trainbus.core.threads import run_in_thread
 from trainbus.core.timer import Timestamp

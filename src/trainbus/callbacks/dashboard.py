@@ -3,12 +3,12 @@
 The page (loss and eval curves, throughput, a callbacks panel and a timeline of the last
 batches; ``docs/dashboard.md``) is the one ``trainbus.serve`` shows for its jobs. The
 server (uvicorn, which needs asyncio whatever backend ``fit()`` runs on, and outlives the
-run) runs on an asyncio loop of its own, a :class:`~trainbus.bus.bridge.LoopThread`, so
+run) runs on an asyncio loop of its own, a :class:`~trainbus.core.bridge.LoopThread`, so
 browser tabs, slow or closed, never touch the training loop: the callback's handlers
 (plain and cheap) only append each item to an outbox, and four times a second the
 server's loop publishes what waits there into an
 :class:`~trainbus.callbacks.EventStream` whose subscribers have bounded buffers; the
-run's end wakes that loop through the bridge (:class:`~trainbus.bus.bridge.LoopHandle`).
+run's end wakes that loop through the bridge (:class:`~trainbus.core.bridge.LoopHandle`).
 The bus snapshots (callbacks panel, timeline) are taken on the server's thread every
 ``snapshot_seconds`` while a tab watches (and once at the end of the run).
 Needs ``pip install 'trainbus[service]'`` (Starlette, uvicorn).
@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
-from trainbus.bus.bridge import LoopHandle, LoopThread
 from trainbus.callbacks._stream_items import StreamEvent, StreamMetrics, json_ready
 from trainbus.callbacks.event_stream import DEFAULT_STREAM_EVENTS, EventStream
+from trainbus.core.bridge import LoopHandle, LoopThread
 from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event
 from trainbus.core.logger import LogRecord

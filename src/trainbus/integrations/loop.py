@@ -31,10 +31,9 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 import anyio
 import torch
 
-from trainbus.bus.bridge import no_running_loop
 from trainbus.bus.engine import Engine
-from trainbus.bus.watchdog import OWN_LOOP
 from trainbus.checkpoint.resume import attach_handler_drain
+from trainbus.core.bridge import OWN_LOOP, no_running_loop
 from trainbus.core.callback import Callback
 from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event

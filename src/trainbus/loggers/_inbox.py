@@ -9,7 +9,7 @@ batching, which lives on the loop: the lane thread appends (``put``), and wakes 
 only once a request's worth of items has come (or hyperparameters, which are sealed at
 once); the loop takes everything at that wake-up, at each ``flush_interval`` and at
 ``close``. The wake-up crosses into the loop through the bus's bridge
-(:class:`~trainbus.bus.bridge.LoopHandle`), the one module that does.
+(:class:`~trainbus.core.bridge.LoopHandle`), the one module that does.
 
 Thread safety: ``put`` runs on the lane's thread and ``take`` on the loop; the ``deque``
 is the only shared structure (its ``append``/``popleft`` are atomic), and each counter has
@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from trainbus.bus.bridge import LoopHandle
+from trainbus.core.bridge import LoopHandle
 
 __all__ = ["Inbox"]
 

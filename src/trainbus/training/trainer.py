@@ -11,7 +11,6 @@ from typing import Any, Literal
 import anyio
 import torch
 
-from trainbus.bus.bridge import LoopHandle, no_running_loop
 from trainbus.bus.engine import Engine
 from trainbus.bus.options import (
     DEFAULT_CLOSE_TIMEOUT,
@@ -19,9 +18,9 @@ from trainbus.bus.options import (
     DEFAULT_WAIT_WARNING,
     BusOptions,
 )
-from trainbus.bus.watchdog import OWN_LOOP
 from trainbus.checkpoint.resume import attach_handler_drain, read_checkpoint, restore_checkpoint
 from trainbus.checkpoint.run_start import read_start, start_folder, write_start
+from trainbus.core.bridge import OWN_LOOP, LoopHandle, no_running_loop
 from trainbus.core.callback import Callback, resolve_callback
 from trainbus.core.destination import LoggerDestination
 from trainbus.core.events import Event

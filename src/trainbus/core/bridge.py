@@ -23,15 +23,20 @@ import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future
+from contextvars import ContextVar
 from typing import Any, Protocol, TypeVar
 
 import anyio
 
 from trainbus.core.threads import start_thread
 
-__all__ = ["LoopEvent", "LoopHandle", "LoopThread", "Spawner", "no_running_loop"]
+__all__ = ["OWN_LOOP", "LoopEvent", "LoopHandle", "LoopThread", "Spawner", "no_running_loop"]
 
 T = TypeVar("T")
+
+#: Set (in the loop's context) by ``fit_sync()``/``run_sync()``: trainbus started this loop
+#: (the bus may then interrupt a handler that holds it past a close deadline).
+OWN_LOOP: ContextVar[bool] = ContextVar("trainbus_own_loop", default=False)
 
 
 class LoopEvent(Protocol):
