@@ -81,7 +81,6 @@ def test_the_hierarchy_drawing_names_every_class() -> None:
     ("old", "name"),
     [
         ("trainbus.bus", "LaneThreadError"),
-        ("trainbus.bus.queue", "Stopped"),
         ("trainbus.bus", "Stopped"),
         ("trainbus", "TrainingPreempted"),
         ("trainbus.runtime.preemption", "TrainingPreempted"),

@@ -17,11 +17,13 @@ import torch
 
 from trainbus import Callback, Event, Logger, State, blocking, trailing
 from trainbus.bus import worker as worker_module
+from trainbus.bus.counters import Counters
 from trainbus.bus.members import Member
-from trainbus.bus.queue import STOP, CallItem, Counters, EventItem, Gate, LogItem, Stopped
+from trainbus.bus.queue import STOP, CallItem, EventItem, Gate, LogItem
 from trainbus.bus.worker import Lane, Worker, hand_over_on_loop, wake_chain, wake_on_loop
 from trainbus.core.bridge import LoopHandle
 from trainbus.core.callback import resolve_callback
+from trainbus.core.exceptions import Stopped
 from trainbus.core.logger import LogRecord
 
 
@@ -51,8 +53,14 @@ def make_lane(callback: Callback | None = None, gate: Gate | None = None) -> Lan
     return Lane(member, gate or Gate(Counters()))
 
 
+def gate_of(lane: Lane) -> Gate:
+    """The gate ``lane``'s counts report to."""
+    gate: Gate = lane.records.reached.__self__  # type: ignore[attr-defined]
+    return gate
+
+
 def make_worker(*lanes: Lane, on_thread: bool = True, loop: Any = None) -> Worker:
-    gate = lanes[0].records.gate
+    gate = gate_of(lanes[0])
     return Worker(lanes, on_thread, gate, gate.counters, loop or NoLoop(), None)  # type: ignore[arg-type]
 
 
@@ -89,14 +97,16 @@ def test_placement_follows_from_the_declarations_alone(callback: Callback, on_th
 
 
 def test_gate_wait_returns_at_once_when_every_target_is_reached() -> None:
-    queue = make_worker(make_lane()).queue
-    queue.gate.wait([(queue, 0)], "barrier")  # nothing to wait for
+    worker = make_worker(make_lane())
+    queue, gate = worker.queue, worker.gate
+    gate.wait([(queue, 0)], "barrier")  # nothing to wait for
     assert queue.wait_done is None
 
 
 def test_gate_wait_wakes_when_the_queue_counts_its_target() -> None:
     counters = Counters()
-    queue = make_worker(make_lane(gate=Gate(counters))).queue
+    worker = make_worker(make_lane(gate=Gate(counters)))
+    queue, gate = worker.queue, worker.gate
     queue.enq = 2
     counted = threading.Event()
 
@@ -107,18 +117,19 @@ def test_gate_wait_wakes_when_the_queue_counts_its_target() -> None:
 
     finisher = threading.Thread(target=finish)
     finisher.start()
-    queue.gate.wait([(queue, 2)], "barrier")
+    gate.wait([(queue, 2)], "barrier")
     finisher.join()
     assert counted.is_set() and queue.done == 2 and counters.barrier_waits <= 1
 
 
 def test_gate_stop_unblocks_a_waiting_producer_with_stopped() -> None:
-    queue = make_worker(make_lane()).queue
+    worker = make_worker(make_lane())
+    queue, gate = worker.queue, worker.gate
     queue.enq = 1
-    stopper = threading.Thread(target=queue.gate.stop)
+    stopper = threading.Thread(target=gate.stop)
     stopper.start()
     with pytest.raises(Stopped):
-        queue.gate.wait([(queue, 1)], "barrier")
+        gate.wait([(queue, 1)], "barrier")
     stopper.join()
 
 
@@ -127,34 +138,36 @@ def test_a_failing_handler_notes_the_handler_and_marks_its_lane_failed() -> None
     make_worker(lane)
     error = ValueError("boom")
     lane.fail(error, lane.slots[Event.BATCH_END])
-    gate = lane.records.gate
+    gate = gate_of(lane)
     assert gate.stopping and lane.failed and gate.errors == [error]
     assert error.__notes__ == ["raised by Plain.batch_end while handling Event.BATCH_END"]
 
 
 def test_a_wait_skips_an_abandoned_queue() -> None:
-    queue = make_worker(make_lane()).queue
+    worker = make_worker(make_lane())
+    queue, gate = worker.queue, worker.gate
     queue.enq = 1
     queue.abandoned = True
-    queue.gate.wait([(queue, 1)], "barrier")  # returns: nobody waits for an abandoned queue
+    gate.wait([(queue, 1)], "barrier")  # returns: nobody waits for an abandoned queue
 
 
 def test_the_wait_is_the_doing_of_whose_item_ended_it() -> None:
     counters = Counters()
     lane = make_lane(gate=Gate(counters))
-    queue = make_worker(lane).queue
+    worker = make_worker(lane)
+    queue, gate = worker.queue, worker.gate
     queue.enq = 1
 
     def finish() -> None:  # once the training thread waits for it
-        while not queue.gate._waiting:
+        while not gate._waiting:
             threading.Event().wait(0.001)
         queue.count_done(0, lane.member)
 
     finisher = threading.Thread(target=finish)
     finisher.start()
-    queue.gate.wait([(queue, 1)], "barrier")
+    gate.wait([(queue, 1)], "barrier")
     finisher.join()
-    assert lane.member.wait_caused > 0.0 and queue.gate._last is None
+    assert lane.member.wait_caused > 0.0 and gate._last is None
 
 
 # -- lags ------------------------------------------------------------------------------------
@@ -185,7 +198,7 @@ def test_a_worker_on_the_loop_keeps_the_publishing_threads_items_until_a_hand_ov
 
 def test_wait_for_room_returns_once_a_record_is_taken() -> None:
     records = make_lane().records
-    records.limit = 3
+    records.bound = 3
     for _ in range(3):
         records.count()
     taken = threading.Thread(target=records.count_done)
@@ -215,7 +228,7 @@ def sleeping_threads(n: int) -> tuple[list[Worker], list[str]]:
     wakes = [0]
     for k in range(n):
         lane = make_lane()
-        thread = NotedWorker([lane], True, lane.records.gate, Counters(), NoLoop(), None)  # type: ignore[arg-type]
+        thread = NotedWorker([lane], True, gate_of(lane), Counters(), NoLoop(), None)  # type: ignore[arg-type]
         thread.name, thread.woken = f"T{k}", woken
         thread.pending.append(event_item())
         thread.idle = True

@@ -27,6 +27,7 @@ import anyio
 import anyio.lowlevel
 
 from trainbus.bus.clock import BatchClock
+from trainbus.bus.counters import Counters
 from trainbus.bus.members import Member
 from trainbus.bus.options import (
     DEFAULT_CLOSE_TIMEOUT,
@@ -34,7 +35,6 @@ from trainbus.bus.options import (
     DEFAULT_WAIT_WARNING,
     BusOptions,
 )
-from trainbus.bus.queue import Counters
 from trainbus.bus.session import ABANDON_TIMEOUT, Session
 from trainbus.bus.statistics import BusStatistics, collect_statistics
 from trainbus.bus.trace import TraceRecorder

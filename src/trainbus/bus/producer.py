@@ -41,15 +41,17 @@ from time import perf_counter as _perf
 from typing import TYPE_CHECKING, Any, Final
 
 from trainbus.bus.members import due
-from trainbus.bus.queue import EventItem, Stopped, WorkQueue
+from trainbus.bus.queue import EventItem, WorkQueue
 from trainbus.bus.slow import SlowCallbacks
 from trainbus.bus.worker import hand_over_on_loop, wake_chain
 from trainbus.core.events import Event
+from trainbus.core.exceptions import Stopped
 
 if TYPE_CHECKING:
+    from trainbus.bus.counters import Counters
     from trainbus.bus.members import Member, Slot
     from trainbus.bus.options import BusOptions
-    from trainbus.bus.queue import Counters, Gate, RecordCounts, WaitKind
+    from trainbus.bus.queue import Gate, RecordCounts, WaitKind
     from trainbus.bus.worker import Lane, Worker
     from trainbus.core.logger import Logger
     from trainbus.core.state import State

@@ -1,21 +1,17 @@
-"""The bounded queue a worker runs, the counts a destination's records keep, and the gate.
+"""The work queue: the items a worker runs, the one bounded, counted queue type, and the
+gate where the training thread waits on queues.
 
-::
+A :class:`Counted` queue counts what is put on it (``enq``) and what its worker finished
+(``done``); at most ``bound`` may wait before whoever puts waits for room (D12). The
+training thread waits at the :class:`Gate` for queues' ``done`` to reach targets (a
+barrier, D4; a full queue, D12; a ``@blocking`` handler's turn, D9; a destination's
+records); a queue tells the gate when it gets there. Two kinds of queue, one rule:
 
-    training thread                      worker (a lane thread, or a task on the loop)
-    ---------------                      ------------------------------------------
-    publish: enq += 1, items.append  ->  items.popleft, run the handlers, done += 1
-    barrier: Gate.wait(queue, enq)   <-  done reached the target: Gate.reached
-
-One :class:`WorkQueue` per worker (``worker.py``) holds that worker's items in order and
-counts them: ``enq`` (the training thread: event items) and ``done`` (the worker). A queue
-serves every callback pinned to its worker, so a publish counts once per worker and a
-barrier waits once per worker, however many callbacks it runs. A destination's records
-are counted apart (:class:`RecordCounts`): records come from any thread and are bounded
-per destination, not per worker.
-
-The training thread waits at the :class:`Gate` for a queue's ``done`` (barriers, D4; a
-full queue, D12; a ``@blocking`` handler, D9) or a destination's delivered records.
+- :class:`WorkQueue`: one worker's items in order (``worker.py``). It serves every
+  callback pinned to its worker, so a publish counts once per worker and a barrier waits
+  once per worker, however many callbacks it runs; it keeps the marks of lagging handlers.
+- :class:`RecordCounts`: a destination's logged records (``records.py``), from any thread,
+  bounded per destination, not per worker; the records themselves ride its worker's queue.
 """
 
 from __future__ import annotations
@@ -32,9 +28,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from trainbus.core.exceptions import Stopped
 
 if TYPE_CHECKING:
-    from trainbus.bus.clock import BatchClock
+    from trainbus.bus.counters import Counters
     from trainbus.bus.members import Member
-    from trainbus.bus.trace import TraceRecorder
     from trainbus.core.callback import Handler
     from trainbus.core.events import Event
     from trainbus.core.logger import Logger, LogRecord
@@ -44,13 +39,13 @@ __all__ = [
     "STOP",
     "WAKE_END",
     "CallItem",
-    "Counters",
+    "Counted",
     "EventItem",
     "Gate",
     "LogItem",
     "RecordCounts",
-    "Stopped",
     "WaitKind",
+    "WorkItem",
     "WorkQueue",
 ]
 
@@ -63,13 +58,10 @@ WaitKind = Literal["barrier", "fence", "backpressure", "records", "blocking"]
 class EventItem:
     """One published event: the state as of its publication and a logger bound to it.
 
-    (An item's ``lane`` is a ``worker.Lane``, typed ``Any``: this module sits below
-    ``worker.py``.)
-
-    ``lane`` is ``None`` for an item every callback of the worker that only queues the
-    event runs (``Worker.subs``), or the one callback (a ``Lane``) whose handler it is for
-    (a filtered, lagging or ``@blocking`` handler). ``batch``: the batch count at
-    publication.
+    ``lane`` (a ``worker.Lane``, typed ``Any``: this module sits below ``worker.py``) is
+    ``None`` for an item that every callback of the worker that only queues the event runs
+    (``Worker.subs``), or the one callback whose handler it is for (a filtered, lagging or
+    ``@blocking`` handler). ``batch``: the batch count at publication.
     """
 
     __slots__ = ("batch", "event", "lane", "logger", "view")
@@ -130,12 +122,47 @@ WAKE_END: Final = _Marker("WAKE_END")
 
 WorkItem = EventItem | LogItem | CallItem | _Marker
 
+#: What a queue tells when ``done`` reaches ``wait_done``: ``reached(queue, by)``, where
+#: ``by`` is the callback whose item (or record) got it there (:meth:`Gate.reached`).
+Reached = Callable[["Counted", "Member | None"], None]
 
-# -- the queue -----------------------------------------------------------------------------
+
+# -- the queues ----------------------------------------------------------------------------
 
 
-class WorkQueue:
-    """One worker's items, in order, and their counts (see the module docstring).
+class Counted:
+    """A bounded count of queued work (module docstring).
+
+    Attributes:
+        enq: Put so far. Invariant: incremented before its item is appended, so that
+            ``done <= enq`` always.
+        done: Finished (or skipped), in queue order. Invariant: written by the worker only.
+        bound: How many may wait before whoever puts waits for room (D12).
+        wait_done: The ``done`` the training thread waits for now, else ``None``.
+            Invariant: set and cleared under the gate's lock.
+        abandoned: Its worker missed a close deadline: nobody waits for it any more.
+    """
+
+    __slots__ = ("abandoned", "bound", "done", "enq", "reached", "wait_done")
+
+    def __init__(self, reached: Reached, bound: int) -> None:
+        self.reached = reached
+        self.bound = bound
+        self.enq = 0
+        self.done = 0
+        self.wait_done: int | None = None
+        self.abandoned = False
+
+    def _count_done(self, n: int, by: Member | None) -> None:
+        self.done = done = self.done + n
+        target = self.wait_done  # read once: the gate may clear it meanwhile
+        if target is not None and done >= target:
+            self.reached(self, by)
+
+
+class WorkQueue(Counted):
+    """One worker's items, in order, counted (``enq``: event items, by the publishing
+    thread; ``done``: by the worker).
 
     Attributes:
         items: The items; only the worker takes them.
@@ -143,34 +170,22 @@ class WorkQueue:
             worker on a thread; for a worker on the loop, a list only the publishing thread
             touches until ``Producer.hand_over`` gives it to the loop, so what the loop
             runs, and when, is the wake rule's doing, not the moment the loop looks.
-        enq: Event items queued. Invariant: written by the publishing thread only, and
-            incremented before its item is appended, so ``done <= enq`` always.
-        done: Event items finished (or skipped), in queue order. Invariant: written by the
-            worker only.
-        wait_done: The ``done`` the training thread waits for now, else ``None``.
-            Invariant: set and cleared under the gate's lock.
-        bound: Event items that may wait before the training thread waits for room (D12,
-            ``queue_size``).
         uniform: Whether every handler queued here has lag 0 (a barrier waits for ``enq``).
         last_by_lag: Per lag: ``enq`` after its last item of that lag (training thread).
         last_fenced: ``enq`` after its last item not of a ``@trailing`` handler.
         due: Per lag > 0: ``(due batch, enq)`` marks pushed at each ``BATCH_END``.
         last_batch: The batch of the last item done (lag statistics; the worker).
         peak: The most items queued at once (the worker).
-        abandoned: Set when its worker missed a close deadline: nobody waits for it.
     """
 
-    __slots__ = ("abandoned", "bound", "done", "due", "enq", "gate", "inbox", "items",
-                 "last_batch", "last_by_lag", "last_fenced", "peak", "uniform", "wait_done")
+    __slots__ = ("due", "inbox", "items", "last_batch", "last_by_lag", "last_fenced", "peak",
+                 "uniform")
 
-    def __init__(self, gate: Gate, bound: int, lags: frozenset[int] = frozenset({0})) -> None:
-        self.gate = gate
-        self.bound = bound
+    def __init__(self, reached: Reached, bound: int,
+                 lags: frozenset[int] = frozenset({0})) -> None:
+        super().__init__(reached, bound)
         self.items: deque[WorkItem] = deque()
         self.inbox: MutableSequence[WorkItem] = self.items
-        self.enq = 0
-        self.done = 0
-        self.wait_done: int | None = None
         lags = lags | {0}
         self.uniform = lags == {0}
         self.last_by_lag = dict.fromkeys(lags, 0)
@@ -178,7 +193,6 @@ class WorkQueue:
         self.due: dict[int, deque[tuple[int, int]]] = {k: deque() for k in lags if k}
         self.last_batch = 0
         self.peak = 0
-        self.abandoned = False
 
     def put_event(self, item: EventItem, lag: int, fenced: bool) -> None:
         """Count and append an event item of a handler with ``lag`` (training thread)."""
@@ -192,9 +206,9 @@ class WorkQueue:
     @staticmethod
     def put_each(queues: Sequence[WorkQueue], item: EventItem) -> WorkQueue | None:
         """Put ``item`` on each of ``queues`` with lag 0 (the training thread; one call for
-        all the workers of an event: the hot path of publishing), up to the first full one
-        (``bound`` items waiting, D12). Return that queue (``item`` is on none from it on),
-        for the caller to wait for room and call again from it; ``None`` when all took it."""
+        all the workers of an event: the hot path of publishing), up to the first full one.
+        Return that queue (``item`` is on none from it on), for the caller to wait for room
+        and call again from it; ``None`` when all took it."""
         for queue in queues:
             enq = queue.enq
             if enq - queue.done >= queue.bound:
@@ -206,17 +220,12 @@ class WorkQueue:
         return None
 
     def count_done(self, batch: int, by: Member | None) -> None:
-        """Count one event item done (the worker; ``by`` ran its last handler) and tell the
-        gate when that reaches what the training thread waits for."""
+        """Count one event item done (the worker; ``by`` ran its last handler)."""
         self.last_batch = batch
-        done = self.done
-        depth = self.enq - done  # the queue at its deepest since the last count
+        depth = self.enq - self.done  # the queue at its deepest since the last count
         if depth > self.peak:
             self.peak = depth
-        self.done = done = done + 1
-        target = self.wait_done  # read once: the gate may clear it meanwhile
-        if target is not None and done >= target:
-            self.gate.reached(self, by)
+        self._count_done(1, by)
 
     # -- lags (training thread; ``@trailing`` handlers) -----------------------------------
 
@@ -235,38 +244,21 @@ class WorkQueue:
         return target
 
 
-class RecordCounts:
+class RecordCounts(Counted):
     """A destination's records: logged (``enq``, any thread, under ``lock``) and taken
-    (``done``, its worker), within its bound ``limit`` (D12).
+    (``done``, its worker), ``bound``: its ``backpressure`` limit, else ``queue_size``.
 
     Attributes:
-        wait_done: The ``done`` the training thread waits for now (under the gate's lock).
+        who: The destination (whose records end a wait: ``Member.wait_caused``).
         room_wakers: Called (any thread) as records are taken, while loop tasks wait for
             room here (``worker.py``).
     """
 
-    __slots__ = (
-        "abandoned",
-        "done",
-        "enq",
-        "gate",
-        "limit",
-        "lock",
-        "room",
-        "room_waiters",
-        "room_wakers",
-        "wait_done",
-        "who",
-    )
+    __slots__ = ("lock", "room", "room_waiters", "room_wakers", "who")
 
-    def __init__(self, gate: Gate, limit: int, who: Member) -> None:
-        self.gate = gate
-        self.limit = limit
+    def __init__(self, reached: Reached, bound: int, who: Member) -> None:
+        super().__init__(reached, bound)
         self.who = who
-        self.enq = 0
-        self.done = 0
-        self.wait_done: int | None = None
-        self.abandoned = False
         self.lock = threading.Lock()
         self.room = threading.Condition(threading.Lock())
         self.room_waiters = 0
@@ -280,10 +272,7 @@ class RecordCounts:
 
     def count_done(self, n: int = 1) -> None:
         """Count ``n`` records taken (the worker); tell whoever waits for room."""
-        self.done += n
-        target = self.wait_done
-        if target is not None and self.done >= target:
-            self.gate.reached(self, self.who)
+        self._count_done(n, self.who)
         if self.room_waiters:
             with self.room:
                 self.room.notify_all()
@@ -292,42 +281,17 @@ class RecordCounts:
 
     def wait_for_room(self, give_up: Callable[[], bool]) -> None:
         """Block this thread (a lane thread, never the training thread or the loop) until
-        fewer than ``limit`` records wait, or ``give_up()`` (checked every 50 ms) says so."""
+        fewer than ``bound`` records wait, or ``give_up()`` (checked every 50 ms) says so."""
         with self.room:
             self.room_waiters += 1
             try:
-                while self.enq - self.done >= self.limit and not give_up():
+                while self.enq - self.done >= self.bound and not give_up():
                     self.room.wait(0.05)
             finally:
                 self.room_waiters -= 1
 
 
-# -- what the training thread waits at -----------------------------------------------------
-
-
-class Counters:
-    """What the producer counts over the engine's lifetime (the training thread writes;
-    ``loop_wakeups`` the loop thread).
-
-    Attributes:
-        trace, clock: The timeline recorder, the batch clock (``bus/clock.py``), while kept.
-    """
-
-    __slots__ = ("backpressure_wait", "barrier_wait", "barrier_waits", "batches", "clock",
-                 "loop_wakeups", "published", "trace")
-
-    def __init__(self) -> None:
-        self.published = 0
-        self.batches = 0
-        self.barrier_waits = 0
-        self.barrier_wait = 0.0
-        self.backpressure_wait = 0.0
-        self.loop_wakeups = 0
-        self.trace: TraceRecorder | None = None
-        self.clock: BatchClock | None = None
-
-
-Waited = WorkQueue | RecordCounts
+# -- where the training thread waits ---------------------------------------------------------
 
 
 class Gate:
@@ -341,7 +305,7 @@ class Gate:
     def __init__(self, counters: Counters) -> None:
         self._lock = threading.Lock()
         self._signal: SimpleQueue[bool] = SimpleQueue()
-        self._waiting: set[Waited] = set()
+        self._waiting: set[Counted] = set()
         self.counters = counters
         #: Set once; then the training thread unwinds at its next event or wait.
         self.stopping = False
@@ -351,10 +315,10 @@ class Gate:
         #: Seconds one wait may last before ``on_long_wait`` is told (once per wait).
         self.wait_warning = math.inf
         #: Told ``(kind, event, waited, seconds)`` when a wait passes ``wait_warning``.
-        self.on_long_wait: Callable[[WaitKind, Event | None, list[Waited], float], None] | None
+        self.on_long_wait: Callable[[WaitKind, Event | None, list[Counted], float], None] | None
         self.on_long_wait = None
 
-    def wait(self, targets: Sequence[tuple[Waited, int]], kind: WaitKind,
+    def wait(self, targets: Sequence[tuple[Counted, int]], kind: WaitKind,
              event: Event | None = None) -> None:
         """Block until each queue (or destination) of ``targets`` has ``done`` its target.
 
@@ -405,7 +369,7 @@ class Gate:
         if self.stopping:
             raise Stopped
 
-    def reached(self, waited: Waited, by: Member | None) -> None:
+    def reached(self, waited: Counted, by: Member | None) -> None:
         """``waited`` reached what the training thread waits for, with an item or record
         of ``by`` (any thread)."""
         with self._lock:

@@ -2,7 +2,7 @@
 
 ``logger.log_metrics(...)`` (any thread) hands its record to :meth:`Records.submit`, which
 queues it on every destination's worker (a lossy destination's in its mailbox instead,
-``mailbox.py``, which drops or merges rather than waiting). At most ``limit`` records wait
+``mailbox.py``, which drops or merges rather than waiting). At most ``bound`` records wait
 per destination (its ``backpressure`` limit, else ``queue_size``); past that the logging
 party waits, as its thread allows:
 
@@ -28,8 +28,9 @@ from trainbus.bus.queue import LogItem
 from trainbus.bus.worker import CURRENT_WORKER, Lane, wake_on_loop, would_deadlock
 
 if TYPE_CHECKING:
+    from trainbus.bus.counters import Counters
     from trainbus.bus.producer import Producer
-    from trainbus.bus.queue import Counters, Gate
+    from trainbus.bus.queue import Gate
     from trainbus.bus.worker import Worker
     from trainbus.core.logger import LogRecord
 
@@ -72,7 +73,7 @@ class Records:
                 depth = box.depth
                 item = LogItem(None, lane) if answer == WAKE else None  # the marker, once
             else:
-                full = counts.enq - counts.done >= counts.limit
+                full = counts.enq - counts.done >= counts.bound
                 if full and not (lane.failed or lane.abandoned):
                     self._wait_for_room(lane)
                 depth = counts.count()
@@ -105,7 +106,7 @@ class Records:
         counts = lane.records
         if ident == self._producer.ident:
             if self._producer.running_here is not lane:  # not a @blocking handler's own
-                self._producer.wait_records([(counts, counts.enq - counts.limit + 1)])
+                self._producer.wait_records([(counts, counts.enq - counts.bound + 1)])
             return
         waiter = CURRENT_WORKER.get()  # the worker whose handler logs, if any
         if ident == self.loop_thread:

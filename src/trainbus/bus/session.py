@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from trainbus.bus.producer import Producer
-from trainbus.bus.queue import STOP, CallItem, Gate, Stopped
+from trainbus.bus.queue import STOP, CallItem, Gate
 from trainbus.bus.records import Records
 from trainbus.bus.slow import long_wait_message, report_at, warn_at
 from trainbus.bus.watchdog import LoopWatch
@@ -39,13 +39,15 @@ from trainbus.core.exceptions import (
     LaneThreadError,
     RecordsDroppedWarning,
     SlowCallbackWarning,
+    Stopped,
 )
 from trainbus.core.threads import run_in_thread, start_thread
 
 if TYPE_CHECKING:
+    from trainbus.bus.counters import Counters
     from trainbus.bus.members import Member
     from trainbus.bus.options import BusOptions
-    from trainbus.bus.queue import Counters, Waited, WaitKind
+    from trainbus.bus.queue import Counted, WaitKind
     from trainbus.core.callback import Handler
     from trainbus.core.events import Event
     from trainbus.core.logger import Logger
@@ -456,7 +458,7 @@ class Session:
         )
 
     def _warn_long_wait(
-        self, kind: WaitKind, event: Event | None, waited: list[Waited], seconds: float
+        self, kind: WaitKind, event: Event | None, waited: list[Counted], seconds: float
     ) -> None:
         """The training thread has waited ``seconds`` for ``waited`` (training thread): name
         the callbacks behind it, in list order: a destination's, or, for a worker's queue,

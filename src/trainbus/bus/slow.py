@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from trainbus.bus.counters import Counters
     from trainbus.bus.members import Member, Slot
-    from trainbus.bus.queue import Counters
     from trainbus.bus.worker import Lane
     from trainbus.core.events import Event
 

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from trainbus.bus.counters import Counters
     from trainbus.bus.members import Member
-    from trainbus.bus.queue import Counters
     from trainbus.bus.worker import Lane
 
 __all__ = ["BusStatistics", "CallbackStatistics", "collect_statistics"]

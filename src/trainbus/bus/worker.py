@@ -38,8 +38,9 @@ from trainbus.core.scalars import all_ready
 from trainbus.core.threads import run_in_thread
 
 if TYPE_CHECKING:
+    from trainbus.bus.counters import Counters
     from trainbus.bus.members import Member, Slot
-    from trainbus.bus.queue import Counters, Gate, WorkItem
+    from trainbus.bus.queue import Gate, WorkItem
     from trainbus.bus.trace import TraceRecorder
     from trainbus.core.bridge import LoopEvent, LoopHandle, Spawner
     from trainbus.core.events import Event
@@ -94,7 +95,7 @@ class Lane:
         self.lock = threading.Lock()
         policy = member.backpressure
         own = None if policy is None else policy.queue_size
-        self.records = RecordCounts(gate, queue_size if own is None else own, member)
+        self.records = RecordCounts(gate.reached, queue_size if own is None else own, member)
         self.mailbox = (
             Mailbox(self.records, member, policy) if policy is not None and policy.lossy else None
         )
@@ -107,7 +108,7 @@ class Lane:
     def fail(self, exc: BaseException, slot: Slot) -> None:
         """One of its handlers raised: mark it failed and stop the run (D10)."""
         self.failed = True
-        self.worker.queue.gate.fail(exc, slot.handler, slot.event)
+        self.worker.gate.fail(exc, slot.handler, slot.event)
 
 
 def finished(lane: Lane, slot: Slot, start: float, elapsed: float,
@@ -151,9 +152,9 @@ class Worker:
         name: ``trainbus-lane-<Callback>`` (``+<n>`` when it serves n more).
     """
 
-    __slots__ = ("chain", "counters", "idle", "lanes", "loop", "name", "on_thread", "passed",
-                 "place", "queue", "sleeper", "spawner", "subs", "thread", "waiting_on",
-                 "wakes", "wakeup")
+    __slots__ = ("chain", "counters", "gate", "idle", "lanes", "loop", "name", "on_thread",
+                 "passed", "place", "queue", "sleeper", "spawner", "subs", "thread",
+                 "waiting_on", "wakes", "wakeup")
 
     def __init__(self, lanes: Sequence[Lane], on_thread: bool, gate: Gate, counters: Counters,
                  loop: LoopHandle, spawner: Spawner, queue_size: int = 128) -> None:
@@ -162,7 +163,8 @@ class Worker:
         more = len(self.lanes) - 1
         self.name = f"trainbus-lane-{self.lanes[0].name}" + (f"+{more}" if more else "")
         lags = frozenset().union(*(lane.member.lags for lane in self.lanes))
-        self.queue = WorkQueue(gate, queue_size, lags)
+        self.gate = gate
+        self.queue = WorkQueue(gate.reached, queue_size, lags)
         if not on_thread:
             self.queue.inbox = []  # the publishing thread's until a hand-over
         self.subs: dict[Event, list[tuple[Lane, Slot]]] = {}
@@ -228,7 +230,7 @@ class Worker:
         """The body of a lane thread: run the queue's items until ``STOP``."""
         CURRENT_WORKER.set(self)
         queue, items, subs, spawner = self.queue, self.queue.items, self.subs, self.spawner
-        gate, counters = queue.gate, self.counters
+        gate, counters = self.gate, self.counters
         t0 = _perf()
         while True:
             if not items:
@@ -378,7 +380,7 @@ class Worker:
         """Run the items, sleeping when there are none; true at ``STOP``. At each
         ``WAKE_END`` (the end of one hand-over) the task gives the loop a turn: it sleeps if
         nothing more is queued, else it yields once."""
-        queue, items, gate, counters = self.queue, self.queue.items, self.queue.gate, self.counters
+        queue, items, gate, counters = self.queue, self.queue.items, self.gate, self.counters
         new_event, yield_now = _event_factory(self.loop), self.loop.yield_now
         t0 = _perf()
         while True:
@@ -455,11 +457,11 @@ class Worker:
         dest, lane.owes = lane.owes, None
         if dest is None:
             return
-        gate, records = self.queue.gate, dest.records
+        gate, records = self.gate, dest.records
         self.waiting_on = dest
         try:
             while (
-                records.enq - records.done >= records.limit
+                records.enq - records.done >= records.bound
                 and not (gate.stopping or dest.failed or dest.abandoned)
                 and not would_deadlock(self, dest)
             ):

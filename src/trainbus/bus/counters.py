@@ -1,0 +1,37 @@
+"""What the bus counts over an engine's life: events, batches, the training thread's waits.
+
+The training thread writes these (the loop thread ``loop_wakeups``); ``Engine.statistics()``
+reads them (``statistics.py``), as do the timeline and the batch clock while kept.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainbus.bus.clock import BatchClock
+    from trainbus.bus.trace import TraceRecorder
+
+__all__ = ["Counters"]
+
+
+class Counters:
+    """What the producer counts over the engine's lifetime (the training thread writes;
+    ``loop_wakeups`` the loop thread).
+
+    Attributes:
+        trace, clock: The timeline recorder, the batch clock (``bus/clock.py``), while kept.
+    """
+
+    __slots__ = ("backpressure_wait", "barrier_wait", "barrier_waits", "batches", "clock",
+                 "loop_wakeups", "published", "trace")
+
+    def __init__(self) -> None:
+        self.published = 0
+        self.batches = 0
+        self.barrier_waits = 0
+        self.barrier_wait = 0.0
+        self.backpressure_wait = 0.0
+        self.loop_wakeups = 0
+        self.trace: TraceRecorder | None = None
+        self.clock: BatchClock | None = None
