@@ -1,8 +1,4 @@
-"""What the bus counts over an engine's life: events, batches, the training thread's waits.
-
-The training thread writes these (the loop thread ``loop_wakeups``); ``Engine.statistics()``
-reads them (``statistics.py``), as do the timeline and the batch clock while kept.
-"""
+"""What the bus counts over an engine's life: events, batches, the training thread's waits."""
 
 from __future__ import annotations
 
@@ -16,8 +12,8 @@ __all__ = ["Counters"]
 
 
 class Counters:
-    """What the producer counts over the engine's lifetime (the training thread writes;
-    ``loop_wakeups`` the loop thread).
+    """The training thread writes these (the loop thread ``loop_wakeups``);
+    ``Engine.statistics()`` reads them (``statistics.py``).
 
     Attributes:
         trace, clock: The timeline recorder, the batch clock (``bus/clock.py``), while kept.

@@ -1,17 +1,13 @@
 """A lossy destination's records: a bounded queue that drops or merges instead of waiting.
 
-A destination with a lossy ``backpressure`` (``core/backpressure.py``; ``docs/loggers.md``,
-"Falling behind") gets its records here instead of in its worker's queue::
+A destination with a lossy ``backpressure`` (``docs/loggers.md``, "Falling behind") gets its
+records here, not in its worker's queue: any thread offers one (:meth:`Mailbox.offer`); one
+offered with no marker on its way puts a marker (a record-less ``LogItem``) in the worker's
+queue, and the worker, at the marker, takes the waiting records (:meth:`Mailbox.takes`).
 
-    any thread --offer(record)--> Mailbox (at most ``limit``; full: drop or merge)
-                                  + a marker (a record-less ``LogItem``) in its worker's queue
-                                    when the mailbox was empty
-    worker, at the marker --takes()--> the waiting records, until none
-
-Counting (``queue.RecordCounts``): ``enq`` counts every record offered, under the mailbox's
-lock; its worker counts ``done`` as it takes, the records dropped or merged meanwhile with
-it, so ``enq - done`` reaches 0 once everything is delivered (``wait_all(records=True)``).
-Full is ``len(waiting) + in_flight >= limit``: logged and not yet delivered, as for ``block``.
+Counting (``queue.RecordCounts``): ``enq`` counts every record offered; the worker counts
+``done`` as it takes, with the records dropped or merged meanwhile, so ``enq - done``
+reaches 0 once everything is delivered. Full is ``depth >= limit``, as for ``block``.
 """
 
 from __future__ import annotations
@@ -29,8 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = ["FULL", "QUEUED", "WAKE", "Mailbox"]
 
-#: :meth:`Mailbox.offer`'s answers: queued and the worker must be given a marker; queued
-#: (or dropped/merged) with a marker already on its way; full (``coalesce``: wait for room).
+#: :meth:`Mailbox.offer`'s answers: queued, give the worker a marker; queued (or dropped or
+#: merged), a marker on its way; full (``coalesce``: wait for room).
 WAKE: Final = 1
 QUEUED: Final = 0
 FULL: Final = -1
@@ -96,9 +92,8 @@ class Mailbox:
 
     def takes(self, requeue: Callable[[], None]) -> Iterator[LogRecord]:
         """The worker, at a marker: the waiting records, at most ``limit + 1`` takes; then,
-        if more came meanwhile, ``requeue()`` puts the marker at the back of the queue, so
-        that records logged without pause never starve the events. The records dropped or
-        merged are counted done as they are taken."""
+        if more came, ``requeue()`` puts the marker at the back of the queue (records logged
+        without pause never starve the events). Those dropped or merged count done here."""
         for _ in range(self.limit + 1):
             with self._lock:
                 skipped, self._skipped = self._skipped, 0
@@ -126,8 +121,7 @@ class Mailbox:
 
     def _replace(self, record: LogRecord) -> None:
         """Drop every waiting record of ``record``'s kind whose names all come again in
-        ``record``: each of its values has a newer one waiting (per name, the latest
-        wins), so only older values are lost."""
+        ``record`` (per name, the latest wins: only older values are lost)."""
         names = record.metrics.keys()
         kept: deque[LogRecord] = deque()
         for old in self._waiting:

@@ -1,20 +1,11 @@
 """Logged records: queued on every destination, within each one's bound (D12).
 
 ``logger.log_metrics(...)`` (any thread) hands its record to :meth:`Records.submit`, which
-queues it on every destination's worker (a lossy destination's in its mailbox instead,
-``mailbox.py``, which drops or merges rather than waiting). At most ``bound`` records wait
-per destination (its ``backpressure`` limit, else ``queue_size``); past that the logging
-party waits, as its thread allows:
-
-- the training thread waits at the gate, like a full event queue;
-- a lane thread (a plain handler that logs) blocks until the destination has room;
-- a handler on the event loop cannot block the loop: its record is queued, and its lane
-  waits for room after the handler returns (``Worker._wait_for_room``), an overshoot
-  bounded by what one handler call logs.
-
-Nobody waits where waiting could never end (for its own lane, a destination on its own
-lane thread, or a cycle of workers waiting for each other's room): the record is then
-queued over the bound. Barriers never wait for records.
+queues it on every destination's worker (a lossy one's in its ``mailbox.py``). Past a
+destination's bound the logging party waits as its thread allows: the training thread at the
+gate, a lane thread on the spot, a handler on the loop after it returns
+(``Worker._wait_for_room``); nobody where waiting could never end (``would_deadlock``).
+Barriers never wait for records. The rule in full: ``docs/concurrency.md``, D12.
 """
 
 from __future__ import annotations
@@ -52,12 +43,10 @@ class Records:
 
     def submit(self, record: LogRecord) -> None:
         """Queue ``record`` on every destination, within each one's bound, and wake the
-        destinations that sleep.
-
-        From the publishing thread a record for a worker on the loop rides the loop's next
-        hand-over (the wake rule), after the events published before it (D1), but at once
-        when a ``@blocking`` handler logs it (it may wait for its delivery). From any other
-        thread the sleeping workers on the loop are woken in one call into the loop."""
+        destinations that sleep. From the publishing thread a record for a worker on the
+        loop rides the loop's next hand-over (after the events before it, D1), at once when
+        a ``@blocking`` handler logs it; from any other thread one call into the loop wakes
+        the sleeping workers there."""
         woken: list[Worker] = []
         owed = False
         producer = self._producer

@@ -1,15 +1,9 @@
 """Warnings about callbacks: slower than their batches, long waits, at the user's code.
 
-The slow check: at each of the first few ``BATCH_END`` events the training thread compares
-each callback's handler time since the previous check with the batch's own time (less its
-waits at barriers and full queues); a callback slower than most checked batches is marked
-slow (``Member.slow``) and gets one ``SlowCallbackWarning`` naming its slowest event.
-
-:func:`warn_at` points a warning at the handler's own ``def`` line (or its class's), and
-:func:`report_at` emits one drawn from timings (D7: measured time never changes what a run
-does), ``SlowCallbackWarning`` and the "has waited N s" ``CallbackTimeoutWarning``: where a
-filter makes it an error (``python -W error``) it is shown instead and training goes on. A
-deadline the user set (``close_timeout``) is no measurement: its warning follows the filters.
+The slow check compares, at each of the first few ``BATCH_END`` events, each callback's
+handler time since the previous check with the batch's own time less its waits; one slower
+than most checked batches is marked slow (``Member.slow``) and warned about once
+(``docs/concurrency.md``, "Watching it").
 """
 
 from __future__ import annotations
@@ -30,17 +24,13 @@ __all__ = ["SlowCallbacks", "long_wait_message", "report_at", "warn_at"]
 
 #: Batches (after the first) whose handler time is compared with the batch time.
 CHECK_BATCHES = 3
-#: Handler time per batch under which a callback is never called slow (seconds): below
-#: it, the batch is tiny and scheduling noise dominates.
+#: Handler seconds per batch under which a callback is never slow (scheduling noise).
 MIN_BUSY = 5e-3
 
 
 class SlowCallbacks:
-    """The state of the check for one session.
-
-    Invariant: the training thread alone reads and writes it, and ``Member.slow`` and
-    ``Member.slow_batches``.
-    """
+    """The state of the check for one session. Invariant: the training thread alone reads
+    and writes it, and ``Member.slow`` and ``Member.slow_batches``."""
 
     __slots__ = ("busy_marks", "checking", "checks", "last_batch_end", "slow_batches",
                  "wait_mark")
@@ -133,8 +123,9 @@ def warn_at(message: str, category: type[Warning], where: object = None) -> None
 
 
 def report_at(message: str, category: type[Warning], where: object = None) -> None:
-    """Warn as :func:`warn_at` does, but never raise: a warning drawn from timings is
-    shown where a filter makes it an error (the module docstring's rule)."""
+    """Warn as :func:`warn_at` does, but never raise: a warning drawn from timings (D7:
+    measured time never changes what a run does) is shown where a filter makes it an error.
+    A deadline the user set (``close_timeout``) is no measurement: use :func:`warn_at`."""
     try:
         warn_at(message, category, where)
     except Warning as exc:  # a filter said "error": report it, do not raise it

@@ -26,15 +26,12 @@ class CallbackStatistics:
         total_time: Seconds spent in the callback's handlers.
         max_time: The longest single handler call, in seconds.
         slowest: ``"Class.method"`` of the handler with the longest call.
-        pending: Event handler calls queued or running now; for a callback sharing a pool
-            thread, its thread's (one queue: an item each for one or more callbacks).
+        pending: Event handler calls queued or running now (for a pooled callback, its
+            thread's: one queue for its callbacks).
         peak_pending: The most of those ever queued at once.
-        on_thread: Whether it runs on a lane thread, its own or a shared one (the rule:
-            ``bus/members.py``).
-        pending_records: For a destination, log records queued (or in its mailbox) or being
-            delivered now.
-        peak_pending_records: For a destination, the most records ever queued at once
-            (bounded by ``queue_size``, or its ``backpressure`` limit, D12).
+        on_thread: Whether it runs on a lane thread, its own or a shared one.
+        pending_records: For a destination, records queued or being delivered now.
+        peak_pending_records: For a destination, the most records ever queued at once (D12).
         records_dropped: For a destination with a lossy ``backpressure``, whole records
             its policy dropped (``docs/loggers.md``, "Falling behind").
         records_coalesced: Records its ``coalesce`` policy merged into an earlier one.
@@ -43,12 +40,11 @@ class CallbackStatistics:
         lag_batches: Batches it trails the training thread by now (0 with nothing pending).
         barrier_wait_caused: Seconds the training thread waited (barriers, full queues,
             ``@blocking`` hand-overs) while this was the last callback it waited for.
-        slow: Whether its handlers took longer than most batches the slow-callback check
-            compared (the first few of each fit): ``SlowCallbackWarning``'s statistic, a
-            report drawn from timings (D7, ``bus/slow.py``).
+        slow: Whether its handlers outlasted most batches the slow-callback check compared
+            (the first few of each fit; ``SlowCallbackWarning``, D7).
         slow_batches: Of the batches the last check compared, those its handlers outlasted.
         inline_time: Of ``total_time``, the seconds its plain ``@blocking`` handlers ran
-            on the training thread (the rest ran off it).
+            on the training thread.
     """
 
     name: str
@@ -81,7 +77,7 @@ class BusStatistics:
         events_published: Events the training thread published.
         batches: ``BATCH_END`` events published.
         queue_depth: Event handler calls queued or running, all callbacks together (a
-            queue that callbacks share on a pool thread counted once).
+            pool thread's queue counted once).
         peak_queue_depth: The deepest any one callback's queue has been.
         lag_events: How many event handler calls the furthest-behind callback trails by.
         lag_batches: How many batches the furthest-behind callback trails by.
@@ -89,8 +85,7 @@ class BusStatistics:
         barrier_wait_time: Seconds the training thread spent waiting at barriers
             (including ``@blocking`` handlers' lanes).
         backpressure_wait_time: Seconds it spent waiting for a full queue (D12).
-        loop_wakeups: How often another thread woke the event loop to run handlers (once
-            for everything queued on sleeping loop lanes before the loop ran).
+        loop_wakeups: How often another thread woke the event loop to run handlers.
     """
 
     callbacks: tuple[CallbackStatistics, ...]
@@ -114,8 +109,7 @@ class BusStatistics:
 def collect_statistics(members: Sequence[Member], lanes: Sequence[Lane] | None,
                        counters: Counters, now_batch: int) -> BusStatistics:
     """Read the counters into a :class:`BusStatistics` (any thread, no lock: each count is
-    its writer's latest, not all from one instant). ``lanes``: the running or last session's.
-    """
+    its writer's latest, not all from one instant); ``lanes``: the running or last session's."""
     per_callback = []
     depth = peak = lag_events = lag_batches = 0
     for member in members:
