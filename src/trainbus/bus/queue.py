@@ -1,17 +1,12 @@
-"""The work queue: the items a worker runs, the one bounded, counted queue type, and the
-gate where the training thread waits on queues.
+"""The items a worker runs, the one bounded, counted queue type, and the gate.
 
 A :class:`Counted` queue counts what is put on it (``enq``) and what its worker finished
-(``done``); at most ``bound`` may wait before whoever puts waits for room (D12). The
-training thread waits at the :class:`Gate` for queues' ``done`` to reach targets (a
-barrier, D4; a full queue, D12; a ``@blocking`` handler's turn, D9; a destination's
-records); a queue tells the gate when it gets there. Two kinds of queue, one rule:
-
-- :class:`WorkQueue`: one worker's items in order (``worker.py``). It serves every
-  callback pinned to its worker, so a publish counts once per worker and a barrier waits
-  once per worker, however many callbacks it runs; it keeps the marks of lagging handlers.
-- :class:`RecordCounts`: a destination's logged records (``records.py``), from any thread,
-  bounded per destination, not per worker; the records themselves ride its worker's queue.
+(``done``), at most ``bound`` apart (D12). The training thread waits at the :class:`Gate`
+for queues' ``done`` to reach targets (a barrier, D4; a full queue, D12; a ``@blocking``
+handler's turn, D9; a destination's records); a queue tells the gate when it gets there.
+A :class:`WorkQueue` holds one worker's items, counted once per worker however many
+callbacks it runs; a :class:`RecordCounts` counts one destination's records, which ride its
+worker's queue.
 """
 
 from __future__ import annotations
@@ -58,10 +53,9 @@ WaitKind = Literal["barrier", "fence", "backpressure", "records", "blocking"]
 class EventItem:
     """One published event: the state as of its publication and a logger bound to it.
 
-    ``lane`` (a ``worker.Lane``, typed ``Any``: this module sits below ``worker.py``) is
-    ``None`` for an item that every callback of the worker that only queues the event runs
-    (``Worker.subs``), or the one callback whose handler it is for (a filtered, lagging or
-    ``@blocking`` handler). ``batch``: the batch count at publication.
+    ``lane`` (a ``worker.Lane``, typed ``Any``: this module sits below ``worker.py``) is the
+    one callback a filtered, lagging or ``@blocking`` handler's item is for, else ``None``
+    (``Worker.subs``). ``batch``: the batch count at publication.
     """
 
     __slots__ = ("batch", "event", "lane", "logger", "view")
@@ -87,10 +81,8 @@ class LogItem:
 
 
 class CallItem:
-    """A call run in ``lane``'s order (``close``, ``post_close``, a drain mark).
-
-    ``fn()`` is called (and awaited if ``is_async``); then ``on_done(error)`` on the loop.
-    A drain mark has no ``fn``: taking it only tells that everything before it ran.
+    """A call run in ``lane``'s order (``close``, ``post_close``, a drain mark without
+    ``fn``): ``fn()`` is called (awaited if ``is_async``), then ``on_done(error)`` on the loop.
     """
 
     __slots__ = ("fn", "is_async", "label", "lane", "on_done")
@@ -122,8 +114,7 @@ WAKE_END: Final = _Marker("WAKE_END")
 
 WorkItem = EventItem | LogItem | CallItem | _Marker
 
-#: What a queue tells when ``done`` reaches ``wait_done``: ``reached(queue, by)``, where
-#: ``by`` is the callback whose item (or record) got it there (:meth:`Gate.reached`).
+#: Told ``(queue, by)`` when ``done`` reaches ``wait_done`` (:meth:`Gate.reached`).
 Reached = Callable[["Counted", "Member | None"], None]
 
 
@@ -134,8 +125,7 @@ class Counted:
     """A bounded count of queued work (module docstring).
 
     Attributes:
-        enq: Put so far. Invariant: incremented before its item is appended, so that
-            ``done <= enq`` always.
+        enq: Put so far. Invariant: incremented before its item is appended (``done <= enq``).
         done: Finished (or skipped), in queue order. Invariant: written by the worker only.
         bound: How many may wait before whoever puts waits for room (D12).
         wait_done: The ``done`` the training thread waits for now, else ``None``.
@@ -161,15 +151,13 @@ class Counted:
 
 
 class WorkQueue(Counted):
-    """One worker's items, in order, counted (``enq``: event items, by the publishing
-    thread; ``done``: by the worker).
+    """One worker's items, in order; ``enq`` counts event items (the publishing thread).
 
     Attributes:
         items: The items; only the worker takes them.
         inbox: Where the publishing thread appends. Invariant: ``items`` itself for a
-            worker on a thread; for a worker on the loop, a list only the publishing thread
-            touches until ``Producer.hand_over`` gives it to the loop, so what the loop
-            runs, and when, is the wake rule's doing, not the moment the loop looks.
+            worker on a thread; for one on the loop, a list only the publishing thread
+            touches until ``Producer.hand_over`` gives it to the loop (the wake rule).
         uniform: Whether every handler queued here has lag 0 (a barrier waits for ``enq``).
         last_by_lag: Per lag: ``enq`` after its last item of that lag (training thread).
         last_fenced: ``enq`` after its last item not of a ``@trailing`` handler.
@@ -250,8 +238,7 @@ class RecordCounts(Counted):
 
     Attributes:
         who: The destination (whose records end a wait: ``Member.wait_caused``).
-        room_wakers: Called (any thread) as records are taken, while loop tasks wait for
-            room here (``worker.py``).
+        room_wakers: Called (any thread) as records are taken, for loop tasks waiting here.
     """
 
     __slots__ = ("lock", "room", "room_waiters", "room_wakers", "who")
@@ -307,13 +294,10 @@ class Gate:
         self._signal: SimpleQueue[bool] = SimpleQueue()
         self._waiting: set[Counted] = set()
         self.counters = counters
-        #: Set once; then the training thread unwinds at its next event or wait.
-        self.stopping = False
+        self.stopping = False  #: set once; the training thread unwinds at its next event or wait
         self.errors: list[BaseException] = []
-        #: Whose item (or record) ended the current wait: the wait is its doing.
-        self._last: Member | None = None
-        #: Seconds one wait may last before ``on_long_wait`` is told (once per wait).
-        self.wait_warning = math.inf
+        self._last: Member | None = None  # whose item (or record) ended the current wait
+        self.wait_warning = math.inf  #: seconds a wait may last before ``on_long_wait`` is told
         #: Told ``(kind, event, waited, seconds)`` when a wait passes ``wait_warning``.
         self.on_long_wait: Callable[[WaitKind, Event | None, list[Counted], float], None] | None
         self.on_long_wait = None
@@ -370,8 +354,7 @@ class Gate:
             raise Stopped
 
     def reached(self, waited: Counted, by: Member | None) -> None:
-        """``waited`` reached what the training thread waits for, with an item or record
-        of ``by`` (any thread)."""
+        """``waited`` reached its target with an item or record of ``by`` (any thread)."""
         with self._lock:
             if waited in self._waiting:
                 self._waiting.discard(waited)
@@ -381,12 +364,8 @@ class Gate:
 
     def fail(self, exc: BaseException, handler: Handler | None, event: Event | None) -> None:
         """Record a handler's exception and stop the training thread at its next event
-        (the caller marks the handler's lane failed: it runs nothing more but its close).
-
-        A :class:`Stopped` that reaches a handler while the session stops (it waited inside
-        the handler, for a destination's room say) is the bus unwinding it, not the
-        handler's error: it is not recorded.
-        """
+        (the caller marks the handler's lane failed). A :class:`Stopped` that reaches a
+        handler while the session stops is the bus unwinding it: it is not recorded."""
         if isinstance(exc, Stopped) and self.stopping:
             return
         if handler is not None:

@@ -1,21 +1,13 @@
 """Workers: who runs a callback's handlers, in its queue's order.
 
-::
-
-    a Worker = one WorkQueue (queue.py) + where it runs
-      on a lane thread:  plain callbacks, several per thread (a pool of ``lane_threads``,
-                         or a thread of its own with ``own_thread = True``)
-      on the event loop: one ``async def``-only callback, a task of its own
-
-Where a callback runs is declared (``members.py``, D7) and fixed for the run
-(:func:`place`). A worker takes items from the left of its queue and runs each: an event
-item runs the event's handlers (of every callback there that only queues it, in list
-order, or of the one callback the item names), a record goes to its destination, a call
-item (``close``, a drain mark) is called. On a thread, ``async def`` handlers run on the
-loop through ``bridge.Spawner`` and are waited for, so a callback's handlers keep their
-order (D1). An empty worker sleeps until the producer wakes it (its rule: ``producer.py``).
-A stopping session's event items are counted, not run (D10). The clock is read once an
-item: an item's time runs from the end of the one before (or the wake-up) to its own end.
+A worker is one ``WorkQueue`` run on a lane thread (plain callbacks, several per thread, or
+one with ``own_thread = True``) or as a task on the loop (one ``async def``-only callback),
+fixed for the run (:func:`place`, D7). It runs its items in order: an event item, the
+handlers it names; a record, its destination's; a call item, the call. On a thread an
+``async def`` handler runs on the loop (``bridge.Spawner``) and is waited for (D1). An empty
+worker sleeps until the producer wakes it (``producer.py``). A stopping session's event
+items are counted, not run (D10). An item's time runs from the end of the one before (or
+the wake-up) to its own end: one clock read an item.
 """
 
 from __future__ import annotations
@@ -65,11 +57,9 @@ class Lane:
     """One callback for one session: its handlers, its worker, its records, its state.
 
     Attributes:
-        worker: Its :class:`Worker` (set by :func:`place`).
-        records: Its records' counts (a destination's, D12).
-        mailbox: A lossy destination's records (``mailbox.py``), else ``None``.
-        lock: Held by whoever runs one of its items, when the training thread runs some of
-            its plain handlers too (``shares``, ``Member.shares_thread``): never both (D1).
+        records: Its records' counts (a destination's, D12); ``mailbox``: a lossy one's.
+        lock: Held by whoever runs one of its items when the training thread runs some of
+            its plain handlers too (``shares``): never both at once (D1).
         current: The handler running now (``"Class.method"``), else ``None``. Invariant:
             written only by the thread running its handler.
         scope: The cancel scope of its coroutine handler running now, if any (D11).
@@ -113,8 +103,8 @@ class Lane:
 
 def finished(lane: Lane, slot: Slot, start: float, elapsed: float,
              trace: TraceRecorder | None) -> None:
-    """A handler call finished: its slot's statistics and the timeline (the one place they
-    are kept, for every handler wherever it ran)."""
+    """A handler call finished: its slot's statistics and the timeline (for every handler,
+    wherever it ran)."""
     slot.calls += 1
     slot.total_time += elapsed
     if elapsed > slot.max_time:
@@ -142,10 +132,8 @@ class Worker:
 
     Attributes:
         lanes: Its callbacks' lanes, in list order (one for a worker on the loop).
-        queue: Its :class:`~trainbus.bus.queue.WorkQueue`.
-        subs: Per event, the handlers it runs for an item that names no lane: ``(lane,
-            slot)`` in list order (set by ``Producer``).
-        on_thread: Whether it runs on a thread of its own (else a task on the loop).
+        subs: Per event, the ``(lane, slot)`` it runs for an item that names no lane, in
+            list order (set by ``Producer``).
         idle: Whether it sleeps (or is about to). Invariant: set by the worker before its
             second look at the queue, so an append either is seen or sees it sleep.
         waiting_on: The destination whose room one of its handlers waits for (records).
@@ -180,8 +168,7 @@ class Worker:
         self.chain: list[Worker] = []  # the session's thread workers, in pool order
         self.place = 0  # its index in ``chain``
         self.passed = 0  # the last of the producer's wake-ups it passed on (``wake_chain``)
-        #: ``[n]``: the wake-ups the producer started down the chain (shared by the chain).
-        self.wakes = [0]
+        self.wakes = [0]  # the wake-ups the producer started down the chain (shared by it)
         for lane in self.lanes:
             lane.worker = self
 
@@ -242,8 +229,8 @@ class Worker:
                 lane = item.lane
                 handlers = subs[item.event] if lane is None else ((lane, lane.slots[item.event]),)
                 view, logger, trace = item.view, item.logger, counters.trace
-                # The hot loop of plain callbacks: ``finished`` and ``WorkQueue.count_done``
-                # written out (a call each costs about as much as the rest of the loop).
+                # Hot: ``finished`` and ``WorkQueue.count_done`` written out (a call costs
+                # about as much as the rest of the loop).
                 for lane, slot in handlers:
                     if gate.stopping:  # D10: counted, not run
                         continue
@@ -337,8 +324,8 @@ class Worker:
         return t1
 
     def drain_failed(self, error: BaseException) -> None:
-        """After an error of the bus itself on this thread: count its items without running
-        them until ``STOP``, so that nobody waits for it for ever."""
+        """After an error of the bus itself on this thread: count its items, not run, until
+        ``STOP``, so that nobody waits for it for ever."""
         items = self.queue.items
         while True:
             if not items:
@@ -350,12 +337,8 @@ class Worker:
             if type(item) is EventItem:
                 self.queue.count_done(item.batch, None)
             elif type(item) is LogItem:
-                lane = item.lane
-                if item.record is not None:
-                    lane.records.count_done()
-                else:
-                    for _ in _records_of(item):
-                        lane.records.count_done()
+                for _ in _records_of(item):
+                    item.lane.records.count_done()
             elif type(item) is CallItem:
                 self.loop.call_soon_if_running(item.on_done, error)
 
@@ -363,8 +346,8 @@ class Worker:
 
     async def run_task(self, finished_event: anyio.Event) -> None:
         """The worker's task on the loop: run its items until ``STOP``, then set
-        ``finished_event``. Cancelling its scope (``lane.scope``) cancels the handler
-        running now (D11, an abandoned close); the task goes on with a fresh scope."""
+        ``finished_event``. Cancelling ``lane.scope`` cancels the handler running now (D11);
+        the task goes on with a fresh scope."""
         CURRENT_WORKER.set(self)
         lane = self.lanes[0]
         try:
@@ -451,9 +434,8 @@ class Worker:
 
     async def _wait_for_room(self, lane: Lane) -> None:
         """Pause until the destination ``lane``'s handler logged past the bound has room
-        (D12), or the session stops, or waiting could never end. The destination wakes the
-        pause as it takes records (``room_wakers``); a look every ``ROOM_RECHECK`` seconds
-        notices the rest (stopping, a cycle of workers waiting for each other)."""
+        (D12; it wakes the pause through ``room_wakers``), or the session stops, or waiting
+        could never end (a look every ``ROOM_RECHECK`` seconds notices those)."""
         dest, lane.owes = lane.owes, None
         if dest is None:
             return
@@ -508,9 +490,8 @@ async def _call(lane: Lane, item: CallItem) -> None:
 
 
 class _FutureEvent:
-    """A worker's sleep on asyncio: one future, set once (loop thread). ``anyio.Event``
-    wraps an ``asyncio.Event`` (two Python layers and a coroutine); a bare future is what
-    it awaits underneath. The task's cancel scope cancels it as any awaited future."""
+    """A worker's sleep on asyncio: one future, set once (loop thread), what ``anyio.Event``
+    awaits under two Python layers and a coroutine; the task's cancel scope cancels it."""
 
     __slots__ = ("_future",)
 
@@ -526,8 +507,7 @@ class _FutureEvent:
 
 
 def _event_factory(loop: LoopHandle) -> Callable[[], LoopEvent]:
-    """What a worker on ``loop`` sleeps on: a :class:`_FutureEvent` on asyncio, a
-    ``trio.Event`` on trio."""
+    """What a worker on ``loop`` sleeps on: a :class:`_FutureEvent`, or on trio a ``trio.Event``."""
     if loop.asyncio_loop is not None:
         return functools.partial(_FutureEvent, loop.asyncio_loop)
     return sys.modules["trio"].Event  # type: ignore[no-any-return]
@@ -566,10 +546,9 @@ def place(lanes: Sequence[Lane], size: int, gate: Gate, counters: Counters,
 def wake_chain(chain: Sequence[Worker], start: int = 0) -> None:
     """Wake the first of ``chain[start:]`` that sleeps (or is about to) with work queued.
 
-    The producer starts a wake-up (``Worker.wakes`` counts them); each woken thread, before
-    it runs anything, passes it on to the next such thread. So every thread with work is
-    woken before the one ahead of it runs a handler (eight handlers that block at once all
-    run at once, D2), and the training thread pays one wake-up a publish."""
+    The producer starts a wake-up (``Worker.wakes``); each woken thread passes it on before
+    it runs anything, so every thread with work wakes before the one ahead of it runs a
+    handler (D2), and the training thread pays one wake-up a publish."""
     for k in range(start, len(chain)):
         worker = chain[k]
         if worker.idle and worker.queue.items:
