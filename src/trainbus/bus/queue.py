@@ -53,9 +53,8 @@ WaitKind = Literal["barrier", "fence", "backpressure", "records", "blocking"]
 class EventItem:
     """One published event: the state as of its publication and a logger bound to it.
 
-    ``lane`` (a ``worker.Lane``, typed ``Any``: this module sits below ``worker.py``) is the
-    one callback a filtered, lagging or ``@blocking`` handler's item is for, else ``None``
-    (``Worker.subs``). ``batch``: the batch count at publication.
+    ``lane`` (a ``worker.Lane``, ``Any`` below ``worker.py``): the one a filtered, lagging or
+    ``@blocking`` handler's item is for, else ``None``; ``batch``: the batch at publication.
     """
 
     __slots__ = ("batch", "event", "lane", "logger", "view")
@@ -81,9 +80,8 @@ class LogItem:
 
 
 class CallItem:
-    """A call run in ``lane``'s order (``close``, ``post_close``, a drain mark without
-    ``fn``): ``fn()`` is called (awaited if ``is_async``), then ``on_done(error)`` on the loop.
-    """
+    """A call run in ``lane``'s order (``close``, ``post_close``; a drain mark has no ``fn``):
+    ``fn()``, awaited if ``is_async``, then ``on_done(error)`` on the loop."""
 
     __slots__ = ("fn", "is_async", "label", "lane", "on_done")
 
@@ -162,15 +160,14 @@ class WorkQueue(Counted):
         last_by_lag: Per lag: ``enq`` after its last item of that lag (training thread).
         last_fenced: ``enq`` after its last item not of a ``@trailing`` handler.
         due: Per lag > 0: ``(due batch, enq)`` marks pushed at each ``BATCH_END``.
-        last_batch: The batch of the last item done (lag statistics; the worker).
-        peak: The most items queued at once (the worker).
+        last_batch, peak: The batch of the last item done; the most items queued at once
+            (both the worker's, for the statistics).
     """
 
     __slots__ = ("due", "inbox", "items", "last_batch", "last_by_lag", "last_fenced", "peak",
                  "uniform")
 
-    def __init__(self, reached: Reached, bound: int,
-                 lags: frozenset[int] = frozenset({0})) -> None:
+    def __init__(self, reached: Reached, bound: int, lags: frozenset[int] = frozenset({0})) -> None:
         super().__init__(reached, bound)
         self.items: deque[WorkItem] = deque()
         self.inbox: MutableSequence[WorkItem] = self.items
@@ -193,10 +190,9 @@ class WorkQueue(Counted):
 
     @staticmethod
     def put_each(queues: Sequence[WorkQueue], item: EventItem) -> WorkQueue | None:
-        """Put ``item`` on each of ``queues`` with lag 0 (the training thread; one call for
-        all the workers of an event: the hot path of publishing), up to the first full one.
-        Return that queue (``item`` is on none from it on), for the caller to wait for room
-        and call again from it; ``None`` when all took it."""
+        """Put ``item`` on each of ``queues`` with lag 0 (the training thread's hot path), up
+        to the first full one: return that queue (``item`` is on none from it on, the caller
+        waits for room and calls again from it), or ``None`` when all took it."""
         for queue in queues:
             enq = queue.enq
             if enq - queue.done >= queue.bound:
@@ -283,10 +279,8 @@ class RecordCounts(Counted):
 
 class Gate:
     """What the training thread waits for, failures, and stopping, for one session.
-
-    Invariant: ``_waiting`` holds what the training thread waits for right now; it changes
-    only under ``_lock``, and ``_signal`` gets one ``True`` when it empties (one signal per
-    wait) or a ``False`` from :meth:`stop`.
+    Invariant: ``_waiting`` (what the training thread waits for now) changes only under
+    ``_lock``; ``_signal`` gets one ``True`` a wait, as it empties, or a ``False`` (:meth:`stop`).
     """
 
     def __init__(self, counters: Counters) -> None:

@@ -32,8 +32,7 @@ class SlowCallbacks:
     """The state of the check for one session. Invariant: the training thread alone reads
     and writes it, and ``Member.slow`` and ``Member.slow_batches``."""
 
-    __slots__ = ("busy_marks", "checking", "checks", "last_batch_end", "slow_batches",
-                 "wait_mark")
+    __slots__ = ("busy_marks", "checking", "checks", "last_batch_end", "slow_batches", "wait_mark")
 
     def __init__(self) -> None:
         self.checks = 0

@@ -63,8 +63,7 @@ class Lane:
         current: The handler running now (``"Class.method"``), else ``None``. Invariant:
             written only by the thread running its handler.
         scope: The cancel scope of its coroutine handler running now, if any (D11).
-        owes: On the loop: a destination its handler logged past the bound (the worker
-            waits for room there before its next item).
+        owes: On the loop: a destination its handler logged past the bound (waited for).
         failed: One of its handlers raised: it runs nothing more but its close (D10).
         abandoned: It missed its close deadline: nobody waits for it any more.
     """
@@ -103,8 +102,7 @@ class Lane:
 
 def finished(lane: Lane, slot: Slot, start: float, elapsed: float,
              trace: TraceRecorder | None) -> None:
-    """A handler call finished: its slot's statistics and the timeline (for every handler,
-    wherever it ran)."""
+    """A handler call finished, wherever it ran: its slot's statistics and the timeline."""
     slot.calls += 1
     slot.total_time += elapsed
     if elapsed > slot.max_time:
@@ -297,8 +295,7 @@ class Worker:
                 return
 
     def _deliver_here(self, lane: Lane, record: LogRecord, t0: float) -> float:
-        """Deliver one record to ``lane``'s destination on this thread; return when the
-        next item starts."""
+        """Deliver ``record`` to ``lane``'s destination here; return when the next item starts."""
         slot = lane.log_slot
         assert slot is not None, "only destinations receive records"
         if lane.failed:  # a failed destination gets no more records (D10)
@@ -345,9 +342,8 @@ class Worker:
     # -- on the loop ----------------------------------------------------------------------
 
     async def run_task(self, finished_event: anyio.Event) -> None:
-        """The worker's task on the loop: run its items until ``STOP``, then set
-        ``finished_event``. Cancelling ``lane.scope`` cancels the handler running now (D11);
-        the task goes on with a fresh scope."""
+        """Run its items on the loop until ``STOP``, then set ``finished_event``. Cancelling
+        ``lane.scope`` cancels the handler running now (D11); a fresh scope goes on."""
         CURRENT_WORKER.set(self)
         lane = self.lanes[0]
         try:
@@ -360,9 +356,8 @@ class Worker:
             finished_event.set()
 
     async def _run_on_loop(self, lane: Lane) -> bool:
-        """Run the items, sleeping when there are none; true at ``STOP``. At each
-        ``WAKE_END`` (the end of one hand-over) the task gives the loop a turn: it sleeps if
-        nothing more is queued, else it yields once."""
+        """Run the items, sleeping when there are none; true at ``STOP``. At ``WAKE_END`` (a
+        hand-over's end) it gives the loop a turn: it sleeps if nothing is queued, else yields."""
         queue, items, gate, counters = self.queue, self.queue.items, self.gate, self.counters
         new_event, yield_now = _event_factory(self.loop), self.loop.yield_now
         t0 = _perf()
@@ -533,8 +528,7 @@ def place(lanes: Sequence[Lane], size: int, gate: Gate, counters: Counters,
     for k, lane in enumerate(pooled):
         groups[k % size].append(lane)
     groups += [[lane] for lane in lanes if lane.on_thread and lane.member.own_thread]
-    threads = [Worker(group, True, gate, counters, loop, spawner, queue_size)
-               for group in groups]
+    threads = [Worker(group, True, gate, counters, loop, spawner, queue_size) for group in groups]
     wakes = [0]
     for k, worker in enumerate(threads):
         worker.chain, worker.place, worker.wakes = threads, k, wakes
@@ -571,8 +565,7 @@ def hand_over_on_loop(waves: Sequence[tuple[Worker, Sequence[WorkItem]]],
 
 
 def wake_on_loop(workers: Sequence[Worker], counters: Counters) -> None:
-    """On the loop: wake those of ``workers`` that sleep with items (queued from another
-    thread: ``records.py``)."""
+    """On the loop: wake those of ``workers`` that sleep with items queued off the loop."""
     counters.loop_wakeups += 1
     for worker in workers:
         if worker.idle and worker.queue.items and worker.wakeup is not None:
