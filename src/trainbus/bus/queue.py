@@ -1,12 +1,10 @@
 """The items a worker runs, the one bounded, counted queue type, and the gate.
 
-A :class:`Counted` queue counts what is put on it (``enq``) and what its worker finished
-(``done``), at most ``bound`` apart (D12). The training thread waits at the :class:`Gate`
-for queues' ``done`` to reach targets (a barrier, D4; a full queue, D12; a ``@blocking``
-handler's turn, D9; a destination's records); a queue tells the gate when it gets there.
-A :class:`WorkQueue` holds one worker's items, counted once per worker however many
-callbacks it runs; a :class:`RecordCounts` counts one destination's records, which ride its
-worker's queue.
+A :class:`Counted` queue counts what is put on it and what its worker finished, and tells
+the :class:`Gate` when the second reaches the target the training thread waits for there
+(a barrier, D4; a full queue, D12; a ``@blocking`` handler's turn, D9; a destination's
+records). A :class:`WorkQueue` holds one worker's items, counted once per worker however
+many callbacks it runs; a :class:`RecordCounts` counts one destination's records.
 """
 
 from __future__ import annotations

@@ -35,16 +35,14 @@ class CallbackStatistics:
         records_dropped: For a destination with a lossy ``backpressure``, whole records
             its policy dropped (``docs/loggers.md``, "Falling behind").
         records_coalesced: Records its ``coalesce`` policy merged into an earlier one.
-        values_dropped: Values lost: those of dropped records, and those overwritten by
-            the same name (``latest``, ``coalesce``).
+        values_dropped: Values lost: of dropped records, or overwritten by a newer one.
         lag_batches: Batches it trails the training thread by now (0 with nothing pending).
         barrier_wait_caused: Seconds the training thread waited (barriers, full queues,
             ``@blocking`` hand-overs) while this was the last callback it waited for.
         slow: Whether its handlers outlasted most batches the slow-callback check compared
             (the first few of each fit; ``SlowCallbackWarning``, D7).
         slow_batches: Of the batches the last check compared, those its handlers outlasted.
-        inline_time: Of ``total_time``, the seconds its plain ``@blocking`` handlers ran
-            on the training thread.
+        inline_time: Of ``total_time``, its plain ``@blocking`` handlers' on the training thread.
     """
 
     name: str
@@ -82,8 +80,7 @@ class BusStatistics:
         lag_events: How many event handler calls the furthest-behind callback trails by.
         lag_batches: How many batches the furthest-behind callback trails by.
         barrier_waits: How often the training thread waited at a barrier.
-        barrier_wait_time: Seconds the training thread spent waiting at barriers
-            (including ``@blocking`` handlers' lanes).
+        barrier_wait_time: Seconds it waited at barriers (and for ``@blocking`` handlers' turns).
         backpressure_wait_time: Seconds it spent waiting for a full queue (D12).
         loop_wakeups: How often another thread woke the event loop to run handlers.
     """
