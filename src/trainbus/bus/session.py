@@ -104,12 +104,9 @@ class Session:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Session]:
-        """Run the lanes on the current loop for the duration of the block.
-
-        On exit the lanes finish what is queued (event handlers are skipped once the
-        session stopped; log records are delivered), within ``close_timeout``; then their
-        threads and tasks end. Nothing started here outlives the block except a lane
-        thread abandoned while stuck in a plain handler.
+        """Run the lanes on the current loop for the block; on exit they finish what is
+        queued (event handlers skipped once stopped, records delivered) within
+        ``close_timeout``, then end: only a lane thread abandoned in a plain handler outlives it.
 
         Raises:
             LaneThreadError: The operating system refused to start a lane thread (the
