@@ -71,8 +71,7 @@ class Member:
         log_slot: For a logger destination, the slot receiving log records.
         backpressure: For a destination, its declared policy (``core/backpressure.py``).
         on_thread: Whether it runs on a lane thread (the module docstring's rule).
-        own_thread: Whether that lane thread is its own (``own_thread = True`` on the
-            callback), not one of the pool's.
+        own_thread: Whether that lane thread is its own (``own_thread = True``), not the pool's.
         shares_thread: Whether the training thread runs some of its plain handlers too
             (``@blocking``): then each item of its thread runs under its lane's lock (D1).
         lags: The distinct lags (batches) of its slots.

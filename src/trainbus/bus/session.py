@@ -170,11 +170,10 @@ class Session:
 
     def _thread_main(self, worker: Worker, finished: anyio.Event) -> None:
         try:
-            try:
-                worker.run_thread()
-            except BaseException as exc:  # a bug of ours: fail the run rather than hang it
-                self.gate.fail(exc, None, None)
-                worker.drain_failed(exc)
+            worker.run_thread()
+        except BaseException as exc:  # a bug of ours: fail the run rather than hang it
+            self.gate.fail(exc, None, None)
+            worker.drain_failed(exc)
         finally:
             self.loop.call_soon_if_running(finished.set)
 
