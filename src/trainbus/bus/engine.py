@@ -326,13 +326,12 @@ class Engine:
             self._running = False
 
     async def run_cycle(self, produce: Callable[[], None], *, close: bool = True) -> None:
-        """Run ``produce`` on a new training thread with the handlers running on this loop.
+        """Run ``produce`` (the training loop, publishing with :meth:`run_event` or
+        :meth:`publisher`) on a new training thread, the handlers on this loop.
 
-        ``produce`` is the training loop: it publishes with :meth:`run_event` (or
-        :meth:`publisher`). With ``close=True`` this is one ``fit()`` cycle: afterwards
-        every callback's ``close`` runs, then every ``post_close`` (also after an error or
-        a cancellation). Handler errors are raised once all of that is done: the original
-        exception, or an ``ExceptionGroup`` when several failed (D10).
+        With ``close=True`` this is one ``fit()`` cycle: afterwards every ``close`` runs, then
+        every ``post_close`` (also after an error or a cancellation); then the handlers'
+        errors are raised (:func:`raise_errors`, D10).
 
         Raises:
             FitInProgressError: The engine is already running a cycle.
@@ -410,8 +409,7 @@ class Engine:
         """Start recording a timeline of handler calls and producer waits.
 
         Args:
-            max_spans: Keep only the newest this many spans (memory stays flat over a long
-                run; a live view uses :meth:`TraceRecorder.drain`); ``None`` keeps all.
+            max_spans: As :class:`TraceRecorder`'s (a live view reads :meth:`TraceRecorder.drain`).
         """
         recorder = TraceRecorder(max_spans)
         self._counters.trace = recorder
