@@ -1,8 +1,9 @@
 """The event bus: the training thread publishes, workers run handlers, barriers join them.
 
 One event's path, in order of the modules it passes: ``producer`` (publish, on the training
-thread) -> ``queue`` (each worker's queue) -> ``worker`` (a lane thread or a task on the loop
-runs the handlers) -> ``queue`` (counted done; the gate the training thread waits at).
+thread) -> ``queue`` (each worker's queue) -> ``worker`` (woken by the producer's wake rule,
+a lane thread or a task on the loop runs the handlers) -> ``queue`` (counted done; the gate
+the training thread waits at).
 ``members`` says where each handler runs, ``records`` queues logged records on the
 destinations (``mailbox`` for those with a lossy ``backpressure``), ``session`` runs one
 cycle and closes it, ``engine`` is the entry point.

@@ -1,17 +1,8 @@
 """The engine: the bus's entry points, for the Trainer, other training loops and plain code.
 
 An :class:`Engine` resolves its callbacks once (``members.py``) and runs one
-:class:`~trainbus.bus.session.Session` per cycle (one ``fit()``). ``run_event``, Composer's
-entry point, does what its caller's thread allows: on the training thread during a cycle it
-publishes; from plain code with no loop running (doctests, callback unit tests) it runs the
-handlers on a standing session and returns when they are done (``close()`` ends it); on an
-event loop's thread it refuses, as waiting there for handlers that need the loop would
-deadlock. One event's path (``docs/concurrency.md`` has the whole picture)::
-
-    training thread (producer.py)                    a worker (worker.py): a lane
-    Producer.publish --item--> its WorkQueue (queue.py)  thread, or a task on the loop
-          |               --wake, by the producer's rule-->  runs the handlers
-          +-- waits at the Gate (queue.py) <-- the item counted done --+
+:class:`~trainbus.bus.session.Session` per cycle (one ``fit()``); ``run_event`` does what its
+caller's thread allows. One event's path through the bus: ``bus/__init__.py``.
 """
 
 from __future__ import annotations
@@ -90,8 +81,7 @@ class Engine:
         warn_slow_callbacks: Whether to warn when a callback is slower than the batches.
         warn_slow: Deprecated name of ``warn_slow_callbacks`` (warns once).
         wait_warning: Deprecated name of ``wait_warning_seconds`` (warns once).
-        close_timeout: Seconds each ``close``/``post_close`` (and a cancelled ``fit()``'s
-            wait for a stuck handler) may take before it is abandoned (:class:`BusOptions`).
+        close_timeout: Seconds a close may wait for a callback (:class:`BusOptions`).
         wait_warning_seconds: Seconds a wait for a callback lasts before a warning names it.
         lane_threads: Threads in the pool that runs plain callbacks (:class:`BusOptions`).
         options: The options already validated (what the Trainer passes), instead of the
@@ -215,8 +205,8 @@ class Engine:
     def run_event(self, event: Event | str) -> None:
         """Publish ``event`` (training thread), or run its handlers (plain code).
 
-        From plain code the handlers run on a standing session, kept between calls;
-        :meth:`close` ends it.
+        From plain code with no loop running (doctests, callback unit tests) the handlers run
+        on a standing session, kept between calls; :meth:`close` ends it.
 
         Raises:
             EngineThreadError: Called on an event loop's thread, where waiting for the
@@ -242,9 +232,8 @@ class Engine:
         raise_errors(errors)
 
     def publisher(self) -> Callable[..., None]:
-        """The running cycle's publish function, bound: ``publish(*events)`` on the
-        training thread (the hot path of a training loop; :meth:`run_event` does the same
-        with a check of the calling thread).
+        """The running cycle's bound ``publish(*events)``, for the training thread's hot
+        path (:meth:`run_event` without the check of the calling thread).
 
         Raises:
             RuntimeError: No cycle is running.
@@ -280,8 +269,7 @@ class Engine:
 
     async def arun_event(self, event: Event | str) -> None:
         """Run the handlers of ``event`` and wait for them, from async code, in a cycle of
-        its own (no ``close``): the Trainer's ``INIT`` in its constructor runs this way
-        (``anyio.run(engine.arun_event, Event.INIT)``)."""
+        its own (no ``close``), as the Trainer's constructor runs ``INIT``."""
         event = Event(event)
 
         def produce() -> None:
@@ -338,13 +326,12 @@ class Engine:
             self._running = False
 
     async def run_cycle(self, produce: Callable[[], None], *, close: bool = True) -> None:
-        """Run ``produce`` on a new training thread with the handlers running on this loop.
+        """Run ``produce`` (the training loop, publishing with :meth:`run_event` or
+        :meth:`publisher`) on a new training thread, the handlers on this loop.
 
-        ``produce`` is the training loop: it publishes with :meth:`run_event` (or
-        :meth:`publisher`). With ``close=True`` this is one ``fit()`` cycle: afterwards
-        every callback's ``close`` runs, then every ``post_close`` (also after an error or
-        a cancellation). Handler errors are raised once all of that is done: the original
-        exception, or an ``ExceptionGroup`` when several failed (D10).
+        With ``close=True`` this is one ``fit()`` cycle: afterwards every ``close`` runs, then
+        every ``post_close`` (also after an error or a cancellation); then the handlers'
+        errors are raised (:func:`raise_errors`, D10).
 
         Raises:
             FitInProgressError: The engine is already running a cycle.
@@ -371,10 +358,8 @@ class Engine:
         raise_errors(errors + close_errors)
 
     def close(self) -> None:
-        """Run every callback's ``close``, then ``post_close``; a no-op if closed.
-
-        From async code use :meth:`aclose`.
-        """
+        """Run every callback's ``close``, then ``post_close``; a no-op if closed (from
+        async code use :meth:`aclose`)."""
         if self._closed:
             return
         self._refuse_blocking_call("close", "await engine.aclose()")
@@ -424,8 +409,7 @@ class Engine:
         """Start recording a timeline of handler calls and producer waits.
 
         Args:
-            max_spans: Keep only the newest this many spans (memory stays flat over a long
-                run; a live view uses :meth:`TraceRecorder.drain`); ``None`` keeps all.
+            max_spans: As :class:`TraceRecorder`'s (a live view reads :meth:`TraceRecorder.drain`).
         """
         recorder = TraceRecorder(max_spans)
         self._counters.trace = recorder

@@ -2,13 +2,12 @@
 
 A :class:`Member` is one callback as the bus sees it for the engine's lifetime; a
 :class:`Slot` is one of its handlers. Where a handler runs is decided here, once, from how
-it is declared (D7), and never changes:
+it is declared (D7; ``docs/concurrency.md``, "What runs where"), and never changes:
 
 - a callback with any plain handler that is not ``@blocking`` (or a plain ``log_record``, or
-  a plain ``close``) is pinned to one lane thread (``worker.place``): one of a bounded pool,
-  which it shares with other callbacks, or one of its own if it declares
-  ``own_thread = True``. Every plain handler of it runs there, and its ``async def``
-  handlers run on the event loop, handed over by that thread in order;
+  a plain ``close``) is pinned to one lane thread (``worker.place``), of the pool or its own
+  (``own_thread = True``), where all its plain handlers run; that thread hands its
+  ``async def`` handlers to the event loop, in order;
 - any other callback runs on the event loop, in a task of its own;
 - a plain ``@blocking`` handler runs on the training thread, whatever its callback has.
 """
@@ -72,8 +71,7 @@ class Member:
         log_slot: For a logger destination, the slot receiving log records.
         backpressure: For a destination, its declared policy (``core/backpressure.py``).
         on_thread: Whether it runs on a lane thread (the module docstring's rule).
-        own_thread: Whether that lane thread is its own (``own_thread = True`` on the
-            callback), not one of the pool's.
+        own_thread: Whether that lane thread is its own (``own_thread = True``), not the pool's.
         shares_thread: Whether the training thread runs some of its plain handlers too
             (``@blocking``): then each item of its thread runs under its lane's lock (D1).
         lags: The distinct lags (batches) of its slots.

@@ -1,7 +1,5 @@
-"""The bus's options, validated in one place for :class:`~trainbus.Engine` and the Trainer.
-
-Every option is checked when the engine is built, so a bad value fails before anything runs
-with a message that names the argument and a value that works.
+"""The bus's options, validated in one place for :class:`~trainbus.Engine` and the Trainer:
+a bad value fails before anything runs, naming the argument and a value that works.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
-"""Publishing: what the training thread does when it publishes an event.
+"""Publishing: what the training thread does at each event (one event's whole path:
+``bus/__init__.py``).
 
-For each event, :meth:`Producer.publish` builds one item (a snapshot of the state, D5) and,
-as Composer's ``_run_callbacks`` goes down its callbacks, goes down the event's plan:
-
-- for each worker (``worker.py``) whose handlers of the event are only queued (the
-  common case): put the item on its queue, once for all its callbacks there;
-- a plain ``@blocking`` handler runs right here, after its callback's earlier items (D9);
-- any other handler (a filter, a lag, ``async def @blocking``): its own item, on its
-  worker's queue, with its rules;
-- then, if the event ends a batch, the barrier: wait at the gate (``queue.py``) until each
-  queue's ``done`` reaches what the barrier waits for (D4, with each handler's lag).
-
+:meth:`Producer.publish` builds one item per event (a snapshot, D5) and goes down the
+event's ``Producer.plan`` as Composer's ``_run_callbacks`` goes down its callbacks; at a
+barrier it then waits at the gate (D4, with lags), at a full queue for room first (D12).
 An event inside a batch that no handler takes and no rule stops at (``Producer.quiet``) is
-only counted: most of a batch's events, for callbacks that take one or two of them.
-
-A full queue (``queue_size`` items) makes the training thread wait for room first (D12).
-Nothing here depends on how long anything took.
+only counted. Nothing here depends on how long anything took.
 
 The wake rule (never by time). Invariant: a worker that sleeps with items is woken
 
@@ -27,10 +17,9 @@ The wake rule (never by time). Invariant: a worker that sleeps with items is wok
   the batch loop (``WAKES_LOOP``), and at the end of a batch's first publish that queues
   work for the loop, whatever its events. So a batch wakes the loop at most twice.
 
-The live fence (D4's companion, ``docs/concurrency.md``): a publish that includes
-``BEFORE_TRAIN_BATCH`` (after which the training thread zeroes the gradients) returns only
-once every handler of every event before the batch's lead events (``FENCE_LEADS``) has
-finished, but a declared ``@trailing(k)`` one's.
+The live fence (``docs/concurrency.md``). Invariant: a publish that includes
+``BEFORE_TRAIN_BATCH`` returns only once every handler of every event before the batch's
+lead events (``FENCE_LEADS``) has finished, but a declared ``@trailing(k)`` one's.
 """
 
 from __future__ import annotations
@@ -61,9 +50,8 @@ __all__ = ["Plan", "Producer"]
 #: What publishing an event does with its handlers (see ``Producer.plan``).
 Plan = tuple[list["WorkQueue"], list[tuple["Lane", "Slot"]], list[tuple["Lane", "Slot"]]]
 
-#: Events inside a batch, before its end: a thread is not woken for these (a thread's
-#: wake-up is a thread switch, the dearest part of a plain call); what they queue runs when
-#: the batch ends or the training thread waits, whichever is first.
+#: Events inside a batch, before its end: they wake no thread (a thread switch is the
+#: dearest part of a plain call); what they queue runs at the batch's end or a wait.
 INSIDE_BATCH: Final = frozenset({
     Event.AFTER_DATALOADER, Event.BATCH_START, Event.BEFORE_TRAIN_BATCH, Event.BEFORE_FORWARD,
     Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS, Event.BEFORE_BACKWARD,
@@ -74,19 +62,18 @@ INSIDE_BATCH: Final = frozenset({
 #: The events that end a batch: the loop is handed what the batch queued for it there.
 ENDS_BATCH: Final = frozenset({Event.BATCH_END, Event.EVAL_BATCH_END})
 
-#: The events outside the batch loop (fit, epoch and eval start and end, ...): a publish
-#: with one of them hands the loop its work at its end. (What ``BATCH_CHECKPOINT`` queues
-#: rides the next batch's first hand-over.)
+#: The events outside the batch loop: a publish with one hands the loop its work at its end
+#: (what ``BATCH_CHECKPOINT`` queues rides the next batch's first hand-over).
 WAKES_LOOP: Final = frozenset(set(Event) - INSIDE_BATCH - ENDS_BATCH - {Event.BATCH_CHECKPOINT})
 
-#: A batch's lead events, published before the training thread first changes the model's
-#: gradients or weights in it: the live fence does not wait for their handlers.
+#: A batch's lead events, before it first changes the gradients or weights: the live fence
+#: does not wait for their handlers.
 FENCE_LEADS: Final = frozenset(
     {Event.AFTER_DATALOADER, Event.BATCH_START, Event.BEFORE_TRAIN_BATCH}
 )
 
-#: The event after which the training thread zeroes the gradients (a module constant:
-#: ``Event.X`` costs a metaclass lookup per use).
+#: The event after which the training thread zeroes the gradients (module constants: each
+#: ``Event.X`` is a metaclass lookup).
 _FENCE_AT: Final = Event.BEFORE_TRAIN_BATCH
 _BATCH_END: Final = Event.BATCH_END
 
@@ -97,8 +84,10 @@ class Producer:
     Attributes:
         plan: Per event, its handlers in offering order (loggers first at ``INIT``, last
             otherwise, as Composer does), by what publishing does with them:
-            ``(queues, here, others)``: the queues of the workers that only queue it
-            (module docstring), the plain ``@blocking`` handlers, the rest.
+            ``(queues, here, others)``: the queues of the workers that only queue it (one
+            item each, for all its callbacks there: the common case), the plain
+            ``@blocking`` handlers (run here, after their callback's earlier items, D9),
+            the rest (a filter, a lag, ``async def @blocking``: an item each, by its rules).
         ident: The thread that may publish now (the training thread, or a plain-code caller).
         running_here: The lane whose ``@blocking`` handler runs on this thread now.
     """
@@ -120,7 +109,6 @@ class Producer:
         self.state = state
         self.logger = logger
         self.members = members
-        self.lanes = lanes
         self.barriers = options.barriers
         self.warn_slow = options.warn_slow
         self.gate = gate
@@ -140,11 +128,9 @@ class Producer:
             if event is Event.INIT:
                 subs.sort(key=lambda pair: pair[0].log_slot is None)
             if all(_only_queued(lane, slot) for lane, slot in subs):
-                queued: list[Worker] = []
                 for lane, slot in subs:
-                    if lane.worker not in queued:
-                        queued.append(lane.worker)
                     lane.worker.subs.setdefault(event, []).append((lane, slot))
+                queued = dict.fromkeys(lane.worker for lane, _ in subs)  # in order, once each
                 self.plan[event] = ([worker.queue for worker in queued], [], [])
             elif all(slot.here and slot.when is None for _, slot in subs):
                 self.plan[event] = ([], subs, [])
@@ -256,8 +242,7 @@ class Producer:
         if slot.here:  # a plain @blocking handler: run it now, on this thread (D9)
             self._run_here(((lane, slot),), item)
             return
-        worker = lane.worker
-        queue = worker.queue
+        queue = lane.worker.queue
         if queue.enq - queue.done >= queue.bound:  # D12: wait for room first
             self.wait([(queue, queue.enq - queue.bound + 1)], "backpressure", item.event)
         queue.put_event(
@@ -267,8 +252,7 @@ class Producer:
             self.wait([(queue, queue.enq)], "blocking", item.event)
 
     def fence(self) -> None:
-        """The live fence: wait until every handler of every event published before the
-        current batch's lead events has finished, but a declared ``@trailing(k)`` one's.
+        """Wait at the live fence (module docstring).
 
         Raises:
             Stopped: The session is stopping.
@@ -321,7 +305,7 @@ class Producer:
             threads[0].wakes[0] += 1  # before the look at the threads: see wake_chain
             wake_chain(threads)
 
-    def wait(self, targets: list[tuple[WorkQueue, int]], kind: WaitKind,
+    def wait(self, targets: Sequence[tuple[WorkQueue | RecordCounts, int]], kind: WaitKind,
              event: Event | None = None) -> None:
         """Wake every worker, then wait at the gate (the training thread never waits for a
         worker it has not woken)."""
@@ -331,10 +315,8 @@ class Producer:
 
     def wait_records(self, targets: list[tuple[RecordCounts, int]],
                      event: Event | None = None) -> None:
-        """Wake every worker, then wait at the gate for destinations to take records."""
-        self.hand_over()
-        self.wake_threads()
-        self.gate.wait(targets, "records", event)
+        """:meth:`wait` for destinations to take records."""
+        self.wait(targets, "records", event)
 
     # -- running here ----------------------------------------------------------------------
 
@@ -371,7 +353,7 @@ class Producer:
             if locked:
                 lane.lock.release()
             lane.current = self.running_here = None
-            slot.calls += 1  # ``worker.finished`` written out: a call costs a fifth of this one
+            slot.calls += 1  # ``worker.finished`` inlined (the hot path)
             slot.total_time += elapsed
             if elapsed > slot.max_time:
                 slot.max_time = elapsed

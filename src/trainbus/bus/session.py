@@ -1,9 +1,8 @@
-"""A session: one run of the bus on one event loop, from its start to its close.
+"""A session: one run of the bus on one event loop (one ``fit()``, or one engine call from
+plain code), from its start to its close.
 
-One ``fit()`` (or one engine call from plain code) is one session. It builds the per-run
-parts: the gate, a lane per callback, the workers (``worker.place``: the lane threads and a
-task per callback on the loop), the producer. What outlives it (the slots' statistics, the
-counters) lives in the engine's members. Its life::
+It builds the per-run parts: the gate, a lane per callback, the workers (``worker.place``),
+the producer; what outlives it (statistics, counters) lives in the engine's members::
 
     running():          start the lane threads, then the loop tasks (workers, backgrounds)
       run_producer(fn):   fn on a new training thread, publishing; cancellable
@@ -12,10 +11,8 @@ counters) lives in the engine's members. Its life::
 
 Its tasks run in a task group under a shielded scope: a task started while the caller is
 being cancelled must still start (a thread's handed-over coroutine), or that thread would
-wait for it for ever. Every wait on user code is bounded by ``close_timeout``: a callback
-that misses it is reported and abandoned (a thread stuck in a plain handler is left behind
-as a daemon) and the others still close; a second Ctrl-C (:meth:`Session.abandon`) cuts
-every bounded wait to ``ABANDON_TIMEOUT``.
+wait for it for ever. Every wait on user code is bounded (``close_timeout``, cut short by
+:meth:`Session.abandon`); ``docs/concurrency.md``, "Close", says what happens past it.
 """
 
 from __future__ import annotations
@@ -109,12 +106,9 @@ class Session:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Session]:
-        """Run the lanes on the current loop for the duration of the block.
-
-        On exit the lanes finish what is queued (event handlers are skipped once the
-        session stopped; log records are delivered), within ``close_timeout``; then their
-        threads and tasks end. Nothing started here outlives the block except a lane
-        thread abandoned while stuck in a plain handler.
+        """Run the lanes on the current loop for the block; on exit they finish what is
+        queued (event handlers skipped once stopped, records delivered) within
+        ``close_timeout``, then end: only a lane thread abandoned in a plain handler outlives it.
 
         Raises:
             LaneThreadError: The operating system refused to start a lane thread (the
@@ -178,11 +172,10 @@ class Session:
 
     def _thread_main(self, worker: Worker, finished: anyio.Event) -> None:
         try:
-            try:
-                worker.run_thread()
-            except BaseException as exc:  # a bug of ours: fail the run rather than hang it
-                self.gate.fail(exc, None, None)
-                worker.drain_failed(exc)
+            worker.run_thread()
+        except BaseException as exc:  # a bug of ours: fail the run rather than hang it
+            self.gate.fail(exc, None, None)
+            worker.drain_failed(exc)
         finally:
             self.loop.call_soon_if_running(finished.set)
 
@@ -198,12 +191,9 @@ class Session:
                             tg.start_soon(self._background, handler)
 
     def notify_preemption(self) -> None:
-        """Start each callback's ``preemption_notice`` beside its handlers, once (loop).
-
-        Like ``background``, it runs as a task of its own (not in the callback's lane, so
-        it starts while a handler of the callback runs) and is cancelled after every
-        ``close``; an exception in it fails the run as a handler's would.
-        """
+        """Start each callback's ``preemption_notice`` once (loop): like ``background``, a
+        task of its own beside its lane, cancelled after every ``close``; an exception in it
+        fails the run as a handler's would."""
         self._noticed.set()
 
     async def _background(self, handler: Handler) -> None:
@@ -270,11 +260,10 @@ class Session:
         self.gate.stop()
 
     def abandon(self, why: str = "the second Ctrl-C", timeout: float = ABANDON_TIMEOUT) -> None:
-        """A second Ctrl-C (or the preemption watchdog, with less when its deadline is near):
-        stop, and give every bounded wait, running or still to come, at most ``timeout``
-        more seconds (loop thread). What has not finished then is abandoned; what finishes
-        (a destination's ``close`` writing its file) is kept. Nothing is cut at once: now,
-        a stuck handler and one about to return look alike."""
+        """A second Ctrl-C (or the preemption watchdog): stop, and give every bounded wait,
+        running or to come, at most ``timeout`` more seconds (loop thread); what has not
+        finished then is abandoned. Nothing is cut at once: a stuck handler and one about
+        to return look alike."""
         self.stop()
         self._abandoning = why
         self._abandon_timeout = timeout
@@ -318,11 +307,9 @@ class Session:
     async def _bounded_call(
         self, lanes: Sequence[Lane], fn: Callable[[], Any] | None, is_async: bool, what: str
     ) -> None:
-        """Run ``fn`` as the next item of the worker of ``lanes`` (a lane, or a lane thread's
-        lanes: its FIFO is one, so one drain's mark comes after all they queued), within the
-        longest of their deadlines; if it is missed, abandon them all, naming the one running
-        a handler as the stuck one. After ``wait_warning`` seconds a warning names what it
-        still waits for."""
+        """Run ``fn`` as the next item of the worker of ``lanes`` (a lane, or all of a lane
+        thread's: one FIFO) within the longest of their deadlines; if it is missed, abandon
+        them all, naming the one running a handler as stuck. Warn after ``wait_warning``."""
         lane = lanes[0]
         timeout = max(map(self.timeout, lanes))
         finished = anyio.Event()
@@ -371,11 +358,10 @@ class Session:
                     tg.start_soon(self._bounded_call, live, None, False, "")
 
     async def disconnect_logger(self) -> None:
-        """Stop taking records: from now on they wait in the logger's backlog for the next
-        session (``docs/loggers.md``, "Logging from anywhere"). A call inside the intake now
-        (a thread waiting for a destination's room) finishes there first, so every record
-        taken reaches its destinations before their ``close``; that wait is bounded as a
-        close is, and a record still inside then may reach a destination late."""
+        """Stop taking records (later ones wait in the logger's backlog for the next
+        session, ``docs/loggers.md``), after the calls inside the intake now finish, so
+        every record taken reaches its destinations before their ``close`` (bounded as a
+        close is; a record still inside then may arrive late)."""
         self.logger._disconnect()
         hub = self.logger._hub
         if not hub.inside:

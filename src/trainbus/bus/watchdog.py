@@ -1,18 +1,12 @@
 """Deadlines the event loop cannot keep while a handler holds its thread.
 
 The loop keeps the bus's deadlines (a close's ``close_timeout``, a barrier's
-``wait_warning``), so an ``async def`` handler that never awaits (``while True: pass``)
-silences them all. :class:`LoopWatch` keeps them from a thread of its own::
-
-    loop thread:  ...a handler spins, never awaits.........................
-    watch thread: armed(close_timeout) --past it by CLOSE_MARGIN_S--> check(): the loop
-                  runs user code, and no call handed to it runs in CONFIRM_S: named
-
-The holder is named on stderr, once. Only a deadline the user set ends its wait (D7): past
-a ``close_timeout`` under ``fit_sync()`` (:data:`OWN_LOOP`: trainbus started the loop),
-:class:`~trainbus.HandlerInterrupted` is raised in the handler, as Ctrl-C raises
-``KeyboardInterrupt``; in your own loop nothing is raised (it could land in your code).
-``docs/concurrency.md``, "Close", tabulates what happens where.
+``wait_warning``), so an ``async def`` handler that never awaits silences them all.
+:class:`LoopWatch` keeps them from a thread of its own: past a deadline (a close's by
+``CLOSE_MARGIN_S``), if the loop runs user code and no call handed to it runs in
+``CONFIRM_S``, the holder is named on stderr, once; past a ``close_timeout`` under
+``fit_sync()`` (:data:`OWN_LOOP`) it is also interrupted. ``docs/concurrency.md``, "Close",
+tabulates what happens where (D7).
 """
 
 from __future__ import annotations
