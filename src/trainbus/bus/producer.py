@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from trainbus.bus.counters import Counters
     from trainbus.bus.members import Member, Slot
     from trainbus.bus.options import BusOptions
-    from trainbus.bus.queue import Gate, RecordCounts, WaitKind
+    from trainbus.bus.queue import Counted, Gate, WaitKind
     from trainbus.bus.worker import Lane, Worker
     from trainbus.core.logger import Logger
     from trainbus.core.state import State
@@ -305,18 +305,13 @@ class Producer:
             threads[0].wakes[0] += 1  # before the look at the threads: see wake_chain
             wake_chain(threads)
 
-    def wait(self, targets: Sequence[tuple[WorkQueue | RecordCounts, int]], kind: WaitKind,
+    def wait(self, targets: Sequence[tuple[Counted, int]], kind: WaitKind,
              event: Event | None = None) -> None:
         """Wake every worker, then wait at the gate (the training thread never waits for a
         worker it has not woken)."""
         self.hand_over()
         self.wake_threads()
         self.gate.wait(targets, kind, event)
-
-    def wait_records(self, targets: list[tuple[RecordCounts, int]],
-                     event: Event | None = None) -> None:
-        """:meth:`wait` for destinations to take records."""
-        self.wait(targets, "records", event)
 
     # -- running here ----------------------------------------------------------------------
 
@@ -366,7 +361,7 @@ class Producer:
         if queue.done < queue.enq:
             self.wait([(queue, queue.enq)], "blocking", event)
         if records.done < records.enq:  # records logged before the event first (D1)
-            self.wait_records([(records, records.enq)], event)
+            self.wait([(records, records.enq)], "records", event)
         if self.gate.stopping:
             raise Stopped
         lane.lock.acquire()
@@ -436,7 +431,7 @@ class Producer:
                 if lane.records.done < lane.records.enq and lane is not own
             ]
             if logged:
-                self.wait_records(logged)
+                self.wait(logged, "records")
         if self.gate.stopping:
             raise Stopped
 

@@ -95,7 +95,7 @@ class Records:
         counts = lane.records
         if ident == self._producer.ident:
             if self._producer.running_here is not lane:  # not a @blocking handler's own
-                self._producer.wait_records([(counts, counts.enq - counts.bound + 1)])
+                self._producer.wait([(counts, counts.enq - counts.bound + 1)], "records")
             return
         waiter = CURRENT_WORKER.get()  # the worker whose handler logs, if any
         if ident == self.loop_thread:
