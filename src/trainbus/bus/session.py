@@ -136,9 +136,10 @@ class Session:
             for worker in self.workers:
                 if not worker.on_thread:
                     tg.start_soon(worker.run_task, finished[worker], name=worker.name)
-            tg.start_soon(self.spawner.serve, tg)
+            # Started, not only scheduled: the session runs before the training thread does.
+            await tg.start(self.spawner.serve, tg)
             background = anyio.CancelScope()
-            tg.start_soon(self._run_backgrounds, background)
+            await tg.start(self._run_backgrounds, background)
             self.logger._connect(self.records.submit)
             try:
                 yield self
@@ -179,16 +180,25 @@ class Session:
         finally:
             self.loop.call_soon_if_running(finished.set)
 
-    async def _run_backgrounds(self, scope: anyio.CancelScope) -> None:
+    async def _run_backgrounds(
+        self,
+        scope: anyio.CancelScope,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Start every ``background`` (each up to its first wait), report started, then
+        every ``preemption_notice`` once the run is told to stop."""
         with scope:
             async with anyio.create_task_group() as tg:
                 for name in ("background", "preemption_notice"):
-                    if name == "preemption_notice" and self.state.preemption is None:
-                        await self._noticed.wait()  # (else it was given before this session)
+                    if name == "preemption_notice":
+                        task_status.started()
+                        if self.state.preemption is None:
+                            await self._noticed.wait()  # (else given before this session)
                     for lane in self.lanes:
                         handler = lane.member.table.extra.get(name)
                         if handler is not None:
-                            tg.start_soon(self._background, handler)
+                            await tg.start(self._background, handler)
 
     def notify_preemption(self) -> None:
         """Start each callback's ``preemption_notice`` once (loop): like ``background``, a
@@ -196,7 +206,13 @@ class Session:
         fails the run as a handler's would."""
         self._noticed.set()
 
-    async def _background(self, handler: Handler) -> None:
+    async def _background(
+        self,
+        handler: Handler,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        task_status.started()
         try:
             await handler.fn(self.state, self.logger)
         except Exception as exc:

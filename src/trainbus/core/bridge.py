@@ -138,9 +138,16 @@ class Spawner:
         # Invariant: set once (any thread), then a poke; serve returns at its next wake-up.
         self._stopping = False
 
-    async def serve(self, tg: anyio.abc.TaskGroup) -> None:
-        """Start handed-over coroutines in ``tg`` until cancelled or stopped (loop thread)."""
+    async def serve(
+        self,
+        tg: anyio.abc.TaskGroup,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Start handed-over coroutines in ``tg`` until cancelled or stopped (loop thread);
+        ``tg.start(spawner.serve, tg)`` returns once it serves."""
         queue = self._queue
+        task_status.started()
         while not self._stopping:
             await self._wakeup.wait()
             self._wakeup = anyio.Event()
