@@ -39,3 +39,28 @@ async def test_background_has_started_when_fit_start_runs() -> None:
         sender = Sender()
         await make_trainer(1, callbacks=[sender]).fit()
         assert sender.seen_at_fit_start is True
+
+
+class CancelsAtStart(Callback):
+    """Cancels the scope around ``fit()`` from its ``background``'s first step: the caller
+    is cancelled while the session is still starting."""
+
+    def __init__(self, scope: anyio.CancelScope) -> None:
+        self.scope = scope
+        self.closed = 0
+
+    async def background(self, state: Any, logger: Any) -> None:
+        self.scope.cancel()
+        await anyio.sleep_forever()
+
+    def close(self, state: Any, logger: Any) -> None:
+        self.closed += 1
+
+
+async def test_a_fit_cancelled_while_its_session_starts_closes_and_is_cancelled() -> None:
+    with anyio.fail_after(60):  # a hang guard only: the fit returns at once when it works
+        with anyio.CancelScope() as scope:
+            callback = CancelsAtStart(scope)
+            await make_trainer(3, callbacks=[callback]).fit()
+    assert scope.cancelled_caught
+    assert callback.closed == 1

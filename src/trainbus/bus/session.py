@@ -130,16 +130,17 @@ class Session:
                         await finished[worker].wait()
             raise
         internal = anyio.CancelScope(shield=True)
+        background = anyio.CancelScope()
         async with anyio.create_task_group() as outer:
+            # Shielded: a caller cancelled now still gets the whole start, then the close.
+            # Started, not only scheduled: the session runs before the training thread does.
             with anyio.CancelScope(shield=True):
                 tg = await outer.start(_run_internal, internal)
-            for worker in self.workers:
-                if not worker.on_thread:
-                    tg.start_soon(worker.run_task, finished[worker], name=worker.name)
-            # Started, not only scheduled: the session runs before the training thread does.
-            await tg.start(self.spawner.serve, tg)
-            background = anyio.CancelScope()
-            await tg.start(self._run_backgrounds, background)
+                for worker in self.workers:
+                    if not worker.on_thread:
+                        tg.start_soon(worker.run_task, finished[worker], name=worker.name)
+                await tg.start(self.spawner.serve, tg)
+                await tg.start(self._run_backgrounds, background)
             self.logger._connect(self.records.submit)
             try:
                 yield self
