@@ -367,11 +367,12 @@ class Session:
 
     async def drain(self) -> None:
         """Wait until every lane has run everything queued so far (or was abandoned): one
-        mark per worker, after all its lanes' items."""
+        mark per worker, after all its lanes' items (none for a worker nothing is ever
+        queued on: :func:`_queues`)."""
         async with anyio.create_task_group() as tg:
             for worker in self.workers:
                 live = [lane for lane in worker.lanes if not lane.abandoned]
-                if live:
+                if live and any(map(_queues, live)):
                     tg.start_soon(self._bounded_call, live, None, False, "")
 
     async def disconnect_logger(self) -> None:
@@ -496,3 +497,11 @@ async def _run_internal(
         async with anyio.create_task_group() as tg:
             task_status.started(tg)
             await anyio.sleep_forever()
+
+
+def _queues(lane: Lane) -> bool:
+    """Whether anything can be queued on ``lane``'s worker before its close: a handler
+    that is not a plain ``@blocking`` one (those run on the publishing thread), or
+    records. A worker none of whose lanes can has nothing to drain (a rule of the
+    declarations, never of what is queued now): no bounded wait, so no watch thread."""
+    return lane.log_slot is not None or not all(slot.here for slot in lane.slots.values())
