@@ -17,8 +17,17 @@ from suite import _calls
 FIGURE = "Prometheus metrics callback on vs off (instructions per batch)"
 
 
+#: The two fits each figure subtracts, 100 batches apart (``batches`` of ``_calls``: 20). The
+#: callback adds a few thousand instructions a batch, while the event loop's thread pays a
+#: fit's fixed cost unevenly (up to ~350k between two fits of the same code): over 20 batches
+#: that moved the delta from +1.5k to +15.6k a batch, over 100 from +2.8k to +5.3k
+#: (``python benchmarks/investigations/delta_spread.py src --scenario prometheus``).
+SPREAD = [10, 110]
+
+
 def _configs(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    return _calls.config("noop", 0, quick), _calls.config("prometheus", 1, quick)
+    b = [3, 13] if quick else SPREAD
+    return _calls.config("noop", 0, quick, b), _calls.config("prometheus", 1, quick, b)
 
 
 def counts(quick: bool) -> dict[str, list[dict[str, Any]]]:
