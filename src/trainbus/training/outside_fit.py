@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from trainbus.bus import LoopHandle, no_running_loop
 from trainbus.checkpoint.format import capture
 from trainbus.checkpoint.resume import epoch_rng
 from trainbus.checkpoint.sharded import is_sharded
-from trainbus.core.bridge import OWN_LOOP
+from trainbus.core.bridge import OWN_LOOP, LoopHandle, no_running_loop
 from trainbus.core.events import Event
 from trainbus.core.exceptions import EngineThreadError, FitInProgressError
 from trainbus.runtime.interrupt import sigint_handled
