@@ -27,7 +27,7 @@ import anyio
 from trainbus.bus.producer import Producer
 from trainbus.bus.queue import STOP, CallItem, Gate
 from trainbus.bus.records import Records
-from trainbus.bus.slow import long_wait_message, report_at, warn_at
+from trainbus.bus.slow import long_wait_message
 from trainbus.bus.watchdog import LoopWatch
 from trainbus.bus.worker import Lane, Worker, place
 from trainbus.core.bridge import LoopHandle, Spawner
@@ -39,6 +39,7 @@ from trainbus.core.exceptions import (
     Stopped,
 )
 from trainbus.core.threads import run_in_thread, start_thread
+from trainbus.core.warn_at import report_at, warn_at
 
 if TYPE_CHECKING:
     from trainbus.bus.counters import Counters
@@ -483,7 +484,7 @@ class Session:
 
     def _warn_slow(self, message: str, where: object) -> None:
         """A SlowCallbackWarning, on the loop thread where the caller's filters apply; it
-        never fails the run (``slow.report_at``)."""
+        never fails the run (``core/warn_at.py``)."""
         self.loop.call_soon(report_at, message, SlowCallbackWarning, where)
 
 

@@ -1,4 +1,4 @@
-"""Warnings about callbacks: slower than their batches, long waits, at the user's code.
+"""Slow callbacks and long waits: a statistic, and what a warning about them says.
 
 The slow check compares, at each of the first few ``BATCH_END`` events, each callback's
 handler time since the previous check with the batch's own time less its waits; one slower
@@ -8,9 +8,7 @@ than most checked batches is marked slow (``Member.slow``) and warned about once
 
 from __future__ import annotations
 
-import inspect
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -20,7 +18,7 @@ if TYPE_CHECKING:
     from trainbus.bus.worker import Lane
     from trainbus.core.events import Event
 
-__all__ = ["SlowCallbacks", "long_wait_message", "report_at", "warn_at"]
+__all__ = ["SlowCallbacks", "long_wait_message"]
 
 #: Batches (after the first) whose handler time is compared with the batch time.
 CHECK_BATCHES = 3
@@ -109,39 +107,3 @@ def long_wait_message(kind: str, event: Event | None, lanes: list[Lane], seconds
         f"{names or 'its callbacks'}; it keeps waiting (Trainer(wait_warning_seconds=...) sets "
         "when this warns)"
     )
-
-
-def warn_at(message: str, category: type[Warning], where: object = None) -> None:
-    """Warn as if from ``where``'s definition (a function, method, class or instance)."""
-    filename, lineno = _code_location(where)
-    if filename is None:
-        warnings.warn(message, category, stacklevel=2)
-        return
-    module = getattr(where, "__module__", None) or type(where).__module__
-    warnings.warn_explicit(message, category, filename, lineno, module, {})
-
-
-def report_at(message: str, category: type[Warning], where: object = None) -> None:
-    """Warn as :func:`warn_at` does, but never raise: a warning drawn from timings (D7:
-    measured time never changes what a run does) is shown where a filter makes it an error.
-    A deadline the user set (``close_timeout``) is no measurement: use :func:`warn_at`."""
-    try:
-        warn_at(message, category, where)
-    except Warning as exc:  # a filter said "error": report it, do not raise it
-        filename, lineno = _code_location(where)
-        warnings.showwarning(exc, type(exc), filename or "<trainbus>", lineno)
-
-
-def _code_location(obj: object) -> tuple[str | None, int]:
-    """Where ``obj`` (a function, a method, a class or an instance's class) is defined."""
-    if obj is None:
-        return None, 0
-    fn = getattr(obj, "__func__", obj)
-    code = getattr(fn, "__code__", None)
-    if code is not None:
-        return code.co_filename, code.co_firstlineno
-    cls = obj if isinstance(obj, type) else type(obj)
-    try:
-        return inspect.getsourcefile(cls), inspect.getsourcelines(cls)[1]
-    except (OSError, TypeError):
-        return None, 0

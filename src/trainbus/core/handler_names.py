@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import warnings
 from typing import Any
 
 from trainbus.core.events import Event
 from trainbus.core.exceptions import UnknownHandlerWarning
+from trainbus.core.warn_at import warn_at
 
 __all__ = ["warn_uncalled_destination_methods", "warn_unknown_handlers"]
 
@@ -87,18 +87,6 @@ _ENTRY_POINTS = ("log_data", "log_record", ("log_metrics", "log_hyperparameters"
 _RECORD_METHODS = ("log_data", "log_record", "log_metrics", "log_hyperparameters")
 
 
-def _warn_at(klass: type, name: str, attr: Any, message: str) -> None:
-    """Warn with the location of the method itself: that is the line to change."""
-    code = getattr(inspect.unwrap(attr), "__code__", None)
-    if code is None:
-        warnings.warn(message, UnknownHandlerWarning, stacklevel=5)
-    else:
-        warnings.warn_explicit(
-            message, UnknownHandlerWarning, code.co_filename, code.co_firstlineno,
-            module=klass.__module__,
-        )  # fmt: skip
-
-
 def _defined(callback: object, base: type, name: str) -> tuple[type, Any] | None:
     """``(class, function)`` where ``callback``'s class overrides ``base``'s ``name``."""
     for klass in type(callback).__mro__:
@@ -148,13 +136,13 @@ def warn_uncalled_destination_methods(destination: object, base: type) -> None:
             f"defines {entry[0]}, which receives every record instead; move its code into "
             f"{entry[0]} (or call self.{name}(...) from there)"
         )
-        _warn_at(klass, name, attr, message)
+        warn_at(message, UnknownHandlerWarning, attr, stacklevel=4)
     for name, advice in _COMPOSER_UNCALLED.items():
         found = _defined(destination, base, name)
         if found is not None:
             klass, attr = found
             message = f"{klass.__qualname__}.{name} is never called by trainbus: {advice}"
-            _warn_at(klass, name, attr, message)
+            warn_at(message, UnknownHandlerWarning, attr, stacklevel=4)
 
 
 def warn_unknown_handlers(callback: object, base: type) -> None:
@@ -180,11 +168,4 @@ def warn_unknown_handlers(callback: object, base: type) -> None:
                 f"{klass.__qualname__}.{name} matches no event, so trainbus never calls it; "
                 f"rename it to {meant} (Event.{Event(meant).name})"
             )
-            code = getattr(inspect.unwrap(attr), "__code__", None)
-            if code is None:
-                warnings.warn(message, UnknownHandlerWarning, stacklevel=4)
-            else:  # point at the method itself: that is the line to change
-                warnings.warn_explicit(
-                    message, UnknownHandlerWarning, code.co_filename, code.co_firstlineno,
-                    module=klass.__module__,
-                )  # fmt: skip
+            warn_at(message, UnknownHandlerWarning, attr, stacklevel=4)  # the method's line
