@@ -187,10 +187,10 @@ def test_a_trailing_handler_is_waited_for_only_k_batches_later() -> None:
 def test_a_worker_on_the_loop_keeps_the_publishing_threads_items_until_a_hand_over() -> None:
     worker = make_worker(make_lane(Lagging()), on_thread=False)
     worker.queue.put_event(event_item(), 0, True)
-    assert list(worker.pending) == [] and len(worker.queue.inbox) == 1
+    assert list(worker.queue.items) == [] and len(worker.queue.inbox) == 1
     thread = make_worker(make_lane())
     thread.queue.put_event(event_item(), 0, True)
-    assert thread.queue.inbox is thread.pending and len(thread.pending) == 1
+    assert thread.queue.inbox is thread.queue.items and len(thread.queue.items) == 1
 
 
 # -- records ---------------------------------------------------------------------------------
@@ -230,7 +230,7 @@ def sleeping_threads(n: int) -> tuple[list[Worker], list[str]]:
         lane = make_lane()
         thread = NotedWorker([lane], True, gate_of(lane), Counters(), NoLoop(), None)  # type: ignore[arg-type]
         thread.name, thread.woken = f"T{k}", woken
-        thread.pending.append(event_item())
+        thread.queue.items.append(event_item())
         thread.idle = True
         threads.append(thread)
     for k, thread in enumerate(threads):
@@ -264,7 +264,7 @@ def test_the_producer_wakes_one_thread_and_each_woken_thread_wakes_the_next() ->
 def test_the_chain_passes_over_running_threads_and_threads_with_nothing_queued() -> None:
     threads, woken = sleeping_threads(4)
     threads[1].idle = False  # running: it takes what is queued without a wake-up
-    threads[2].pending.clear()  # nothing to run
+    threads[2].queue.items.clear()  # nothing to run
     start(threads)
     leaves_its_sleep(threads[0])
     assert woken == ["T0", "T3"]
@@ -371,7 +371,7 @@ async def test_a_worker_on_the_loop_suspends_once_per_hand_over_however_they_int
         hand_over()
         await settled(4)
         apart = seen[start_at:]
-        worker.pending.append(STOP)
+        worker.queue.items.append(STOP)
         wake_on_loop([worker], counters)
         await finished.wait()
     assert together == ["yield", "sleep"]

@@ -91,9 +91,8 @@ class Mailbox:
             return WAKE
 
     def takes(self, requeue: Callable[[], None]) -> Iterator[LogRecord]:
-        """The worker, at a marker: the waiting records, at most ``limit + 1`` takes; then,
-        if more came, ``requeue()`` puts the marker at the back of the queue (records logged
-        without pause never starve the events). Those dropped or merged count done here."""
+        """The worker, at a marker: the waiting records, at most ``limit + 1``; then, if more
+        came, ``requeue()`` puts the marker at the back of the queue (the events never starve)."""
         for _ in range(self.limit + 1):
             with self._lock:
                 skipped, self._skipped = self._skipped, 0
@@ -120,8 +119,7 @@ class Mailbox:
         self._member.values_dropped += len(record.metrics)
 
     def _replace(self, record: LogRecord) -> None:
-        """Drop every waiting record of ``record``'s kind whose names all come again in
-        ``record`` (per name, the latest wins: only older values are lost)."""
+        """``latest``: drop each waiting record of its kind whose names all recur in ``record``."""
         names = record.metrics.keys()
         kept: deque[LogRecord] = deque()
         for old in self._waiting:

@@ -232,17 +232,15 @@ class RecordCounts(Counted):
 
     Attributes:
         who: The destination (whose records end a wait: ``Member.wait_caused``).
-        room_wakers: Called (any thread) as records are taken, for loop tasks waiting here.
+        room_wakers: Called (any thread) as records are taken, for whoever waits for room.
     """
 
-    __slots__ = ("lock", "room", "room_waiters", "room_wakers", "who")
+    __slots__ = ("lock", "room_wakers", "who")
 
     def __init__(self, reached: Reached, bound: int, who: Member) -> None:
         super().__init__(reached, bound)
         self.who = who
         self.lock = threading.Lock()
-        self.room = threading.Condition(threading.Lock())
-        self.room_waiters = 0
         self.room_wakers: list[Callable[[], None]] = []
 
     def count(self) -> int:
@@ -254,22 +252,20 @@ class RecordCounts(Counted):
     def count_done(self, n: int = 1) -> None:
         """Count ``n`` records taken (the worker); tell whoever waits for room."""
         self._count_done(n, self.who)
-        if self.room_waiters:
-            with self.room:
-                self.room.notify_all()
         for waker in tuple(self.room_wakers):
             waker()
 
     def wait_for_room(self, give_up: Callable[[], bool]) -> None:
         """Block this thread (a lane thread, never the training thread or the loop) until
         fewer than ``bound`` records wait, or ``give_up()`` (checked every 50 ms) says so."""
-        with self.room:
-            self.room_waiters += 1
-            try:
-                while self.enq - self.done >= self.bound and not give_up():
-                    self.room.wait(0.05)
-            finally:
-                self.room_waiters -= 1
+        room = threading.Event()
+        self.room_wakers.append(room.set)
+        try:
+            while self.enq - self.done >= self.bound and not give_up():
+                room.wait(0.05)
+                room.clear()  # after the wait, before the look: a later take sets it again
+        finally:
+            self.room_wakers.remove(room.set)
 
 
 # -- where the training thread waits ---------------------------------------------------------

@@ -42,11 +42,9 @@ class Records:
         self._producer = producer
 
     def submit(self, record: LogRecord) -> None:
-        """Queue ``record`` on every destination, within each one's bound, and wake the
-        destinations that sleep. From the publishing thread a record for a worker on the
-        loop rides the loop's next hand-over (after the events before it, D1), at once when
-        a ``@blocking`` handler logs it; from any other thread one call into the loop wakes
-        the sleeping workers there."""
+        """Queue ``record`` on every destination and wake those that sleep: from the publishing
+        thread a loop worker's record rides the loop's next hand-over (D1; at once when a
+        ``@blocking`` handler logs it), from any other thread one call into the loop wakes them."""
         woken: list[Worker] = []
         owed = False
         producer = self._producer

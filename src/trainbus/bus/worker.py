@@ -2,12 +2,10 @@
 
 A worker is one ``WorkQueue`` run on a lane thread (plain callbacks, several per thread, or
 one with ``own_thread = True``) or as a task on the loop (one ``async def``-only callback),
-fixed for the run (:func:`place`, D7). It runs its items in order: an event item, the
-handlers it names; a record, its destination's; a call item, the call. On a thread an
-``async def`` handler runs on the loop (``bridge.Spawner``) and is waited for (D1). An empty
-worker sleeps until the producer wakes it (``producer.py``). A stopping session's event
-items are counted, not run (D10). An item's time runs from the end of the one before (or
-the wake-up) to its own end: one clock read an item.
+fixed for the run (:func:`place`, D7). It runs its items (``queue.py``) in order; on a thread
+an ``async def`` handler runs on the loop (``bridge.Spawner``) and is waited for (D1). A
+stopping session's event items are counted, not run (D10). An item's time runs from the end
+of the one before (or the wake-up) to its own end: one clock read an item.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ import asyncio
 import functools
 import sys
 import threading
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from time import perf_counter as _perf
@@ -179,11 +176,6 @@ class Worker:
                 self.wake()
             elif self.wakeup is not None and threading.get_ident() == self.loop.thread_id:
                 self.wakeup.set()
-
-    @property
-    def pending(self) -> deque[WorkItem]:
-        """The items waiting in its queue (on the loop: those handed over)."""
-        return self.queue.items
 
     # -- a thread's sleep and wake-up -------------------------------------------------------
 
@@ -428,9 +420,8 @@ class Worker:
         lane.current = None
 
     async def _wait_for_room(self, lane: Lane) -> None:
-        """Pause until the destination ``lane``'s handler logged past the bound has room
-        (D12; it wakes the pause through ``room_wakers``), or the session stops, or waiting
-        could never end (a look every ``ROOM_RECHECK`` seconds notices those)."""
+        """Pause until the destination ``lane``'s handler logged past the bound has room (D12),
+        or the session stops, or waiting could never end (a look every ``ROOM_RECHECK`` seconds)."""
         dest, lane.owes = lane.owes, None
         if dest is None:
             return
@@ -455,8 +446,7 @@ class Worker:
 
 
 def _records_of(item: LogItem) -> Iterable[LogRecord]:
-    """The records a log item brings: its record, or a lossy destination's marker's
-    (``Mailbox.takes``; a marker that comes back goes to the back of the queue)."""
+    """The records a log item brings: its record, or those its marker takes (``Mailbox.takes``)."""
     if item.record is not None:
         return (item.record,)
     lane: Lane = item.lane
@@ -520,9 +510,8 @@ def _scope_of(lane: Lane) -> Callable[[anyio.CancelScope | None], None]:
 
 def place(lanes: Sequence[Lane], size: int, gate: Gate, counters: Counters,
           loop: LoopHandle, spawner: Spawner, queue_size: int) -> list[Worker]:
-    """The workers of a session, a rule of the callback list, never of time: the pooled
-    plain callbacks go round ``size`` threads in list order (callback k on thread k mod
-    size), each ``own_thread`` callback gets a thread, each other callback a task."""
+    """The workers of a session, a rule of the callback list, never of time (D7): pooled plain
+    callbacks round ``size`` threads, ``own_thread`` ones a thread each, the rest a task each."""
     pooled = [lane for lane in lanes if lane.on_thread and not lane.member.own_thread]
     groups: list[list[Lane]] = [[] for _ in range(min(size, len(pooled)))]
     for k, lane in enumerate(pooled):
@@ -538,11 +527,8 @@ def place(lanes: Sequence[Lane], size: int, gate: Gate, counters: Counters,
 
 
 def wake_chain(chain: Sequence[Worker], start: int = 0) -> None:
-    """Wake the first of ``chain[start:]`` that sleeps (or is about to) with work queued.
-
-    The producer starts a wake-up (``Worker.wakes``); each woken thread passes it on before
-    it runs anything, so every thread with work wakes before the one ahead of it runs a
-    handler (D2), and the training thread pays one wake-up a publish."""
+    """Wake the first of ``chain[start:]`` that sleeps (or is about to) with work queued: the
+    producer's one wake-up, passed down the pool (``docs/concurrency.md`` "Lane threads", D2)."""
     for k in range(start, len(chain)):
         worker = chain[k]
         if worker.idle and worker.queue.items:
