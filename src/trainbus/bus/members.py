@@ -1,13 +1,11 @@
 """Registered callbacks, resolved once: their handlers, where each runs, their statistics.
 
-A :class:`Member` is one callback as the bus sees it for the engine's lifetime; a
-:class:`Slot` is one of its handlers. Where a handler runs is decided here, once, from how
-it is declared (D7; ``docs/concurrency.md``, "What runs where"), and never changes:
+Where a handler runs is decided here, once, from how it is declared, and never changes (D7;
+``docs/concurrency.md``, "What runs where"):
 
 - a callback with any plain handler that is not ``@blocking`` (or a plain ``log_record``, or
-  a plain ``close``) is pinned to one lane thread (``worker.place``), of the pool or its own
-  (``own_thread = True``), where all its plain handlers run; that thread hands its
-  ``async def`` handlers to the event loop, in order;
+  a plain ``close``) is pinned to one lane thread (``worker.place``), where all its plain
+  handlers run; that thread hands its ``async def`` handlers to the event loop, in order;
 - any other callback runs on the event loop, in a task of its own;
 - a plain ``@blocking`` handler runs on the training thread, whatever its callback has.
 """

@@ -95,10 +95,8 @@ def _int_at_least(value: Any, low: int, name: str, what: str) -> None:
 
 def _seconds(value: Any, name: str, example: str, infinite: str) -> None:
     """Check seconds > 0 (``math.inf`` allowed); ``infinite`` says what inf means."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:  # NaN
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:  # NaN
         raise ValueError(f"{name}={value!r} must be seconds > 0, e.g. {example}{infinite}")
-    if value == 0:
-        raise ValueError(f"{name}={value!r} must be > 0 seconds, e.g. {example}")
 
 
 def _barrier_events(barriers: Iterable[Event | str]) -> list[Event]:

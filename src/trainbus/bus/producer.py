@@ -4,8 +4,7 @@
 :meth:`Producer.publish` builds one item per event (a snapshot, D5) and goes down the
 event's ``Producer.plan`` as Composer's ``_run_callbacks`` goes down its callbacks; at a
 barrier it then waits at the gate (D4, with lags), at a full queue for room first (D12).
-An event inside a batch that no handler takes and no rule stops at (``Producer.quiet``) is
-only counted. Nothing here depends on how long anything took.
+Nothing here depends on how long anything took.
 
 The wake rule (never by time). Invariant: a worker that sleeps with items is woken
 
@@ -234,8 +233,7 @@ class Producer:
             self.wake_threads()
 
     def _put_one(self, lane: Lane, slot: Slot, item: EventItem) -> None:
-        """Queue (or run) one handler of ``item`` with the full rules: its filter, its lag,
-        ``@blocking``."""
+        """Queue (or run) one handler of ``item`` by all its rules: filter, lag, ``@blocking``."""
         when = slot.when
         if when is not None and not due(slot, when, item.view.timestamp):
             return
@@ -266,8 +264,7 @@ class Producer:
                 self.wait(targets, "fence", _FENCE_AT)
 
     def _mark_fence(self) -> None:
-        """Mark what the next fence waits for: each queue's items so far, but a declared
-        ``@trailing`` handler's."""
+        """Mark what the next fence waits for: every item so far but a ``@trailing`` handler's."""
         self._fence_owed = False
         self._fence_marks = [
             (queue, queue.enq if queue.uniform else queue.last_fenced) for queue in self.queues
@@ -276,13 +273,11 @@ class Producer:
     # -- waking ----------------------------------------------------------------------------
 
     def owe_loop(self) -> None:
-        """A record waits in an inbox of a worker on the loop (this thread put it there):
-        it rides the loop's next hand-over, as an event's item would."""
+        """This thread put a record in a loop worker's inbox: it rides the next hand-over."""
         self._loop_owed = True
 
     def hand_over(self) -> None:
-        """Hand the loop the inboxes of its workers and wake the sleeping ones, in one call
-        into the loop (publishing thread; ``worker.hand_over_on_loop``)."""
+        """Hand the loop its workers' inboxes and wake the sleeping ones, in one call into it."""
         self._loop_owed = False
         self._woke_in_batch = True
         waves = []
@@ -307,8 +302,7 @@ class Producer:
 
     def wait(self, targets: Sequence[tuple[Counted, int]], kind: WaitKind,
              event: Event | None = None) -> None:
-        """Wake every worker, then wait at the gate (the training thread never waits for a
-        worker it has not woken)."""
+        """Wake every worker (the wake rule), then wait at the gate."""
         self.hand_over()
         self.wake_threads()
         self.gate.wait(targets, kind, event)
@@ -316,9 +310,8 @@ class Producer:
     # -- running here ----------------------------------------------------------------------
 
     def _item(self, event: Event) -> EventItem:
-        """The event's item, with a snapshot shared by events with nothing between them (the
-        training loop replaces the state's frame or timestamp when a per-batch value
-        changes, so the same two objects mean the same values)."""
+        """The event's item; its snapshot is shared while the state's frame and timestamp are
+        the same objects (the training loop replaces one when a per-batch value changes)."""
         state = self.state
         frame, ts = state._frame, state._timer._ts
         if frame is not self._view_frame or ts is not self._view_ts:
@@ -388,8 +381,7 @@ class Producer:
             )
 
     def _barrier(self, event: Event) -> None:
-        """Wait for what this barrier waits for (D4, with lags); under :meth:`run_now`, for
-        every item."""
+        """Wait for this barrier's targets (D4, with lags); under :meth:`run_now`, every item."""
         batches = self.counters.batches
         targets = []
         for queue in self.queues:

@@ -108,7 +108,7 @@ def collect_statistics(members: Sequence[Member], lanes: Sequence[Lane] | None,
     """Read the counters into a :class:`BusStatistics` (any thread, no lock: each count is
     its writer's latest, not all from one instant); ``lanes``: the running or last session's."""
     per_callback = []
-    depth = peak = lag_events = lag_batches = 0
+    depth = 0
     for member in members:
         lane = lanes[member.index] if lanes else None
         pending = records = lag = 0
@@ -149,17 +149,14 @@ def collect_statistics(members: Sequence[Member], lanes: Sequence[Lane] | None,
                 inline_time=sum(s.total_time for s in here),
             )
         )
-        peak = max(peak, member_peak)
-        lag_events = max(lag_events, pending)
-        lag_batches = max(lag_batches, lag)
     return BusStatistics(
         callbacks=tuple(per_callback),
         events_published=counters.published,
         batches=counters.batches,
         queue_depth=depth,
-        peak_queue_depth=peak,
-        lag_events=lag_events,
-        lag_batches=lag_batches,
+        peak_queue_depth=max((c.peak_pending for c in per_callback), default=0),
+        lag_events=max((c.pending for c in per_callback), default=0),
+        lag_batches=max((c.lag_batches for c in per_callback), default=0),
         barrier_waits=counters.barrier_waits,
         barrier_wait_time=counters.barrier_wait,
         backpressure_wait_time=counters.backpressure_wait,

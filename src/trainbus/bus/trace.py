@@ -93,10 +93,8 @@ class TraceRecorder:
             start = (span.start - self.origin) * 1e6
             events.append({"name": span.label, "ph": "X", "pid": 1, "tid": tid, "ts": start,
                            "dur": span.duration * 1e6})
-        for row, tid in rows.items():
-            events.append(
-                {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": row}}
-            )
+        events += [{"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": row}}
+                   for row, tid in rows.items()]
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
     def save(self, path: str | Path) -> Path:

@@ -1,7 +1,6 @@
-"""Deadlines the event loop cannot keep while a handler holds its thread.
+"""Deadlines the event loop cannot keep (a close's ``close_timeout``, a barrier's
+``wait_warning``) while an ``async def`` handler holds its thread without awaiting.
 
-The loop keeps the bus's deadlines (a close's ``close_timeout``, a barrier's
-``wait_warning``), so an ``async def`` handler that never awaits silences them all.
 :class:`LoopWatch` keeps them from a thread of its own: past a deadline (a close's by
 ``CLOSE_MARGIN_S``), if the loop runs user code and no call handed to it runs in
 ``CONFIRM_S``, the holder is named on stderr, once; past a ``close_timeout`` under
@@ -61,12 +60,9 @@ class LoopWatch:
         self.refused: ThreadStartError | None = None
 
     def check(self, deadline: str, *, interrupt: bool = True) -> None:
-        """The ``deadline`` passed: name a handler that holds the loop, and interrupt it if
-        the loop is ours and ``interrupt`` (a deadline the user set: ``close_timeout``;
-        ``False`` for ``wait_warning``, a warning's threshold).
-
-        Called from a thread that is not the loop's; it waits at most :data:`CONFIRM_S`.
-        """
+        """The ``deadline`` passed: from a thread not the loop's, name a handler that holds
+        the loop (waiting at most :data:`CONFIRM_S`), and interrupt it if the loop is ours and
+        ``interrupt`` (``close_timeout``; ``False`` for ``wait_warning``, a threshold)."""
         tid = self.loop.thread_id
         if tid == threading.get_ident() or not _runs_user_code(tid):
             return
@@ -98,12 +94,9 @@ class LoopWatch:
 
     @contextlib.contextmanager
     def armed(self, seconds: float, deadline: str) -> Iterator[None]:
-        """Check ``CLOSE_MARGIN_S`` after ``seconds`` unless the block ended first.
-
-        One watch thread keeps every armed deadline of the session (each lane's drain,
-        ``close`` and ``post_close``); it starts with the first and ends once none is
-        armed, so no thread outlives the blocks.
-        """
+        """Check ``CLOSE_MARGIN_S`` after ``seconds`` unless the block ended first. One watch
+        thread keeps the session's armed deadlines (each lane's drain, ``close``, ``post_close``)
+        from the first until none is armed, so no thread outlives the blocks."""
         if seconds == float("inf"):
             yield
             return
