@@ -18,7 +18,7 @@ from tests.test_bus_imports import PACKAGE_DIR, imports_of, module_names
 #: Lowest first. The top-level modules (``trainbus/__init__.py``, ``__main__``, ``_demo``)
 #: are above every package.
 LAYERS = (
-    "core", "bus", "checkpoint", "runtime", "callbacks", "loggers", "training",
+    "core", "observe", "bus", "checkpoint", "runtime", "callbacks", "loggers", "training",
     "integrations", "serve",
 )
 TOP = len(LAYERS)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from trainbus.bus.statistics import BusStatistics, CallbackStatistics
-from trainbus.bus.trace import PRODUCER_ROW, TraceRecorder, TraceSpan
 from trainbus.core.exceptions import LaneThreadError
+from trainbus.observe.statistics import BusStatistics, CallbackStatistics
+from trainbus.observe.trace import PRODUCER_ROW, TraceRecorder, TraceSpan
 
 #: What users use: the statistics, the trace, and the error a fit raises when the system
 #: refuses a thread; the rest is plumbing.

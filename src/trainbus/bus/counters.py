@@ -5,18 +5,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainbus.bus.clock import BatchClock
-    from trainbus.bus.trace import TraceRecorder
+    from trainbus.observe.clock import BatchClock
+    from trainbus.observe.trace import TraceRecorder
 
 __all__ = ["Counters"]
 
 
 class Counters:
     """The training thread writes these (the loop thread ``loop_wakeups``);
-    ``Engine.statistics()`` reads them (``statistics.py``).
+    ``Engine.statistics()`` reads them (``engine.py``'s ``_collect_statistics``).
 
     Attributes:
-        trace, clock: The timeline recorder, the batch clock (``bus/clock.py``), while kept.
+        trace, clock: The timeline recorder, the batch clock (``observe/clock.py``), while kept.
     """
 
     __slots__ = ("backpressure_wait", "barrier_wait", "barrier_waits", "batches", "clock",

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
-from trainbus.bus.clock import BatchClock
 from trainbus.bus.counters import Counters
 from trainbus.bus.members import Member
 from trainbus.bus.options import (
@@ -27,8 +26,6 @@ from trainbus.bus.options import (
     BusOptions,
 )
 from trainbus.bus.session import ABANDON_TIMEOUT, Session
-from trainbus.bus.statistics import BusStatistics, collect_statistics
-from trainbus.bus.trace import TraceRecorder
 from trainbus.core.bridge import LoopThread, no_running_loop
 from trainbus.core.callback import resolve_callback
 from trainbus.core.destination import resolve_log_handler
@@ -40,6 +37,9 @@ from trainbus.core.exceptions import (
     add_thread_bound_hint,
 )
 from trainbus.core.renamed import renamed_option
+from trainbus.observe.clock import BatchClock
+from trainbus.observe.statistics import BusStatistics, CallbackStatistics
+from trainbus.observe.trace import TraceRecorder
 
 if TYPE_CHECKING:
     from trainbus.bus.worker import Lane
@@ -385,7 +385,7 @@ class Engine:
 
     def statistics(self) -> BusStatistics:
         """Per-callback handler times, queue depths, lag and producer waits."""
-        return collect_statistics(
+        return _collect_statistics(
             self._members, self._last_lanes, self._counters, self.state._timer._ts._batch
         )
 
@@ -398,7 +398,7 @@ class Engine:
         return lane.current if lane is not None else None
 
     def batch_clock(self) -> BatchClock:
-        """The engine's :class:`~trainbus.bus.clock.BatchClock` (``clock.py``), started at
+        """The engine's :class:`~trainbus.observe.clock.BatchClock`, started at
         the first call; every caller gets the same clock."""
         clock = self._counters.clock
         if clock is None:
@@ -494,3 +494,64 @@ class _Standing:
         self._ended.wait()
         self._thread.stop()
         return errors
+
+
+def _collect_statistics(members: Sequence[Member], lanes: Sequence[Lane] | None,
+                       counters: Counters, now_batch: int) -> BusStatistics:
+    """Read the counters into a :class:`BusStatistics` (any thread, no lock: each count is
+    its writer's latest, not all from one instant); ``lanes``: the running or last session's."""
+    per_callback = []
+    depth = 0
+    for member in members:
+        lane = lanes[member.index] if lanes else None
+        pending = records = lag = 0
+        member_peak = member.peak
+        if lane is not None:
+            queue = lane.worker.queue
+            pending = queue.enq - queue.done
+            member_peak = max(member.peak, queue.peak)
+            box = lane.mailbox
+            records = box.depth if box is not None else lane.records.enq - lane.records.done
+            if pending:
+                lag = max(now_batch - queue.last_batch, 0)
+            if lane.worker.lanes[0] is lane:  # a queue callbacks share counts once
+                depth += pending
+        slots = member.all_slots()
+        here = [s for s in slots if s.here]  # plain @blocking: run by the training thread
+        slowest = max(slots, key=lambda s: s.max_time, default=None)
+        per_callback.append(
+            CallbackStatistics(
+                name=member.name,
+                handled=sum(s.calls for s in slots),
+                inline=sum(s.calls for s in here),
+                total_time=sum(s.total_time for s in slots),
+                max_time=max((s.max_time for s in slots), default=0.0),
+                slowest=slowest.handler.qualname if slowest and slowest.calls else None,
+                pending=pending,
+                peak_pending=member_peak,
+                on_thread=member.on_thread,
+                pending_records=records,
+                peak_pending_records=member.peak_records,
+                lag_batches=lag,
+                barrier_wait_caused=member.wait_caused,
+                records_dropped=member.records_dropped,
+                records_coalesced=member.records_coalesced,
+                values_dropped=member.values_dropped,
+                slow=member.slow,
+                slow_batches=member.slow_batches,
+                inline_time=sum(s.total_time for s in here),
+            )
+        )
+    return BusStatistics(
+        callbacks=tuple(per_callback),
+        events_published=counters.published,
+        batches=counters.batches,
+        queue_depth=depth,
+        peak_queue_depth=max((c.peak_pending for c in per_callback), default=0),
+        lag_events=max((c.pending for c in per_callback), default=0),
+        lag_batches=max((c.lag_batches for c in per_callback), default=0),
+        barrier_waits=counters.barrier_waits,
+        barrier_wait_time=counters.barrier_wait,
+        backpressure_wait_time=counters.backpressure_wait,
+        loop_wakeups=counters.loop_wakeups,
+    )

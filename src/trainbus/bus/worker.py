@@ -30,10 +30,10 @@ if TYPE_CHECKING:
     from trainbus.bus.counters import Counters
     from trainbus.bus.members import Member, Slot
     from trainbus.bus.queue import Gate, WorkItem
-    from trainbus.bus.trace import TraceRecorder
     from trainbus.core.bridge import LoopEvent, LoopHandle, Spawner
     from trainbus.core.events import Event
     from trainbus.core.logger import LogRecord
+    from trainbus.observe.trace import TraceRecorder
 
 __all__ = [
     "CURRENT_WORKER", "Lane", "Worker", "hand_over_on_loop", "place", "wake_on_loop",

@@ -29,15 +29,14 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from trainbus.callbacks._stream_items import StreamBusSnapshot
+from trainbus.observe.trace import PRODUCER_ROW
 
 if TYPE_CHECKING:
     from trainbus.bus.engine import Engine
-    from trainbus.bus.trace import TraceRecorder
+    from trainbus.observe.trace import TraceRecorder
 
 __all__ = ["BusFeed"]
 
-#: The timeline row of the training thread (``TraceRecorder``'s producer row).
-PRODUCER_ROW = "training thread"
 #: Spans ending before the timeline's start that the timeline's scan steps over.
 _SLACK = 64
 

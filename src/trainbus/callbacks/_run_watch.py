@@ -1,6 +1,6 @@
 """``RunWatch``: what an operator watches of one run, kept for a scrape or a health probe.
 
-The watch handles no per-batch event: the engine's :class:`~trainbus.bus.clock.BatchClock`
+The watch handles no per-batch event: the engine's :class:`~trainbus.observe.clock.BatchClock`
 counts each batch's end (one clock read and a histogram bucket as the producer publishes
 ``BATCH_END``: no handler, no snapshot), and the logger hands it each record as it is
 logged (``Logger._tap``: the latest value of each scalar name kept in a dict, on the logging
@@ -29,10 +29,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from trainbus.bus.clock import STEP_BUCKETS, BatchClock
 from trainbus.core.backpressure import Backpressure
 from trainbus.core.callback import Callback, blocking
 from trainbus.core.destination import LoggerDestination
+from trainbus.observe.clock import STEP_BUCKETS, BatchClock
 
 if TYPE_CHECKING:
     from trainbus.bus.engine import Engine

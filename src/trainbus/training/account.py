@@ -41,9 +41,9 @@ from trainbus.core.callback import Callback
 if TYPE_CHECKING:
     import torch
 
-    from trainbus.bus.statistics import BusStatistics, CallbackStatistics
     from trainbus.core.logger import Logger
     from trainbus.core.state import State
+    from trainbus.observe.statistics import BusStatistics, CallbackStatistics
 
 __all__ = ["CallbackTime", "FitClock", "TimeAccount", "TimeMetrics", "format_account"]
 

@@ -1,9 +1,9 @@
 """``BatchClock``: when each batch ended, as the training thread publishes ``BATCH_END``.
 
 Observation, like the timeline (``trace.py``): while an engine has a clock
-(:meth:`Engine.batch_clock`), the producer's end of a batch reads the clock once and counts
-the step (the time since the previous batch's end) into a fixed histogram; no handler runs,
-no snapshot is taken. A health check and Prometheus' step-time histogram read it.
+(:meth:`Engine.batch_clock`), the bus's producer reads the clock once at each batch's end
+and counts the step (the time since the previous batch's end) into a fixed histogram; no
+handler runs, no snapshot is taken. A health check and Prometheus' step-time histogram read it.
 """
 
 from __future__ import annotations

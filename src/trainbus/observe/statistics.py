@@ -1,18 +1,11 @@
-"""Statistics of the bus: what ``Engine.statistics()`` returns."""
+"""Statistics of the bus: what ``Engine.statistics()`` returns (``bus/counters.py`` fills
+them from the bus's counts)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from trainbus.bus.counters import Counters
-    from trainbus.bus.members import Member
-    from trainbus.bus.worker import Lane
-
-__all__ = ["BusStatistics", "CallbackStatistics", "collect_statistics"]
+__all__ = ["BusStatistics", "CallbackStatistics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,64 +94,3 @@ class BusStatistics:
     def handler_time(self) -> float:
         """Seconds spent in handlers, all callbacks together."""
         return sum(c.total_time for c in self.callbacks)
-
-
-def collect_statistics(members: Sequence[Member], lanes: Sequence[Lane] | None,
-                       counters: Counters, now_batch: int) -> BusStatistics:
-    """Read the counters into a :class:`BusStatistics` (any thread, no lock: each count is
-    its writer's latest, not all from one instant); ``lanes``: the running or last session's."""
-    per_callback = []
-    depth = 0
-    for member in members:
-        lane = lanes[member.index] if lanes else None
-        pending = records = lag = 0
-        member_peak = member.peak
-        if lane is not None:
-            queue = lane.worker.queue
-            pending = queue.enq - queue.done
-            member_peak = max(member.peak, queue.peak)
-            box = lane.mailbox
-            records = box.depth if box is not None else lane.records.enq - lane.records.done
-            if pending:
-                lag = max(now_batch - queue.last_batch, 0)
-            if lane.worker.lanes[0] is lane:  # a queue callbacks share counts once
-                depth += pending
-        slots = member.all_slots()
-        here = [s for s in slots if s.here]  # plain @blocking: run by the training thread
-        slowest = max(slots, key=lambda s: s.max_time, default=None)
-        per_callback.append(
-            CallbackStatistics(
-                name=member.name,
-                handled=sum(s.calls for s in slots),
-                inline=sum(s.calls for s in here),
-                total_time=sum(s.total_time for s in slots),
-                max_time=max((s.max_time for s in slots), default=0.0),
-                slowest=slowest.handler.qualname if slowest and slowest.calls else None,
-                pending=pending,
-                peak_pending=member_peak,
-                on_thread=member.on_thread,
-                pending_records=records,
-                peak_pending_records=member.peak_records,
-                lag_batches=lag,
-                barrier_wait_caused=member.wait_caused,
-                records_dropped=member.records_dropped,
-                records_coalesced=member.records_coalesced,
-                values_dropped=member.values_dropped,
-                slow=member.slow,
-                slow_batches=member.slow_batches,
-                inline_time=sum(s.total_time for s in here),
-            )
-        )
-    return BusStatistics(
-        callbacks=tuple(per_callback),
-        events_published=counters.published,
-        batches=counters.batches,
-        queue_depth=depth,
-        peak_queue_depth=max((c.peak_pending for c in per_callback), default=0),
-        lag_events=max((c.pending for c in per_callback), default=0),
-        lag_batches=max((c.lag_batches for c in per_callback), default=0),
-        barrier_waits=counters.barrier_waits,
-        barrier_wait_time=counters.barrier_wait,
-        backpressure_wait_time=counters.backpressure_wait,
-        loop_wakeups=counters.loop_wakeups,
-    )
