@@ -6,7 +6,8 @@ a lane thread or a task on the loop runs the handlers) -> ``queue`` (counted don
 the training thread waits at).
 ``members`` says where each handler runs, ``records`` queues logged records on the
 destinations (``mailbox`` for those with a lossy ``backpressure``), ``session`` runs one
-cycle and closes it, ``engine`` is the entry point.
+cycle and closes it, ``engine`` is the entry point. What it counts and records for the user
+(statistics, the timeline, the batch clock) are ``trainbus.observe``'s values.
 ``docs/concurrency.md`` describes the model (guarantees D1-D14).
 """
 
@@ -19,8 +20,8 @@ from trainbus.core.exceptions import LaneThreadError
 from trainbus.observe.statistics import BusStatistics, CallbackStatistics
 from trainbus.observe.trace import PRODUCER_ROW, TraceRecorder, TraceSpan
 
-#: What users use: the statistics, the trace, and the error a fit raises when the system
-#: refuses a thread; the rest is plumbing.
+#: What users use: the statistics and the trace (``trainbus.observe``'s), and the error a fit
+#: raises when the system refuses a thread; the rest is plumbing.
 __all__ = [
     "PRODUCER_ROW",
     "BusStatistics",
