@@ -214,7 +214,7 @@ def test_an_event_a_threads_callbacks_do_not_handle_puts_nothing_on_it() -> None
         @blocking
         def after_backward(self, state: Any, logger: Any) -> None:
             threads = trainers[0].engine._session.threads
-            queued.append((len(threads[0].queue.items), len(threads[1].queue.items)))
+            queued.append((len(threads[0].pending), len(threads[1].pending)))
 
     trainer = make_trainer(3, callbacks=[EpochOnly(), EveryBatch(), Look()], lane_threads=2)
     trainers.append(trainer)

@@ -14,6 +14,7 @@ import asyncio
 import functools
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from time import perf_counter as _perf
@@ -176,6 +177,11 @@ class Worker:
                 self.wake()
             elif self.wakeup is not None and threading.get_ident() == self.loop.thread_id:
                 self.wakeup.set()
+
+    @property
+    def pending(self) -> deque[WorkItem]:
+        """The items waiting in its queue (on the loop: those handed over)."""
+        return self.queue.items
 
     # -- a thread's sleep and wake-up -------------------------------------------------------
 
