@@ -193,7 +193,6 @@ def main() -> None:
         seed=7,
         load_path=args.load,
         dist_timeout=30.0,
-        warn_slow_callbacks=args.mode != "preempt",
     )
     try:
         trainer.fit_sync()
